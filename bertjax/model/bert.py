@@ -1,0 +1,115 @@
+"""The encoder and the pretraining heads (MLM, NSP)."""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from bertjax.model import layers
+from bertjax.model.config import ModelConfig
+from bertjax.model.layers import BATCH, EMBED, LENGTH
+
+
+class Encoder(nn.Module):
+  """Embeddings, `num_layers` post-LN blocks and the pooler (dense + tanh on [CLS])."""
+
+  config: ModelConfig
+
+  def setup(self):
+    cfg = self.config
+    self.embeddings = layers.Embeddings(cfg)
+    self.layers = [layers.TransformerBlock(cfg, name=f"layer_{i}")
+                   for i in range(cfg.num_layers)]
+    if cfg.pooler:
+      self.pooler = layers.dense(cfg, cfg.hidden_size, ("embed", "hidden"), ("hidden",),
+                                 "pooler")
+
+  def __call__(self, input_ids, attention_mask=None, token_type_ids=None,
+               position_ids=None, segment_ids=None, deterministic: bool = True,
+               output_hidden_states: bool = False):
+    """input_ids: [B, T] int; attention_mask: [B, T] (1 real, 0 pad); token_type_ids:
+    [B, T] segment A/B; position_ids: [B, T] (default from the config); segment_ids:
+    [B, T] document ids of a packed row (no attention across documents).
+
+    Returns a dict: `last_hidden_state` [B, T, E], `pooled` [B, E] (when the config has a
+    pooler) and, with `output_hidden_states`, `hidden_states` [L+1, B, T, E]
+    (embedding output first).
+    """
+    cfg = self.config
+    if attention_mask is None:
+      attention_mask = (input_ids != cfg.pad_token_id).astype(jnp.int32)
+    if token_type_ids is None:
+      token_type_ids = jnp.zeros_like(input_ids)
+    if position_ids is None:
+      position_ids = layers.position_ids_for(cfg, input_ids)
+    mask = layers.attention_mask(attention_mask, segment_ids)
+    x = self.embeddings(input_ids, token_type_ids, position_ids, deterministic)
+    hidden = [x]
+    for layer in self.layers:
+      x = layer(x, mask, deterministic)
+      hidden.append(x)
+    out = {"last_hidden_state": x}
+    if cfg.pooler:
+      out["pooled"] = jnp.tanh(self.pooler(x[:, 0]))
+    if output_hidden_states:
+      out["hidden_states"] = jnp.stack(hidden)
+    return out
+
+  def attend(self, x):
+    return self.embeddings.attend(x)
+
+
+class MLMHead(nn.Module):
+  """dense + GELU + LayerNorm, then the tied input embedding plus a vocab bias."""
+
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, x: jax.Array, encoder: Encoder) -> jax.Array:
+    """[B, P, E] hidden states at the masked positions -> [B, P, vocab] logits."""
+    cfg = self.config
+    x = layers.dense(cfg, cfg.hidden_size, ("embed", "hidden"), ("hidden",), "transform")(x)
+    x = layers.layer_norm(cfg, "transform_norm")(nn.gelu(x, approximate=False))
+    bias = self.param("bias", layers.zeros_init(("vocab",)), (cfg.vocab_size,),
+                      cfg.param_dtype)
+    logits = encoder.attend(x) + bias.astype(cfg.dtype)
+    return layers.constrain(logits, (BATCH, None, "activation_vocab"))
+
+
+class BertForPreTraining(nn.Module):
+  """Encoder + MLM head (computed only at `masked_lm_positions`) + optional NSP head."""
+
+  config: ModelConfig
+
+  def setup(self):
+    cfg = self.config
+    self.encoder = Encoder(cfg)
+    self.mlm = MLMHead(cfg)
+    if cfg.nsp:
+      self.nsp = layers.dense(cfg, 2, ("embed", "classes"), ("classes",), "nsp")
+
+  def __call__(self, input_ids, attention_mask=None, token_type_ids=None,
+               masked_lm_positions=None, position_ids=None, segment_ids=None,
+               deterministic: bool = True):
+    """masked_lm_positions: [B, P] indices into T (P = max_predictions_per_seq); None
+    computes the MLM logits at every position (P = T).
+
+    Returns `mlm_logits` [B, P, vocab] and, with NSP, `nsp_logits` [B, 2] (float32).
+    """
+    out = self.encoder(input_ids, attention_mask, token_type_ids, position_ids,
+                       segment_ids, deterministic)
+    x = out["last_hidden_state"]
+    if masked_lm_positions is not None:
+      x = jnp.take_along_axis(x, masked_lm_positions[..., None].astype(jnp.int32), axis=1)
+      x = layers.constrain(x, (BATCH, None, EMBED))
+    result = {"mlm_logits": self.mlm(x, self.encoder).astype(jnp.float32)}
+    if self.config.nsp:
+      result["nsp_logits"] = self.nsp(out["pooled"]).astype(jnp.float32)
+    return result
+
+  def encode(self, input_ids, attention_mask=None, token_type_ids=None,
+             output_hidden_states: bool = True):
+    """The encoder alone (for `load_pretrained(...).encode`)."""
+    return self.encoder(input_ids, attention_mask, token_type_ids,
+                        output_hidden_states=output_hidden_states)

@@ -1,0 +1,78 @@
+"""Model hyperparameters: one frozen dataclass, built from the config in one place."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax.numpy as jnp
+
+_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """Hyperparameters of a BERT-family encoder and its pretraining heads.
+
+  BERT: `type_vocab_size=2`, `position_offset=0`. RoBERTa / XLM-R: `type_vocab_size=1`
+  and `position_offset=pad_token_id + 1` (positions count from past the padding index,
+  padding tokens get position `pad_token_id`, exactly as fairseq and Hugging Face do).
+  """
+
+  vocab_size: int = 30522
+  hidden_size: int = 768
+  num_layers: int = 12
+  num_heads: int = 12
+  intermediate_size: int = 3072
+  max_position_embeddings: int = 512
+  type_vocab_size: int = 2
+  pad_token_id: int = 0
+  position_offset: int = 0
+  layer_norm_eps: float = 1e-12
+  dropout_rate: float = 0.1
+  attention_dropout_rate: float = 0.1
+  initializer_range: float = 0.02
+  pooler: bool = True
+  nsp: bool = True
+  attention_impl: str | None = None  # None (XLA picks), 'xla' or 'cudnn'
+  dtype: Any = jnp.float32  # compute dtype of activations
+  param_dtype: Any = jnp.float32  # master weights
+
+  def __post_init__(self):
+    if self.hidden_size % self.num_heads:
+      raise ValueError(
+          f"config.model.hidden_size={self.hidden_size} is not divisible by "
+          f"config.model.num_heads={self.num_heads}; pick sizes that divide.")
+    if self.attention_impl not in (None, "xla", "cudnn"):
+      raise ValueError(f"config.model.attention_impl={self.attention_impl!r}: use "
+                       "None, 'xla' or 'cudnn'.")
+    if self.nsp and not self.pooler:
+      raise ValueError("config.model.nsp=True needs config.model.pooler=True.")
+
+  @property
+  def head_dim(self) -> int:
+    return self.hidden_size // self.num_heads
+
+  @classmethod
+  def from_config(cls, model_cfg) -> "ModelConfig":
+    """Builds the dataclass from `config.model` (a ConfigDict or a plain dict)."""
+    d = dict(model_cfg)
+    fields = {f.name for f in dataclasses.fields(cls)}
+    unknown = set(d) - fields
+    if unknown:
+      raise ValueError(f"Unknown config.model fields {sorted(unknown)}; known: {sorted(fields)}.")
+    for key in ("dtype", "param_dtype"):
+      if isinstance(d.get(key), str):
+        if d[key] not in _DTYPES:
+          raise ValueError(f"config.model.{key}={d[key]!r}: use one of {sorted(_DTYPES)}.")
+        d[key] = _DTYPES[d[key]]
+    if d.get("attention_impl") in ("", "none", "None"):
+      d["attention_impl"] = None
+    return cls(**d)
+
+  def to_dict(self) -> dict:
+    """JSON-serialisable form (dtypes as names)."""
+    d = dataclasses.asdict(self)
+    for key in ("dtype", "param_dtype"):
+      d[key] = jnp.dtype(d[key]).name
+    return d

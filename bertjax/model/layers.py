@@ -1,0 +1,158 @@
+"""Building blocks of the encoder: embeddings, self-attention, the post-LN block.
+
+Every parameter carries logical axis names (`nn.with_logical_partitioning`) and every
+large activation a logical constraint; the rules table in the config maps the names
+onto the mesh axes ('data', 'fsdp', 'tensor'). Shapes: B batch, T length, E hidden,
+N heads, D head size, M intermediate (MLP) size.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from bertjax.model.config import ModelConfig
+
+BATCH, LENGTH, EMBED = "activation_batch", "activation_length", "activation_embed"
+HEADS, KV, MLP = "activation_heads", "activation_kv", "activation_mlp"
+
+
+def constrain(x: jax.Array, names: Sequence[str | None]) -> jax.Array:
+  return nn.with_logical_constraint(x, tuple(names))
+
+
+def param_init(cfg: ModelConfig, names: Sequence[str | None]):
+  """BERT's initialiser (truncated normal, stddev `initializer_range`) with axis names."""
+  return nn.with_logical_partitioning(
+      nn.initializers.truncated_normal(cfg.initializer_range), tuple(names))
+
+
+def zeros_init(names: Sequence[str | None]):
+  return nn.with_logical_partitioning(nn.initializers.zeros_init(), tuple(names))
+
+
+def dense(cfg: ModelConfig, features, kernel_names, bias_names, name, axis=-1):
+  return nn.DenseGeneral(
+      features, axis=axis, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
+      kernel_init=param_init(cfg, kernel_names), bias_init=zeros_init(bias_names),
+      name=name)
+
+
+def layer_norm(cfg: ModelConfig, name: str, axis_name: str = "embed") -> nn.LayerNorm:
+  """LayerNorm; its mean/variance are computed in float32 even for bf16 inputs."""
+  return nn.LayerNorm(
+      epsilon=cfg.layer_norm_eps, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
+      scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), (axis_name,)),
+      bias_init=zeros_init((axis_name,)), name=name)
+
+
+def position_ids_for(cfg: ModelConfig, input_ids: jax.Array) -> jax.Array:
+  """[B, T] positions. BERT: 0..T-1. RoBERTa/XLM-R: counted from `position_offset`
+  over non-padding tokens; padding gets `pad_token_id` (fairseq's convention)."""
+  if cfg.position_offset == 0:
+    return jnp.broadcast_to(jnp.arange(input_ids.shape[1]), input_ids.shape)
+  real = (input_ids != cfg.pad_token_id).astype(jnp.int32)
+  return jnp.where(real > 0, jnp.cumsum(real, axis=1) - 1 + cfg.position_offset,
+                   cfg.pad_token_id)
+
+
+class Embeddings(nn.Module):
+  """Token + segment + position embeddings, then LayerNorm and dropout."""
+
+  config: ModelConfig
+
+  def setup(self):
+    cfg = self.config
+    self.word_embeddings = nn.Embed(
+        cfg.vocab_size, cfg.hidden_size, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
+        embedding_init=param_init(cfg, ("vocab", "embed")))
+    self.position_embeddings = nn.Embed(
+        cfg.max_position_embeddings, cfg.hidden_size, dtype=cfg.dtype,
+        param_dtype=cfg.param_dtype, embedding_init=param_init(cfg, ("position", "embed")))
+    if cfg.type_vocab_size > 0:
+      self.token_type_embeddings = nn.Embed(
+          cfg.type_vocab_size, cfg.hidden_size, dtype=cfg.dtype,
+          param_dtype=cfg.param_dtype, embedding_init=param_init(cfg, ("segment", "embed")))
+    self.LayerNorm = layer_norm(cfg, "LayerNorm")
+    self.dropout = nn.Dropout(cfg.dropout_rate)
+
+  def __call__(self, input_ids, token_type_ids, position_ids, deterministic: bool):
+    """[B, T] ids -> [B, T, E]."""
+    x = self.word_embeddings(input_ids) + self.position_embeddings(position_ids)
+    if self.config.type_vocab_size > 0:
+      x = x + self.token_type_embeddings(token_type_ids)
+    x = self.dropout(self.LayerNorm(x), deterministic=deterministic)
+    return constrain(x, (BATCH, LENGTH, EMBED))
+
+  def attend(self, x: jax.Array) -> jax.Array:
+    """The tied output projection: [..., E] -> [..., vocab]."""
+    return self.word_embeddings.attend(x)
+
+
+class SelfAttention(nn.Module):
+  """Bidirectional multi-head self-attention through `jax.nn.dot_product_attention`.
+
+  In training with `attention_dropout_rate > 0` (the paper's recipe) the attention
+  probabilities need dropout, which the fused kernels do not offer; that case goes
+  through `flax.linen.dot_product_attention`. Inference and dropout-free training use
+  `jax.nn.dot_product_attention(implementation=config.attention_impl)`.
+  """
+
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, x: jax.Array, mask: jax.Array, deterministic: bool) -> jax.Array:
+    """x: [B, T, E]; mask: [B, 1, T, T] bool, True where attention is allowed."""
+    cfg = self.config
+    qkv_names, qkv_bias = ("embed", "heads", "kv"), ("heads", "kv")
+    shape = (cfg.num_heads, cfg.head_dim)
+    q = dense(cfg, shape, qkv_names, qkv_bias, "query")(x)  # [B, T, N, D]
+    k = dense(cfg, shape, qkv_names, qkv_bias, "key")(x)
+    v = dense(cfg, shape, qkv_names, qkv_bias, "value")(x)
+    q, k, v = (constrain(t, (BATCH, LENGTH, HEADS, KV)) for t in (q, k, v))
+    if not deterministic and cfg.attention_dropout_rate > 0:
+      if cfg.attention_impl == "cudnn":
+        raise ValueError("config.model.attention_impl='cudnn' has no attention dropout; "
+                         "set config.model.attention_dropout_rate=0.0.")
+      out = nn.dot_product_attention(
+          q, k, v, mask=mask, dropout_rng=self.make_rng("dropout"),
+          dropout_rate=cfg.attention_dropout_rate, deterministic=False, dtype=cfg.dtype)
+    else:
+      out = jax.nn.dot_product_attention(q, k, v, mask=mask,
+                                         implementation=cfg.attention_impl)
+    out = constrain(out, (BATCH, LENGTH, HEADS, KV))  # [B, T, N, D]
+    return dense(cfg, cfg.hidden_size, ("heads", "kv", "embed"), ("embed",), "output",
+                 axis=(-2, -1))(out)
+
+
+class TransformerBlock(nn.Module):
+  """Post-LN block: LN(x + Attn(x)), then LN(x + FFN(x)) with GELU, dropout 0.1."""
+
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, x: jax.Array, mask: jax.Array, deterministic: bool) -> jax.Array:
+    """[B, T, E] -> [B, T, E]."""
+    cfg = self.config
+    drop = nn.Dropout(cfg.dropout_rate)
+    h = SelfAttention(cfg, name="attention")(x, mask, deterministic)
+    x = layer_norm(cfg, "attention_norm")(x + drop(h, deterministic=deterministic))
+    x = constrain(x, (BATCH, LENGTH, EMBED))
+    h = dense(cfg, cfg.intermediate_size, ("embed", "mlp"), ("mlp",), "intermediate")(x)
+    h = constrain(nn.gelu(h, approximate=False), (BATCH, LENGTH, MLP))  # [B, T, M]
+    h = dense(cfg, cfg.hidden_size, ("mlp", "embed"), ("embed",), "output")(h)
+    x = layer_norm(cfg, "output_norm")(x + drop(h, deterministic=deterministic))
+    return constrain(x, (BATCH, LENGTH, EMBED))
+
+
+def attention_mask(attention_mask: jax.Array, segment_ids: jax.Array | None = None):
+  """[B, T] key padding mask (1 real, 0 pad) and optional [B, T] document ids of a
+  packed row -> [B, 1, T, T] bool: a query may attend a real key of its own document."""
+  keys = attention_mask.astype(bool)[:, None, None, :]
+  if segment_ids is None:
+    return keys
+  same = segment_ids[:, None, :, None] == segment_ids[:, None, None, :]
+  return keys & same

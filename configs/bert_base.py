@@ -1,0 +1,105 @@
+"""BERT-base (Devlin et al. 2019): L=12, H=768, A=12, ~110M parameters.
+
+The paper's recipe: Adam lr 1e-4, b1 0.9, b2 0.999, weight decay 0.01 (not on LayerNorm
+or biases), 10k warmup steps then linear decay, batch 256, 1M steps, MLM 15% (80/10/10)
+plus NSP, dropout 0.1 everywhere, GELU. Every other recipe imports this file and
+overrides what differs.
+
+Launch (the corpus: text files, one sentence a line, a blank line between documents):
+
+  python -m bertjax.main --config=configs/bert_base.py --workdir=/tmp/bert_base \
+      --config.data.corpus='/data/wiki/*.txt' --config.data.tokenizer.path=vocab.txt
+"""
+
+import ml_collections
+
+# Logical axis name -> mesh axis ('data', 'fsdp', 'tensor'), in order of precedence.
+# Parameters: FSDP shards the hidden ('embed') dimension of every matrix over 'fsdp';
+# Megatron-style tensor parallelism splits heads, MLP and vocabulary over 'tensor'.
+# Activations: the batch over 'data' and 'fsdp', heads/MLP/vocab over 'tensor'.
+LOGICAL_AXIS_RULES = (
+    ("activation_batch", ("data", "fsdp")),
+    ("activation_length", None),
+    ("activation_embed", None),
+    ("activation_heads", "tensor"),
+    ("activation_kv", None),
+    ("activation_mlp", "tensor"),
+    ("activation_vocab", "tensor"),
+    ("vocab", "tensor"),
+    ("embed", "fsdp"),
+    ("heads", "tensor"),
+    ("kv", None),
+    ("mlp", "tensor"),
+    ("hidden", None),
+    ("position", None),
+    ("segment", None),
+    ("classes", None),
+)
+
+
+def get_config(arg=None):
+  del arg
+  c = ml_collections.ConfigDict()
+  c.seed = 0  # One seed for initialisation, dropout, data order and masking.
+
+  c.model = ml_collections.ConfigDict()
+  c.model.vocab_size = 30522  # Must equal the tokenizer's size (checked at start).
+  c.model.hidden_size = 768  # H.
+  c.model.num_layers = 12  # L, post-LN transformer blocks.
+  c.model.num_heads = 12  # A; hidden_size must be divisible by it.
+  c.model.intermediate_size = 3072  # Feed-forward size, 4H.
+  c.model.max_position_embeddings = 512  # Learned absolute positions.
+  c.model.type_vocab_size = 2  # Segment A/B embeddings; 1 for RoBERTa-style models.
+  c.model.pad_token_id = 0  # Padding id ([PAD] in BERT's vocab.txt).
+  c.model.position_offset = 0  # RoBERTa/XLM-R: pad_token_id + 1 (fairseq positions).
+  c.model.layer_norm_eps = 1e-12  # BERT 1e-12, RoBERTa/XLM-R 1e-5.
+  c.model.dropout_rate = 0.1  # Dropout on embeddings and every residual branch.
+  c.model.attention_dropout_rate = 0.1  # Dropout on attention probabilities.
+  c.model.initializer_range = 0.02  # Truncated-normal stddev of every weight matrix.
+  c.model.pooler = True  # dense+tanh on [CLS] (needed by NSP and classifiers).
+  c.model.nsp = True  # Next-sentence-prediction head and loss.
+  c.model.attention_impl = ""  # '' lets XLA choose; 'xla' or 'cudnn' (GPU, bf16).
+  c.model.dtype = "float32"  # Activation dtype: 'float32' or 'bfloat16'.
+  c.model.param_dtype = "float32"  # Master-weight dtype (keep float32).
+
+  c.data = ml_collections.ConfigDict()
+  c.data.corpus = ""  # 'embedded' (ships with Python) or a path / glob / directory.
+  c.data.max_seq_length = 128  # Tokens per example, [CLS] and [SEP]s included.
+  c.data.max_predictions_per_seq = 20  # Masked positions gathered per example.
+  c.data.masked_lm_prob = 0.15  # Fraction of tokens chosen for prediction.
+  c.data.mask_token_prob = 0.8  # Of the chosen: replaced by [MASK] ...
+  c.data.random_token_prob = 0.1  # ... by a random token; the rest stay unchanged.
+  c.data.short_seq_prob = 0.1  # NSP: chance of a shorter target length.
+  c.data.dupe_factor = 5  # NSP: passes over the corpus with different pairings.
+  c.data.eval_fraction = 0.02  # Documents held out for evaluation.
+  c.data.worker_count = 0  # grain worker processes (0: in the main process).
+  c.data.tokenizer = ml_collections.ConfigDict()
+  c.data.tokenizer.kind = "wordpiece"  # 'wordpiece' or 'sentencepiece'.
+  c.data.tokenizer.path = ""  # vocab.txt / .model / directory; '' trains one.
+  c.data.tokenizer.lowercase = True  # Uncased WordPiece (bert-base-uncased).
+  c.data.tokenizer.vocab_size = 30522  # Size when training a tokenizer.
+
+  c.train = ml_collections.ConfigDict()
+  c.train.batch_size = 256  # Global batch (examples per optimizer step).
+  c.train.grad_accum_steps = 1  # Micro-batches accumulated per optimizer step.
+  c.train.num_steps = 1_000_000  # Optimizer steps.
+  c.train.optimizer = "adamw"  # 'adamw' or 'lamb' (large batches).
+  c.train.learning_rate = 1e-4  # Peak learning rate.
+  c.train.warmup_steps = 10_000  # Linear warm-up, then linear decay to 0 at num_steps.
+  c.train.weight_decay = 0.01  # Decoupled; not on LayerNorm parameters or biases.
+  c.train.b1 = 0.9  # Adam beta1.
+  c.train.b2 = 0.999  # Adam beta2.
+  c.train.eps = 1e-6  # Adam epsilon (BERT's value).
+  c.train.max_grad_norm = 1.0  # Global-norm clipping; 0 disables.
+  c.train.log_every = 100  # Steps between metric logs (the only host syncs).
+  c.train.eval_every = 10_000  # Steps between held-out evaluations.
+  c.train.eval_batches = 50  # Held-out batches per evaluation (0: all).
+  c.train.checkpoint_every = 10_000  # Steps between checkpoints.
+  c.train.max_to_keep = 3  # Checkpoints kept in the workdir.
+
+  c.mesh = ml_collections.ConfigDict()
+  c.mesh.data = -1  # Data-parallel size; -1 fills the devices left over.
+  c.mesh.fsdp = 1  # Parameter / optimizer-state sharding size.
+  c.mesh.tensor = 1  # Tensor-parallel size (heads, MLP, vocabulary).
+  c.logical_axis_rules = LOGICAL_AXIS_RULES  # See the table above.
+  return c
