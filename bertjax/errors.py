@@ -15,3 +15,8 @@ class DataError(BertjaxError, ValueError):
 
 class CheckpointError(BertjaxError):
   """A checkpoint is missing, corrupt, or does not match the model / tokenizer."""
+
+
+class TrainingError(BertjaxError):
+  """Training cannot go on (for example a non-finite loss); the message names the last
+  good checkpoint."""

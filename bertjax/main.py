@@ -1,0 +1,39 @@
+"""Entry point: `python -m bertjax.main --config=configs/bert_tiny.py --workdir=DIR`.
+
+Any config field can be overridden, e.g. `--config.train.batch_size=64`; a misspelt
+field fails at start-up. Rerunning the same command resumes from the workdir.
+"""
+
+import sys
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+from bertjax.errors import BertjaxError
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "Recipe file, e.g. configs/bert_tiny.py.", lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Checkpoints, logs, tokenizer; resumes.")
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  from bertjax.train import loop  # After flag parsing: keeps --help fast.
+  try:
+    metrics = loop.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+  except BertjaxError as e:
+    logging.flush()
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(2)
+  if metrics:
+    print(f"held-out MLM accuracy {metrics['mlm_accuracy']:.4f} vs "
+          f"{metrics['mlm_accuracy_most_frequent_baseline']:.4f} for always predicting the "
+          "most frequent token"
+          + (f"; NSP accuracy {metrics['nsp_accuracy']:.4f}" if "nsp_accuracy" in metrics
+             else ""))
+
+
+if __name__ == "__main__":
+  app.run(main)

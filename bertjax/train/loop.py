@@ -1,0 +1,218 @@
+"""The pretraining loop: build everything from the config, resume, train, evaluate,
+checkpoint, stop cleanly on SIGTERM or a non-finite loss."""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import time
+from typing import Any
+
+import flax.linen as nn
+import jax
+import ml_collections
+import numpy as np
+from absl import logging
+
+from bertjax import checkpoint as ckpt_lib
+from bertjax.data import corpus as corpus_lib
+from bertjax.data import pipeline
+from bertjax.data import tokenizer as tok_lib
+from bertjax.errors import ConfigError, TrainingError
+from bertjax.parallel import mesh as mesh_lib
+from bertjax.train import optimizer, state as state_lib, step as step_lib
+from bertjax.train.logger import MetricLogger, format_metrics
+
+
+def validate(config: ml_collections.ConfigDict) -> None:
+  """Start-up checks of values no library checks for us; each names its field."""
+  t, d = config.train, config.data
+  checks = [
+      (t.num_steps > 0, "config.train.num_steps must be positive"),
+      (t.batch_size > 0, "config.train.batch_size must be positive"),
+      (t.grad_accum_steps > 0, "config.train.grad_accum_steps must be positive"),
+      (t.learning_rate > 0, "config.train.learning_rate must be positive"),
+      (t.warmup_steps >= 0, "config.train.warmup_steps must be >= 0"),
+      (min(t.log_every, t.eval_every, t.checkpoint_every) > 0,
+       "config.train.log_every, eval_every and checkpoint_every must be positive"),
+      (0 < d.masked_lm_prob < 1, "config.data.masked_lm_prob must be in (0, 1)"),
+      (0 <= d.mask_token_prob + d.random_token_prob <= 1,
+       "config.data.mask_token_prob + random_token_prob must be in [0, 1]"),
+      (d.max_seq_length + config.model.position_offset <= config.model.max_position_embeddings,
+       f"config.data.max_seq_length={d.max_seq_length} + config.model.position_offset "
+       f"exceeds config.model.max_position_embeddings={config.model.max_position_embeddings}"),
+      (0 < d.max_predictions_per_seq <= d.max_seq_length,
+       "config.data.max_predictions_per_seq must be in [1, max_seq_length]"),
+  ]
+  for ok, msg in checks:
+    if not ok:
+      raise ConfigError(msg + ".")
+
+
+def get_tokenizer(config, workdir: str) -> tok_lib.Tokenizer:
+  """The workdir's tokenizer on resume; else the configured file; else one trained on
+  the corpus (saved into the workdir so the checkpoint carries it)."""
+  saved = os.path.join(workdir, ckpt_lib.TOKENIZER_DIR)
+  tcfg = config.data.tokenizer
+  if os.path.isdir(saved):
+    tokenizer = tok_lib.load_tokenizer(saved)
+  else:
+    if tcfg.path:
+      tokenizer = tok_lib.load_tokenizer(tcfg.path)
+    else:
+      documents = corpus_lib.load_documents(config.data.corpus)
+      logging.info("Training a %s tokenizer (%d tokens) on %d documents.", tcfg.kind,
+                   tcfg.vocab_size, len(documents))
+      tokenizer = tok_lib.train_tokenizer(
+          (s for doc in documents for s in doc), kind=tcfg.kind,
+          vocab_size=tcfg.vocab_size, lowercase=tcfg.lowercase)
+    if jax.process_index() == 0:
+      tokenizer.save(saved)
+  if tokenizer.vocab_size != config.model.vocab_size:
+    raise ConfigError(
+        f"config.model.vocab_size={config.model.vocab_size} but the tokenizer has "
+        f"{tokenizer.vocab_size} tokens; set --config.model.vocab_size="
+        f"{tokenizer.vocab_size}.")
+  return tokenizer
+
+
+class _Preemption:
+  """SIGTERM sets a flag; the loop saves at the next step boundary and exits."""
+
+  def __init__(self):
+    self.requested = False
+    self._previous = signal.signal(signal.SIGTERM, self._handle)
+
+  def _handle(self, signum, frame):
+    del signum, frame
+    self.requested = True
+
+  def restore(self):
+    signal.signal(signal.SIGTERM, self._previous)
+
+
+def _mean_metrics(host: list[dict[str, Any]]) -> dict[str, float]:
+  return {k: float(np.mean([m[k] for m in host])) for k in host[0]}
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
+  """Runs (or resumes) pretraining in `workdir`; returns the last eval metrics."""
+  validate(config)
+  os.makedirs(workdir, exist_ok=True)
+  ckpt_lib.save_config(workdir, config)
+  log = MetricLogger(workdir)
+  rules = tuple(map(tuple, config.logical_axis_rules))
+  mesh = mesh_lib.create_mesh(config.mesh)
+  dp = mesh_lib.data_parallel_size(mesh, rules)
+  accum = config.train.grad_accum_steps
+  if config.train.batch_size % (dp * accum):
+    raise ConfigError(
+        f"config.train.batch_size={config.train.batch_size} is not divisible by the "
+        f"{dp} data-parallel devices x {accum} grad_accum_steps; use a multiple of "
+        f"{dp * accum}.")
+
+  tokenizer = get_tokenizer(config, workdir)
+  data = pipeline.build_pretraining_data(
+      config.data, tokenizer, batch_size=config.train.batch_size // jax.process_count(),
+      seed=config.seed, nsp=config.model.nsp, process_index=jax.process_index(),
+      process_count=jax.process_count())
+  log.info("Data: %s", data.stats)
+
+  model = state_lib.build_model(config)
+  tx = optimizer.create_optimizer(config.train)
+  schedule = optimizer.learning_rate_schedule(config.train)
+  abstract, boxed = state_lib.abstract_state(config)
+  state_shardings = mesh_lib.logical_shardings(boxed, mesh, rules)
+  batch_sharding = mesh_lib.batch_sharding(mesh, rules)
+  log.info("Model: %s parameters; mesh %s.", f"{state_lib.param_count(abstract.params):,}",
+           dict(mesh.shape))
+
+  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+    train_step = jax.jit(
+        step_lib.make_train_step(model, tx, schedule, config.seed, accum),
+        in_shardings=(state_shardings, batch_sharding),
+        out_shardings=(state_shardings, None), donate_argnums=0)
+    eval_step = jax.jit(step_lib.make_eval_step(model),
+                        in_shardings=(state_shardings.params, batch_sharding))
+
+  checkpointer = ckpt_lib.Checkpointer(workdir, config.train.max_to_keep)
+  train_iter = iter(data.train)
+  start = checkpointer.latest_step()
+  if start is not None:
+    target = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                          abstract, state_shardings)
+    state = checkpointer.restore(start, target, train_iter)
+    log.info("Resumed from step %d in %s.", start, checkpointer.directory)
+  else:
+    state = state_lib.create_train_state(config, model, tx, mesh, rules, state_shardings)
+
+  def evaluate(params) -> dict[str, float]:
+    totals: dict[str, float] = {}
+    baseline = 0.0
+    batches = data.eval_batches[:config.train.eval_batches or None]
+    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+      for batch in batches:
+        sums = jax.device_get(eval_step(params, mesh_lib.put_batch(batch, batch_sharding)))
+        for k, v in sums.items():
+          totals[k] = totals.get(k, 0.0) + float(v)
+        baseline += float(np.sum((batch["masked_lm_ids"] == data.most_frequent_token)
+                                 * batch["masked_lm_weights"]))
+    metrics = step_lib.eval_metrics(totals)
+    metrics["mlm_accuracy_most_frequent_baseline"] = baseline / max(totals["mlm_count"], 1)
+    return metrics
+
+  preemption = _Preemption()
+  pending: list[dict[str, Any]] = []
+  eval_result: dict[str, float] = {}
+  step = int(jax.device_get(state.step))
+  last_good = start
+  t0, tokens = time.perf_counter(), 0
+
+  def flush(step: int) -> None:
+    nonlocal t0, tokens
+    if not pending:
+      return
+    host = jax.device_get(pending)
+    pending.clear()
+    metrics = _mean_metrics(host)
+    losses = [float(m["loss"]) for m in host]
+    if not all(math.isfinite(x) for x in losses):
+      raise TrainingError(
+          f"non-finite loss {losses[-1]} at or before step {step}; the last good "
+          f"checkpoint is step {last_good} in {checkpointer.directory}. Lower "
+          "config.train.learning_rate or check the data, then rerun to resume.")
+    elapsed = time.perf_counter() - t0
+    metrics["tokens_per_s"] = tokens / max(elapsed, 1e-9)
+    log.write(step, metrics)
+    log.info("step %d/%d | %s", step, config.train.num_steps, format_metrics(metrics))
+    t0, tokens = time.perf_counter(), 0
+
+  try:
+    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+      while step < config.train.num_steps:
+        batch = next(train_iter)
+        tokens += int(batch["attention_mask"].sum()) * jax.process_count()
+        state, metrics = train_step(state, mesh_lib.put_batch(batch, batch_sharding))
+        step += 1
+        pending.append(metrics)
+        done = step == config.train.num_steps
+        if step % config.train.log_every == 0 or done or preemption.requested:
+          flush(step)
+        if step % config.train.eval_every == 0 or done:
+          eval_result = evaluate(state.params)
+          log.write(step, eval_result, prefix="eval")
+          log.info("eval at step %d | %s", step, format_metrics(eval_result))
+        if step % config.train.checkpoint_every == 0 or done or preemption.requested:
+          flush(step)
+          checkpointer.save(step, state, train_iter, force=True)
+          last_good = step
+        if preemption.requested:
+          log.info("SIGTERM: saved step %d; exiting. Rerun the same command to resume.", step)
+          break
+  finally:
+    preemption.restore()
+    checkpointer.wait()
+    checkpointer.close()
+    log.close()
+  return eval_result
