@@ -1,0 +1,362 @@
+"""Tokenizers: WordPiece (BERT), byte-level BPE (RoBERTa) and SentencePiece (XLM-R).
+
+One interface, `Tokenizer`, over two well-kept libraries: `tokenizers` (WordPiece, BPE,
+any `tokenizer.json`) and `sentencepiece` (`.model` files, with fairseq's id mapping
+<s>=0 <pad>=1 </s>=2 <unk>=3, spm piece id + 1, <mask> = last id). Inputs are built the
+way Hugging Face's tokenizers build them: BERT `[CLS] a [SEP] b [SEP]` with token types
+0/1, RoBERTa / XLM-R `<s> a </s></s> b </s>` with token types all 0, longest-first
+truncation and right padding to the longest row of the batch.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+from typing import Iterable, Sequence
+
+import numpy as np
+import sentencepiece as spm
+import tokenizers
+from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
+
+from bertjax.errors import DataError
+
+_BERT_SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")  # pad unk cls sep mask
+_ROBERTA_SPECIALS = ("<pad>", "<unk>", "<s>", "</s>", "<mask>")
+SENTENCEPIECE_FILE = "sentencepiece.bpe.model"  # the name Hugging Face's XLM-R dirs use
+
+
+class _HFBackend:
+  """A `tokenizers.Tokenizer` (WordPiece, BPE or any tokenizer.json)."""
+
+  def __init__(self, tok: tokenizers.Tokenizer):
+    tok.no_truncation()
+    tok.no_padding()
+    self.tok = tok
+    self.vocab_size = tok.get_vocab_size(with_added_tokens=True)
+
+  def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+    return [e.ids for e in self.tok.encode_batch(list(texts), add_special_tokens=False)]
+
+  def id_to_token(self, i: int) -> str | None:
+    return self.tok.id_to_token(i)
+
+  def token_to_id(self, t: str) -> int | None:
+    return self.tok.token_to_id(t)
+
+  def decode(self, ids: Sequence[int]) -> str:
+    return self.tok.decode(list(ids), skip_special_tokens=False)
+
+  def save(self, directory: str) -> None:
+    self.tok.save(os.path.join(directory, "tokenizer.json"))
+
+
+class _SentencePieceBackend:
+  """A SentencePiece model with fairseq's (XLM-R's) id mapping.
+
+  Special tokens written inside the text (`<mask>`, `<s>`, ...) are recognised as
+  Hugging Face does; `<mask>` also swallows the whitespace on its left (lstrip).
+  """
+
+  FAIRSEQ = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3}
+
+  def __init__(self, proto: bytes):
+    self.proto = proto
+    self.sp = spm.SentencePieceProcessor(model_proto=proto)
+    self.mask_id = self.sp.get_piece_size() + 1
+    self.vocab_size = self.mask_id + 1
+    self.specials = dict(self.FAIRSEQ, **{"<mask>": self.mask_id})
+    self.special_tokens = {v: k for k, v in self.specials.items()}
+    self.split_re = re.compile(r"(\s*<mask>|<s>|</s>|<pad>|<unk>)")
+
+  def _to_fairseq(self, spm_ids: list[int]) -> list[int]:
+    unk = self.sp.unk_id()
+    return [self.FAIRSEQ["<unk>"] if i == unk else i + 1 for i in spm_ids]
+
+  def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+    parts = [self.split_re.split(t) for t in texts]
+    plain = [p for ps in parts for p in ps[0::2] if p]
+    encoded = iter(self.sp.encode(plain) if plain else [])
+    out = []
+    for ps in parts:
+      ids = []
+      for k, p in enumerate(ps):
+        if k % 2:
+          ids.append(self.specials[p.strip()])
+        elif p:
+          ids.extend(self._to_fairseq(next(encoded)))
+      out.append(ids)
+    return out
+
+  def id_to_token(self, i: int) -> str | None:
+    if i in self.special_tokens:
+      return self.special_tokens[i]
+    return self.sp.id_to_piece(i - 1) if 0 < i - 1 < self.sp.get_piece_size() else None
+
+  def token_to_id(self, t: str) -> int | None:
+    if t in self.specials:
+      return self.specials[t]
+    i = self.sp.piece_to_id(t)
+    return None if i == self.sp.unk_id() else i + 1
+
+  def decode(self, ids: Sequence[int]) -> str:
+    pieces, out = [], []
+    for i in ids:
+      if i in self.special_tokens:
+        if pieces:
+          out.append(self.sp.decode(pieces))
+          pieces = []
+        out.append(self.special_tokens[i])
+      else:
+        pieces.append(int(i) - 1)
+    if pieces:
+      out.append(self.sp.decode(pieces))
+    return " ".join(out)
+
+  def save(self, directory: str) -> None:
+    with open(os.path.join(directory, SENTENCEPIECE_FILE), "wb") as f:
+      f.write(self.proto)
+
+
+class Tokenizer:
+  """Text -> model inputs, with the special-token layout of `style`.
+
+  style: 'bert' ([CLS] a [SEP] b [SEP], token types 0/1) or 'roberta'
+  (<s> a </s></s> b </s>, token types all 0).
+  """
+
+  def __init__(self, backend: _HFBackend | _SentencePieceBackend, style: str):
+    self._backend = backend
+    self.style = style
+    self.vocab_size = backend.vocab_size
+    names = _BERT_SPECIALS if style == "bert" else _ROBERTA_SPECIALS
+    ids = [backend.token_to_id(t) for t in names]
+    missing = [t for t, i in zip(names, ids) if i is None]
+    if missing:
+      raise DataError(f"tokenizer vocabulary lacks the special tokens {missing}.")
+    self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = ids
+    self.special_ids = frozenset(ids)
+    self.mask_token = names[4]
+
+  def tokenize(self, text: str) -> list[int]:
+    """Ids of `text`, without special tokens."""
+    return self._backend.encode_batch([text])[0]
+
+  def tokenize_batch(self, texts: Sequence[str]) -> list[list[int]]:
+    """Ids of each text (batched in the library), without special tokens."""
+    return self._backend.encode_batch(texts)
+
+  def num_special(self, pair: bool) -> int:
+    """How many special tokens `build_inputs` adds to a single text or a pair."""
+    if not pair:
+      return 2
+    return 3 if self.style == "bert" else 4
+
+  def build_inputs(self, ids_a: Sequence[int], ids_b: Sequence[int] | None = None
+                   ) -> tuple[list[int], list[int]]:
+    """Adds the special tokens; returns (input ids, token type ids)."""
+    a = [self.cls_id, *ids_a, self.sep_id]
+    if ids_b is None:
+      return a, [0] * len(a)
+    if self.style == "bert":
+      b = [*ids_b, self.sep_id]
+      return a + b, [0] * len(a) + [1] * len(b)
+    ids = a + [self.sep_id, *ids_b, self.sep_id]
+    return ids, [0] * len(ids)
+
+  def __call__(self, texts: str | Sequence[str],
+               text_pairs: str | Sequence[str] | None = None,
+               max_length: int = 512) -> dict[str, np.ndarray]:
+    """Batch of model inputs: `input_ids`, `token_type_ids`, `attention_mask`, each
+    int32 [B, T] with T the longest row (at most `max_length`), right-padded."""
+    if isinstance(texts, str):
+      texts = [texts]
+    if isinstance(text_pairs, str):
+      text_pairs = [text_pairs]
+    ids_a = self.tokenize_batch(texts)
+    if text_pairs is None:
+      budget = max_length - self.num_special(False)
+      rows = [self.build_inputs(a[:max(budget, 0)]) for a in ids_a]
+    else:
+      if len(text_pairs) != len(texts):
+        raise DataError(f"got {len(texts)} texts but {len(text_pairs)} text pairs.")
+      budget = max_length - self.num_special(True)
+      rows = [self.build_inputs(*truncate_longest_first(a, b, budget))
+              for a, b in zip(ids_a, self.tokenize_batch(text_pairs))]
+    length = max(len(ids) for ids, _ in rows)
+    batch = {k: np.zeros((len(rows), length), np.int32)
+             for k in ("input_ids", "token_type_ids", "attention_mask")}
+    batch["input_ids"][:] = self.pad_id
+    for r, (ids, types) in enumerate(rows):
+      batch["input_ids"][r, :len(ids)] = ids
+      batch["token_type_ids"][r, :len(ids)] = types
+      batch["attention_mask"][r, :len(ids)] = 1
+    return batch
+
+  def id_to_token(self, i: int) -> str:
+    t = self._backend.id_to_token(int(i))
+    if t is None:
+      raise DataError(f"token id {i} is outside the vocabulary (size {self.vocab_size}).")
+    return t
+
+  def token_to_id(self, t: str) -> int:
+    i = self._backend.token_to_id(t)
+    return self.unk_id if i is None else i
+
+  def decode(self, ids: Iterable[int]) -> str:
+    """Text of `ids`, padding and [CLS]/[SEP] (<s>/</s>) dropped."""
+    drop = {self.pad_id, self.cls_id, self.sep_id}
+    return self._backend.decode([int(i) for i in ids if int(i) not in drop])
+
+  def save(self, directory: str) -> None:
+    """Writes files that `load_tokenizer(directory)` reads back."""
+    os.makedirs(directory, exist_ok=True)
+    self._backend.save(directory)
+
+
+def truncate_longest_first(a: Sequence[int], b: Sequence[int], max_length: int
+                           ) -> tuple[list[int], list[int]]:
+  """Cuts the pair to `max_length` ids as Hugging Face's `tokenizers` does
+  (longest_first): only the longer side when that suffices, else both to halves."""
+  n1, n2 = len(a), len(b)
+  if n1 + n2 <= max_length:
+    return list(a), list(b)
+  swap = n1 > n2
+  if swap:
+    n1, n2 = n2, n1
+  n2 = n1 if n1 > max_length else max(n1, max_length - n1)
+  if n1 + n2 > max_length:
+    n1 = max_length // 2
+    n2 = n1 + max_length % 2
+  if swap:
+    n1, n2 = n2, n1
+  return list(a[:n1]), list(b[:n2])
+
+
+def _style_of(backend) -> str:
+  if backend.token_to_id("[CLS]") is not None:
+    return "bert"
+  if backend.token_to_id("<s>") is not None:
+    return "roberta"
+  raise DataError("tokenizer has neither [CLS] (BERT) nor <s> (RoBERTa) in its vocabulary.")
+
+
+def _add_specials(tok: tokenizers.Tokenizer, names: Sequence[str]) -> None:
+  tok.add_special_tokens([
+      tokenizers.AddedToken(t, special=True, lstrip=t == "<mask>", normalized=False)
+      for t in names if tok.token_to_id(t) is not None])
+
+
+def _bert_pipeline(tok: tokenizers.Tokenizer, lowercase: bool, strip_accents=None,
+                   chinese_chars: bool = True) -> tokenizers.Tokenizer:
+  tok.normalizer = normalizers.BertNormalizer(
+      clean_text=True, handle_chinese_chars=chinese_chars, strip_accents=strip_accents,
+      lowercase=lowercase)
+  tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+  tok.decoder = decoders.WordPiece(prefix="##")
+  return tok
+
+
+def _from_vocab_txt(path: str, hf_config: dict) -> Tokenizer:
+  with open(path, encoding="utf-8") as f:
+    vocab = {line.rstrip("\n"): i for i, line in enumerate(f)}
+  tok = tokenizers.Tokenizer(models.WordPiece(vocab, unk_token="[UNK]",
+                                              max_input_chars_per_word=100))
+  _bert_pipeline(tok, hf_config.get("do_lower_case", True), hf_config.get("strip_accents"),
+                 hf_config.get("tokenize_chinese_chars", True))
+  _add_specials(tok, _BERT_SPECIALS)
+  return Tokenizer(_HFBackend(tok), "bert")
+
+
+def _from_bpe(vocab_json: str, merges_txt: str) -> Tokenizer:
+  tok = tokenizers.Tokenizer(models.BPE.from_file(vocab_json, merges_txt))
+  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+  tok.decoder = decoders.ByteLevel()
+  _add_specials(tok, _ROBERTA_SPECIALS)
+  return Tokenizer(_HFBackend(tok), "roberta")
+
+
+def _from_sentencepiece(path: str) -> Tokenizer:
+  with open(path, "rb") as f:
+    proto = f.read()
+  try:
+    backend = _SentencePieceBackend(proto)
+  except RuntimeError as e:
+    raise DataError(f"{path} is not a SentencePiece model ({str(e).splitlines()[0]}).")
+  return Tokenizer(backend, "roberta")
+
+
+def _from_tokenizer_json(path: str) -> Tokenizer:
+  try:
+    tok = tokenizers.Tokenizer.from_file(path)
+  except Exception as e:  # the library raises a bare Exception on malformed JSON
+    raise DataError(f"{path} is not a tokenizer.json ({str(e).splitlines()[0]}).")
+  backend = _HFBackend(tok)
+  return Tokenizer(backend, _style_of(backend))
+
+
+def load_tokenizer(path: str) -> Tokenizer:
+  """Reads a vocab.txt, a SentencePiece .model, a tokenizer.json, or a directory
+  holding one of them (Hugging Face model dirs included: tokenizer.json, vocab.txt
+  with tokenizer_config.json's do_lower_case, sentencepiece.bpe.model, or
+  vocab.json + merges.txt)."""
+  path = os.fspath(path)
+  if not os.path.exists(path):
+    raise DataError(f"tokenizer path {path} does not exist.")
+  if os.path.isfile(path):
+    if path.endswith(".json"):
+      return _from_tokenizer_json(path)
+    if path.endswith(".model"):
+      return _from_sentencepiece(path)
+    if path.endswith(".txt"):
+      return _from_vocab_txt(path, {})
+    raise DataError(f"{path}: unrecognised tokenizer file; give a vocab.txt, a "
+                    "SentencePiece .model or a tokenizer.json.")
+  join = lambda name: os.path.join(path, name)
+  hf_config = {}
+  if os.path.isfile(join("tokenizer_config.json")):
+    with open(join("tokenizer_config.json"), encoding="utf-8") as f:
+      hf_config = json.load(f)
+  if os.path.isfile(join("tokenizer.json")):
+    return _from_tokenizer_json(join("tokenizer.json"))
+  if os.path.isfile(join("vocab.txt")):
+    return _from_vocab_txt(join("vocab.txt"), hf_config)
+  spm_files = sorted(n for n in os.listdir(path) if n.endswith(".model"))
+  if spm_files:
+    return _from_sentencepiece(join(spm_files[0]))
+  if os.path.isfile(join("vocab.json")) and os.path.isfile(join("merges.txt")):
+    return _from_bpe(join("vocab.json"), join("merges.txt"))
+  raise DataError(f"{path} holds no tokenizer (tokenizer.json, vocab.txt, a SentencePiece "
+                  ".model, or vocab.json + merges.txt).")
+
+
+def train_tokenizer(texts: Iterable[str], kind: str = "wordpiece", vocab_size: int = 30522,
+                    lowercase: bool = True) -> Tokenizer:
+  """Trains a vocabulary of at most `vocab_size` ids on `texts`.
+
+  kind='wordpiece': BERT-style WordPiece via `tokenizers` with [PAD]=0 [UNK]=1
+  [CLS]=2 [SEP]=3 [MASK]=4. kind='sentencepiece': a unigram SentencePiece model with
+  XLM-R's ids (<s>=0 <pad>=1 </s>=2 <unk>=3, pieces, <mask> last).
+  """
+  if kind == "wordpiece":
+    tok = _bert_pipeline(tokenizers.Tokenizer(models.WordPiece(unk_token="[UNK]")), lowercase)
+    trainer = trainers.WordPieceTrainer(vocab_size=vocab_size,
+                                        special_tokens=list(_BERT_SPECIALS))
+    tok.train_from_iterator(texts, trainer)
+    _add_specials(tok, _BERT_SPECIALS)
+    return Tokenizer(_HFBackend(tok), "bert")
+  if kind == "sentencepiece":
+    model = io.BytesIO()
+    try:
+      spm.SentencePieceTrainer.train(
+          sentence_iterator=iter(texts), model_writer=model, vocab_size=vocab_size - 2,
+          model_type="unigram", unk_id=0, bos_id=1, eos_id=2, pad_id=-1,
+          hard_vocab_limit=False, character_coverage=0.9995,
+          normalization_rule_name="nmt_nfkc_cf" if lowercase else "nmt_nfkc",
+          minloglevel=2)
+    except RuntimeError as e:
+      raise DataError(f"SentencePiece training failed: {str(e).splitlines()[0]}")
+    return Tokenizer(_SentencePieceBackend(model.getvalue()), "roberta")
+  raise DataError(f"train_tokenizer kind={kind!r}: use 'wordpiece' or 'sentencepiece'.")

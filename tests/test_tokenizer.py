@@ -1,0 +1,150 @@
+"""Our tokenizers give the same ids as Hugging Face's on the same vocabulary files."""
+
+import os
+
+import numpy as np
+import pytest
+
+from bertjax.data import tokenizer as tokenizer_lib
+from bertjax.errors import DataError
+
+CORPUS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Please turn your homework in on Monday, or else!",
+    "Héllo wörld: naïve café façade, Ünïcödé and ÀCCÉNTS.",
+    "中文字符 mixed with English words and 日本語 text.",
+    "Numbers like 3.14159 and 2,718 appear; so do e-mails: a@b.com (maybe).",
+    "BERT pretrains bidirectional encoders with masked language modelling.",
+    "RoBERTa drops next sentence prediction and trains longer on more data.",
+    "XLM-R covers one hundred languages with a SentencePiece vocabulary.",
+] * 20
+
+SAMPLES = [
+    "The quick brown fox.",
+    "Héllo wörld, ÀCCÉNTS and naïve café!",
+    "中文字符 and 日本語",
+    "please turn [MASK] homework in .",
+    "tabs\tand\nnewlines   and   spaces",
+    "unseenwordxyz qqqq zzzz",
+    "",
+    "punctuation!!! ??? ... ---",
+]
+PAIRS = [("The quick brown fox jumps over the lazy dog again and again.", "short"),
+         ("a b", "Please turn your homework in on Monday, or else you will fail."),
+         ("one two three four five six", "seven eight nine ten eleven twelve")]
+
+
+@pytest.fixture(scope="module")
+def wordpiece_dir(tmp_path_factory):
+  d = tmp_path_factory.mktemp("wordpiece")
+  tok = tokenizer_lib.train_tokenizer(CORPUS, "wordpiece", vocab_size=300)
+  vocab = [tok.id_to_token(i) for i in range(tok.vocab_size)]
+  (d / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
+  return str(d)
+
+
+@pytest.fixture(scope="module")
+def spm_path(tmp_path_factory):
+  d = tmp_path_factory.mktemp("spm")
+  tok = tokenizer_lib.train_tokenizer(CORPUS, "sentencepiece", vocab_size=200,
+                                      lowercase=False)
+  tok.save(str(d))
+  return str(d / tokenizer_lib.SENTENCEPIECE_FILE)
+
+
+def _hf_batch(hf, texts, pairs=None, max_length=512):
+  enc = hf(texts, pairs, truncation=True, max_length=max_length, padding="longest",
+           return_tensors="np")
+  return {k: np.asarray(v) for k, v in enc.items()}
+
+
+def _assert_same(ours, hf, keys=("input_ids", "attention_mask", "token_type_ids")):
+  for k in keys:
+    if k in hf:
+      np.testing.assert_array_equal(ours[k], hf[k], err_msg=k)
+
+
+@pytest.mark.parametrize("lower", [True, False])
+def test_wordpiece_matches_hf(wordpiece_dir, lower):
+  from transformers import BertTokenizer
+  hf = BertTokenizer.from_pretrained(wordpiece_dir, do_lower_case=lower)
+  ours = tokenizer_lib._from_vocab_txt(os.path.join(wordpiece_dir, "vocab.txt"),
+                                       {"do_lower_case": lower})
+  for text in SAMPLES:
+    assert ours.tokenize(text) == hf.encode(text, add_special_tokens=False), text
+  _assert_same(ours(SAMPLES), _hf_batch(hf, SAMPLES))
+  a, b = zip(*PAIRS)
+  for max_length in (8, 11, 12, 64):
+    _assert_same(ours(list(a), list(b), max_length=max_length),
+                 _hf_batch(hf, list(a), list(b), max_length=max_length))
+  _assert_same(ours(SAMPLES, max_length=5), _hf_batch(hf, SAMPLES, max_length=5))
+  assert ours.tokenize("x [MASK] y")[1] == ours.mask_id == hf.mask_token_id
+
+
+def test_wordpiece_dir_reads_do_lower_case(wordpiece_dir, tmp_path):
+  import shutil
+  shutil.copy(os.path.join(wordpiece_dir, "vocab.txt"), tmp_path / "vocab.txt")
+  (tmp_path / "tokenizer_config.json").write_text('{"do_lower_case": false}')
+  cased = tokenizer_lib.load_tokenizer(str(tmp_path))
+  lower = tokenizer_lib.load_tokenizer(os.path.join(wordpiece_dir, "vocab.txt"))
+  assert cased.tokenize("The Fox") != lower.tokenize("The Fox")
+  assert lower.tokenize("The Fox") == lower.tokenize("the fox")
+
+
+def test_sentencepiece_matches_xlmr(spm_path):
+  from transformers import XLMRobertaTokenizer
+  hf = XLMRobertaTokenizer.from_pretrained(os.path.dirname(spm_path))
+  ours = tokenizer_lib.load_tokenizer(spm_path)
+  assert (ours.cls_id, ours.pad_id, ours.sep_id, ours.unk_id) == (0, 1, 2, 3)
+  assert ours.mask_id == ours.vocab_size - 1 == hf.mask_token_id
+  assert ours.vocab_size == len(hf)
+  texts = SAMPLES + ["hello <mask> world", "x<mask>y"]
+  for text in texts:
+    assert ours.tokenize(text) == hf.encode(text, add_special_tokens=False), text
+  _assert_same(ours(texts), _hf_batch(hf, texts), keys=("input_ids", "attention_mask"))
+  a, b = zip(*PAIRS)
+  for max_length in (9, 12, 64):
+    _assert_same(ours(list(a), list(b), max_length=max_length),
+                 _hf_batch(hf, list(a), list(b), max_length=max_length),
+                 keys=("input_ids", "attention_mask"))
+  for i in (0, 1, 2, 3, 10, ours.mask_id):
+    assert ours.id_to_token(i) == hf.convert_ids_to_tokens(i)
+
+
+def test_save_load_round_trip(wordpiece_dir, spm_path, tmp_path):
+  for name, tok in [("wp", tokenizer_lib.load_tokenizer(wordpiece_dir)),
+                    ("spm", tokenizer_lib.load_tokenizer(spm_path))]:
+    tok.save(str(tmp_path / name))
+    back = tokenizer_lib.load_tokenizer(str(tmp_path / name))
+    assert (back.style, back.vocab_size, back.special_ids) == (
+        tok.style, tok.vocab_size, tok.special_ids)
+    assert back.tokenize_batch(SAMPLES) == tok.tokenize_batch(SAMPLES)
+    ids = tok.tokenize("the quick brown fox")
+    assert back.decode(ids) == tok.decode(ids) == "the quick brown fox" or name == "spm"
+
+
+def test_train_special_ids():
+  wp = tokenizer_lib.train_tokenizer(CORPUS, "wordpiece", vocab_size=200)
+  assert (wp.style, wp.pad_id, wp.unk_id, wp.cls_id, wp.sep_id, wp.mask_id) == (
+      "bert", 0, 1, 2, 3, 4)
+  assert wp.mask_token == "[MASK]" and wp.vocab_size <= 200
+  sp = tokenizer_lib.train_tokenizer(CORPUS, "sentencepiece", vocab_size=150)
+  assert (sp.style, sp.cls_id, sp.pad_id, sp.sep_id, sp.unk_id) == ("roberta", 0, 1, 2, 3)
+  assert sp.mask_id == sp.vocab_size - 1 and sp.mask_token == "<mask>"
+  assert sp.tokenize("The Fox") == sp.tokenize("the fox")
+  ids, types = sp.build_inputs([5, 6], [7])
+  assert ids == [0, 5, 6, 2, 2, 7, 2] and types == [0] * 7
+  ids, types = wp.build_inputs([5, 6], [7])
+  assert ids == [2, 5, 6, 3, 7, 3] and types == [0, 0, 0, 0, 1, 1]
+
+
+def test_errors_are_one_line(tmp_path):
+  for path in (tmp_path / "missing", tmp_path):
+    with pytest.raises(DataError) as e:
+      tokenizer_lib.load_tokenizer(str(path))
+    assert "\n" not in str(e.value)
+  bad = tmp_path / "bad.model"
+  bad.write_bytes(b"not a model")
+  with pytest.raises(DataError) as e:
+    tokenizer_lib.load_tokenizer(str(bad))
+  assert "\n" not in str(e.value)
