@@ -34,6 +34,8 @@ _SIGNATURE = re.compile(r"^[A-Za-z_][\w.]*\(.*\)$")
 _BULLET = re.compile(r"^(\*|-|\d+\.|\(\d+\))\s+")
 _FOOTNOTE = re.compile(r"\[\d+\]")
 _EMPHASIS = re.compile(r"\*{1,2}([^*\s][^*]*?)\*{1,2}")
+# pydoc renders inline code as "name": keep the name, drop the quotes.
+_LITERAL = re.compile(r'"([^"\s]{1,40})"')
 _MIN_SENTENCE_CHARS = 12
 _MIN_DOCUMENT_SENTENCES = 2
 _BINARY_SAMPLE = 1 << 16
@@ -183,7 +185,8 @@ def _prose_paragraphs(lines: list[str]) -> list[str]:
   """Blank-line separated blocks that read as prose, re-flowed into one line each.
 
   Bullet items start their own paragraph; code, grammar rules, tables, interactive
-  sessions and signature lines are dropped; reST emphasis and footnote marks removed.
+  sessions and signature lines are dropped; reST emphasis, literal quotes and footnote
+  marks removed.
   """
   blocks, current = [], []
   for line in lines:
@@ -202,7 +205,7 @@ def _prose_paragraphs(lines: list[str]) -> list[str]:
   paragraphs = []
   for block in blocks:
     text = _BULLET.sub("", " ".join(block))
-    text = _FOOTNOTE.sub("", _EMPHASIS.sub(r"\1", text))
+    text = _FOOTNOTE.sub("", _LITERAL.sub(r"\1", _EMPHASIS.sub(r"\1", text)))
     text = " ".join(text.split())
     if _is_prose(text):
       paragraphs.append(text)
