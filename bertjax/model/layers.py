@@ -34,9 +34,18 @@ def zeros_init(names: Sequence[str | None]):
   return nn.with_logical_partitioning(nn.initializers.zeros_init(), tuple(names))
 
 
-def dense(cfg: ModelConfig, features, kernel_names, bias_names, name, axis=-1):
-  return nn.DenseGeneral(
-      features, axis=axis, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
+def dense(cfg: ModelConfig, features: int, kernel_names, bias_names, name) -> nn.Dense:
+  return nn.Dense(
+      features, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
+      kernel_init=param_init(cfg, kernel_names), bias_init=zeros_init(bias_names),
+      name=name)
+
+
+def einsum(cfg: ModelConfig, shape, kernel_names, bias_names, name) -> nn.Einsum:
+  """A multi-axis projection whose kernel is created at its true shape (so its logical
+  names fit it), e.g. [E, N, D] for the query."""
+  return nn.Einsum(
+      shape, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
       kernel_init=param_init(cfg, kernel_names), bias_init=zeros_init(bias_names),
       name=name)
 
@@ -107,11 +116,9 @@ class SelfAttention(nn.Module):
   def __call__(self, x: jax.Array, mask: jax.Array, deterministic: bool) -> jax.Array:
     """x: [B, T, E]; mask: [B, 1, T, T] bool, True where attention is allowed."""
     cfg = self.config
-    qkv_names, qkv_bias = ("embed", "heads", "kv"), ("heads", "kv")
-    shape = (cfg.num_heads, cfg.head_dim)
-    q = dense(cfg, shape, qkv_names, qkv_bias, "query")(x)  # [B, T, N, D]
-    k = dense(cfg, shape, qkv_names, qkv_bias, "key")(x)
-    v = dense(cfg, shape, qkv_names, qkv_bias, "value")(x)
+    shape, names = (cfg.hidden_size, cfg.num_heads, cfg.head_dim), ("embed", "heads", "kv")
+    q, k, v = (einsum(cfg, shape, names, names[1:], n)(x, "BTE,END->BTND")
+               for n in ("query", "key", "value"))  # [B, T, N, D]
     q, k, v = (constrain(t, (BATCH, LENGTH, HEADS, KV)) for t in (q, k, v))
     if not deterministic and cfg.attention_dropout_rate > 0:
       if cfg.attention_impl == "cudnn":
@@ -124,8 +131,9 @@ class SelfAttention(nn.Module):
       out = jax.nn.dot_product_attention(q, k, v, mask=mask,
                                          implementation=cfg.attention_impl)
     out = constrain(out, (BATCH, LENGTH, HEADS, KV))  # [B, T, N, D]
-    return dense(cfg, cfg.hidden_size, ("heads", "kv", "embed"), ("embed",), "output",
-                 axis=(-2, -1))(out)
+    shape = (cfg.num_heads, cfg.head_dim, cfg.hidden_size)
+    return einsum(cfg, shape, ("heads", "kv", "embed"), ("embed",), "output")(
+        out, "BTND,NDE->BTE")
 
 
 class TransformerBlock(nn.Module):

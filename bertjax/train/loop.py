@@ -145,7 +145,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     state = checkpointer.restore(start, target, train_iter)
     log.info("Resumed from step %d in %s.", start, checkpointer.directory)
   else:
-    state = state_lib.create_train_state(config, model, tx, mesh, rules, state_shardings)
+    state = state_lib.create_train_state(config, model, tx, state_shardings)
 
   def evaluate(params) -> dict[str, float]:
     totals: dict[str, float] = {}

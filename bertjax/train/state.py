@@ -38,11 +38,12 @@ def abstract_state(config: ml_collections.ConfigDict) -> tuple[TrainState, Any]:
   return nn.unbox(boxed), boxed
 
 
-def create_train_state(config, model, tx, mesh, rules, shardings) -> TrainState:
-  """Initialises the state directly onto its shardings (no host copy)."""
+def create_train_state(config, model, tx, shardings) -> TrainState:
+  """Initialises the state directly onto its shardings (no host copy). Traced without
+  a context mesh: flax's DenseGeneral constrains its flattened kernel during init, so
+  the placement comes from `out_shardings` alone."""
   init = _init_fn(config, model, tx)
-  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    return jax.jit(lambda: nn.unbox(init()), out_shardings=shardings)()
+  return jax.jit(lambda: nn.unbox(init()), out_shardings=shardings)()
 
 
 def param_count(params) -> int:

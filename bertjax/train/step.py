@@ -100,7 +100,7 @@ def make_train_step(model: BertForPreTraining, tx: optax.GradientTransformation,
     params = optax.apply_updates(state.params, updates)
     metrics = _metrics(sums, counts)
     metrics["loss"] = _objective(sums, counts)
-    metrics["grad_norm"] = optax.global_norm(grads)
+    metrics["grad_norm"] = optax.tree.norm(grads)
     metrics["learning_rate"] = schedule(state.step)
     return TrainState(state.step + 1, params, opt_state), metrics
 

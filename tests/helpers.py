@@ -1,0 +1,47 @@
+"""Shared test utilities: tiny configs and synthetic batches."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from configs import bert_tiny
+
+
+def tiny_config(**train_overrides):
+  """bert_tiny shrunk further so a compile takes seconds."""
+  c = bert_tiny.get_config()
+  c.model.vocab_size = 97
+  c.model.hidden_size = 32
+  c.model.num_heads = 2
+  c.model.intermediate_size = 64
+  c.model.max_position_embeddings = 32
+  c.data.max_seq_length = 16
+  c.data.max_predictions_per_seq = 4
+  c.train.batch_size = 8
+  c.train.num_steps = 20
+  c.train.warmup_steps = 2
+  c.train.learning_rate = 1e-3
+  for k, v in train_overrides.items():
+    setattr(c.train, k, v)
+  return c
+
+
+def synthetic_batch(config, batch_size: int, seed: int = 0) -> dict[str, np.ndarray]:
+  """A valid pretraining batch of random ids with padding and masked positions."""
+  rng = np.random.default_rng(seed)
+  T, P, V = config.data.max_seq_length, config.data.max_predictions_per_seq, config.model.vocab_size
+  lengths = rng.integers(T // 2, T + 1, size=batch_size)
+  ids = rng.integers(5, V, size=(batch_size, T)).astype(np.int32)
+  mask = (np.arange(T)[None] < lengths[:, None]).astype(np.int32)
+  ids = ids * mask
+  positions = np.stack([np.sort(rng.choice(np.arange(1, n), P, replace=False)) for n in lengths])
+  labels = np.take_along_axis(ids, positions, 1)
+  weights = np.ones((batch_size, P), np.float32)
+  weights[:, -1] = 0  # one padding slot per row
+  return {
+      "input_ids": ids, "attention_mask": mask,
+      "token_type_ids": (np.arange(T)[None] >= lengths[:, None] // 2).astype(np.int32) * mask,
+      "masked_lm_positions": positions.astype(np.int32), "masked_lm_ids": labels.astype(np.int32),
+      "masked_lm_weights": weights,
+      "next_sentence_labels": rng.integers(0, 2, size=batch_size).astype(np.int32),
+  }

@@ -1,0 +1,91 @@
+"""Model shapes, full-size parameter counts (eval_shape: no memory), logical axes."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bertjax.model import BertForPreTraining, ModelConfig
+from bertjax.train import state as state_lib
+from configs import bert_base, bert_large, roberta_base, xlmr_base, xlmr_large
+
+# Parameter counts of the Hugging Face models of these names (encoder + pooler, i.e.
+# `BertModel` / `XLMRobertaModel`); ours must be within 2%.
+HF_COUNTS = {
+    bert_base: 109_482_240,       # bert-base-uncased
+    bert_large: 335_141_888,      # bert-large-uncased
+    roberta_base: 124_645_632,    # roberta-base
+    xlmr_base: 278_043_648,       # xlm-roberta-base
+    xlmr_large: 559_890_432,      # xlm-roberta-large
+}
+
+
+@pytest.mark.parametrize("module", list(HF_COUNTS), ids=lambda m: m.__name__.split(".")[-1])
+def test_full_size_parameter_counts(module):
+  config = module.get_config()
+  config.model.pooler = True  # Count as Hugging Face's *Model classes do.
+  abstract, boxed = state_lib.abstract_state(config)
+  count = state_lib.param_count(abstract.params["encoder"])
+  assert abs(count - HF_COUNTS[module]) / HF_COUNTS[module] < 0.02, count
+  # Every parameter carries logical axis names, one per dimension.
+  for leaf in jax.tree.leaves(boxed.params, is_leaf=lambda x: isinstance(x, nn.Partitioned)):
+    assert isinstance(leaf, nn.Partitioned) and len(leaf.names) == leaf.value.ndim
+
+
+def _tiny(**kw):
+  return ModelConfig(vocab_size=50, hidden_size=16, num_layers=2, num_heads=2,
+                     intermediate_size=32, max_position_embeddings=24, **kw)
+
+
+def test_shapes_and_masked_positions_gather():
+  cfg = _tiny()
+  model = BertForPreTraining(cfg)
+  ids = jnp.array(np.random.default_rng(0).integers(1, 50, (3, 10)), jnp.int32)
+  pos = jnp.array([[1, 2], [3, 4], [0, 9]], jnp.int32)
+  params = nn.unbox(model.init(jax.random.key(0), ids, masked_lm_positions=pos))["params"]
+  out = model.apply({"params": params}, ids, masked_lm_positions=pos)
+  full = model.apply({"params": params}, ids)
+  assert out["mlm_logits"].shape == (3, 2, 50) and out["nsp_logits"].shape == (3, 2)
+  np.testing.assert_allclose(out["mlm_logits"],
+                             np.take_along_axis(full["mlm_logits"], pos[..., None], 1),
+                             rtol=1e-5, atol=1e-5)
+  enc = model.apply({"params": params}, ids, method=model.encode)
+  assert enc["hidden_states"].shape == (3, 3, 10, 16)
+
+
+def test_padding_does_not_change_real_tokens():
+  """A padded row's real positions equal the unpadded row's (the mask works)."""
+  cfg = _tiny()
+  model = BertForPreTraining(cfg)
+  ids = jnp.array([[2, 7, 8, 9, 3]], jnp.int32)
+  padded = jnp.pad(ids, ((0, 0), (0, 4)))
+  params = nn.unbox(model.init(jax.random.key(1), ids))["params"]
+  short = model.apply({"params": params}, ids, method=model.encode)["last_hidden_state"]
+  long = model.apply({"params": params}, padded, jnp.pad(jnp.ones_like(ids), ((0, 0), (0, 4))),
+                     method=model.encode)["last_hidden_state"]
+  np.testing.assert_allclose(short, long[:, :5], rtol=1e-5, atol=1e-5)
+
+
+def test_document_isolation_blocks_cross_document_attention():
+  """With segment_ids, changing document 2 leaves document 1's outputs unchanged."""
+  model = BertForPreTraining(_tiny())
+  a = jnp.array([[2, 7, 8, 3, 2, 9, 10, 3]], jnp.int32)
+  b = a.at[0, 5].set(11)
+  seg = jnp.array([[1, 1, 1, 1, 2, 2, 2, 2]], jnp.int32)
+  params = nn.unbox(model.init(jax.random.key(2), a))["params"]
+  run = lambda x: model.apply({"params": params}, x, segment_ids=seg)["mlm_logits"]
+  np.testing.assert_allclose(run(a)[:, :4], run(b)[:, :4], rtol=1e-6, atol=1e-6)
+  assert not np.allclose(run(a)[:, 4:], run(b)[:, 4:])
+
+
+def test_roberta_positions_start_past_padding():
+  from bertjax.model.layers import position_ids_for
+  cfg = _tiny(type_vocab_size=1, pad_token_id=1, position_offset=2)
+  pos = position_ids_for(cfg, jnp.array([[0, 5, 6, 2, 1, 1]]))
+  np.testing.assert_array_equal(pos, [[2, 3, 4, 5, 1, 1]])
+
+
+def test_bad_model_config_names_the_field():
+  with pytest.raises(ValueError, match="hidden_size=30 is not divisible by .*num_heads=4"):
+    ModelConfig(hidden_size=30, num_heads=4)
