@@ -21,6 +21,7 @@ import dataclasses
 import time
 from typing import Any
 
+from absl import flags
 import grain
 import numpy as np
 
@@ -86,6 +87,10 @@ def make_train_dataset(examples: pretraining.Examples, mask_cfg: masking.Masking
                      seed=_seed(seed, _TRAIN_MASKS, process_index))
   ds = ds.batch(batch_size, drop_remainder=True).to_iter_dataset()
   if worker_count > 0:
+    # grain's workers read absl flags; outside an absl app (notebooks, scripts) they
+    # would fail on unparsed flags, so fall back to the flag defaults there.
+    if not flags.FLAGS.is_parsed():
+      flags.FLAGS.mark_as_parsed()
     ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=worker_count))
   return ds
 
