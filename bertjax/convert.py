@@ -28,10 +28,8 @@ class Entry(NamedTuple):
   kind: str  # 'copy' | 'dense' (transpose) | 'qkv' | 'qkv_bias' | 'attn_out'
 
 
-def model_config_from_hf(hf_config: dict[str, Any], state_dict: dict | None = None
-                         ) -> ModelConfig:
-  """ModelConfig of a Hugging Face config.json (a dict). With the checkpoint's
-  `state_dict`, pooler and NSP follow what it holds; without, BERT has both."""
+def check_supported(hf_config: dict[str, Any]) -> None:
+  """Raises CheckpointError unless bertjax can represent the Hugging Face model."""
   model_type = hf_config.get("model_type")
   if model_type not in MODEL_TYPES:
     raise CheckpointError(f"config.json model_type={model_type!r} is not supported; "
@@ -42,6 +40,14 @@ def model_config_from_hf(hf_config: dict[str, Any], state_dict: dict | None = No
   if hf_config.get("position_embedding_type", "absolute") != "absolute":
     raise CheckpointError("only absolute position embeddings are supported, got "
                           f"{hf_config['position_embedding_type']!r}.")
+
+
+def model_config_from_hf(hf_config: dict[str, Any], state_dict: dict | None = None
+                         ) -> ModelConfig:
+  """ModelConfig of a Hugging Face config.json (a dict). With the checkpoint's
+  `state_dict`, pooler and NSP follow what it holds; without, BERT has both."""
+  check_supported(hf_config)
+  model_type = hf_config["model_type"]
   pad = hf_config.get("pad_token_id", 0 if model_type == "bert" else 1)
   if state_dict is None:
     pooler = nsp = model_type == "bert"
@@ -234,6 +240,7 @@ def load_hf(directory: str) -> tuple[ModelConfig, dict]:
   """(ModelConfig, params) of a Hugging Face model dir (config.json + weights)."""
   with open(os.path.join(directory, "config.json")) as f:
     hf_config = json.load(f)
+  check_supported(hf_config)
   state_dict = read_state_dict(directory)
   config = model_config_from_hf(hf_config, state_dict)
   return config, params_from_hf(state_dict, config)
