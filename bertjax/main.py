@@ -4,6 +4,8 @@ Any config field can be overridden, e.g. `--config.train.batch_size=64`; a missp
 field fails at start-up. Rerunning the same command resumes from the workdir.
 """
 
+import logging as std_logging
+import re
 import sys
 
 from absl import app, flags, logging
@@ -17,9 +19,32 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Checkpoints, logs, tokenizer; r
 flags.mark_flags_as_required(["config", "workdir"])
 
 
+def _parse_flags(argv):
+  """absl's parser, with a misspelt `--config.a.b` reported in one line."""
+  try:
+    return flags.FLAGS(argv)
+  except (AttributeError, KeyError) as e:  # ml_collections: no such field.
+    field = re.search(r"'\\?'?(\w+)", str(e))
+    hint = re.search(r'Did you mean "(\w+)"', str(e))
+    print(f"error: config has no field {field.group(1) if field else str(e)!r}"
+          + (f"; did you mean {hint.group(1)!r}?" if hint else "; see the --config file."),
+          file=sys.stderr)
+    sys.exit(2)
+  except flags.Error as e:
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(2)
+
+
+def _quiet_libraries() -> None:
+  """Only bertjax's own INFO lines reach the console; libraries' warnings still do."""
+  logging.get_absl_handler().addFilter(
+      lambda r: r.levelno >= std_logging.WARNING or "bertjax" in r.pathname)
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  _quiet_libraries()
   from bertjax.train import loop  # After flag parsing: keeps --help fast.
   try:
     metrics = loop.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
@@ -36,4 +61,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=_parse_flags)

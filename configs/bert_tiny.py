@@ -11,7 +11,7 @@ from configs import bert_base
 
 def get_config(arg=None):
   c = bert_base.get_config(arg)
-  c.model.vocab_size = 8192
+  c.model.vocab_size = 4096
   c.model.hidden_size = 128
   c.model.num_layers = 2
   c.model.num_heads = 2
@@ -21,7 +21,7 @@ def get_config(arg=None):
   c.data.max_seq_length = 128
   c.data.dupe_factor = 2
   c.data.eval_fraction = 0.05
-  c.data.tokenizer.vocab_size = 8192
+  c.data.tokenizer.vocab_size = 4096
   c.train.batch_size = 32
   c.train.num_steps = 2000
   c.train.learning_rate = 1e-3
