@@ -15,6 +15,7 @@ def tiny_config(**train_overrides):
   c.model.num_heads = 2
   c.model.intermediate_size = 64
   c.model.max_position_embeddings = 32
+  c.model.dropout_rate = c.model.attention_dropout_rate = 0.1  # Exercise the dropout paths.
   c.data.max_seq_length = 16
   c.data.max_predictions_per_seq = 4
   c.train.batch_size = 8

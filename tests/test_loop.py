@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from bertjax.errors import BertjaxError, DataError
+from bertjax.errors import BertjaxError, DataError, TrainingError
 from bertjax.train import loop
 from tests.helpers import tiny_config
 
@@ -82,12 +82,15 @@ def test_resume_from_checkpoint_is_bit_exact(reference, tmp_path):
 
 
 def test_sigterm_saves_and_restart_matches(reference, tmp_path):
-  """SIGTERM mid-run: the trainer saves and exits 0; rerunning finishes identically."""
+  """SIGTERM mid-run: the trainer saves and exits 0; rerunning finishes identically.
+  The run reuses the reference's tokenizer: `tokenizers`' WordPiece trainer is not
+  deterministic across processes (huggingface/tokenizers#1794)."""
   straight, _ = reference
   workdir = str(tmp_path / "preempted")
   cmd = [sys.executable, "-m", "bertjax.main", "--config=configs/bert_tiny.py",
          f"--workdir={workdir}", *overrides(e2e_config()),
-         "--config.train.checkpoint_every=1000"]
+         "--config.train.checkpoint_every=1000",
+         f"--config.data.tokenizer.path={os.path.join(straight, 'tokenizer')}"]
   proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True)
   metrics = os.path.join(workdir, "metrics.jsonl")
@@ -140,3 +143,34 @@ def test_model_change_in_existing_workdir_is_refused(reference, tmp_path):
   config.model.hidden_size = 64
   with pytest.raises(BertjaxError, match=r"another model \(config.model fields \['hidden_size'\]"):
     loop.train_and_evaluate(config, workdir)
+
+
+def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
+  """An absurd learning rate overflows the parameters at step 2: the run stops naming
+  step 1, the last good checkpoint, and never saves the broken state."""
+  config = e2e_config()
+  config.train.learning_rate = 1e30
+  config.train.warmup_steps = 1  # lr 0 at step 1, then 1e30
+  config.train.checkpoint_every = 1
+  workdir = str(tmp_path / "nan")
+  with pytest.raises(TrainingError, match=r"non-finite .*step 2; the last good checkpoint "
+                     r"is step 1 in") as info:
+    loop.train_and_evaluate(config, workdir)
+  assert "\n" not in str(info.value)
+  assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["1"]
+
+
+def test_fill_mask_on_the_trained_workdir(reference):
+  workdir, _ = reference
+  import bertjax
+  from bertjax.fill_mask import fill_mask
+  pretrained = bertjax.load_pretrained(workdir)
+  (fillers,) = fill_mask(pretrained, "please turn [MASK] homework in .", top_k=5)
+  probs = [p for _, p in fillers]
+  assert len(fillers) == 5 and probs == sorted(probs, reverse=True) and sum(probs) <= 1 + 1e-6
+  proc = subprocess.run(
+      [sys.executable, "-m", "bertjax.fill_mask", f"--checkpoint={workdir}", "--top_k=3",
+       "please turn [MASK] homework in ."], cwd=REPO, capture_output=True, text=True,
+      timeout=120)
+  assert proc.returncode == 0, proc.stderr
+  assert proc.stdout.splitlines()[1].startswith("  mask 1: ")

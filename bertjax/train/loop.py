@@ -176,12 +176,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     host = jax.device_get(pending)
     pending.clear()
     metrics = _mean_metrics(host)
-    losses = [float(m["loss"]) for m in host]
-    if not all(math.isfinite(x) for x in losses):
-      raise TrainingError(
-          f"non-finite loss {losses[-1]} at or before step {step}; the last good "
-          f"checkpoint is step {last_good} in {checkpointer.directory}. Lower "
-          "config.train.learning_rate or check the data, then rerun to resume.")
+    for m in host:  # The loss, the gradients and the updated parameters.
+      bad = [k for k in ("loss", "grad_norm", "param_norm") if not math.isfinite(m[k])]
+      if bad:
+        raise TrainingError(
+            f"non-finite {', '.join(bad)} at or before step {step}; the last good "
+            f"checkpoint is step {last_good} in {checkpointer.directory}. Lower "
+            "config.train.learning_rate or check the data, then rerun to resume.")
     elapsed = time.perf_counter() - t0
     metrics["tokens_per_s"] = tokens / max(elapsed, 1e-9)
     log.write(step, metrics)

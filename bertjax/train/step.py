@@ -101,6 +101,7 @@ def make_train_step(model: BertForPreTraining, tx: optax.GradientTransformation,
     metrics = _metrics(sums, counts)
     metrics["loss"] = _objective(sums, counts)
     metrics["grad_norm"] = optax.tree.norm(grads)
+    metrics["param_norm"] = optax.tree.norm(params)
     metrics["learning_rate"] = schedule(state.step)
     return TrainState(state.step + 1, params, opt_state), metrics
 
