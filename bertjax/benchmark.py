@@ -1,0 +1,30 @@
+"""`python -m bertjax.benchmark <name> [flags]`: runs `bertjax.benchmarks.<name>`.
+
+The available names are the modules of the `bertjax.benchmarks` package.
+"""
+
+import importlib
+import pkgutil
+import sys
+
+from absl import app
+
+import bertjax.benchmarks
+
+
+def available() -> list[str]:
+  return sorted(m.name for m in pkgutil.iter_modules(bertjax.benchmarks.__path__))
+
+
+def main() -> None:
+  names = available()
+  if len(sys.argv) < 2 or sys.argv[1] not in names:
+    print(f"usage: python -m bertjax.benchmark {{{','.join(names)}}} [flags]",
+          file=sys.stderr)
+    sys.exit(2)
+  module = importlib.import_module(f"bertjax.benchmarks.{sys.argv[1]}")
+  app.run(module.main, argv=[f"{sys.argv[0]} {sys.argv[1]}", *sys.argv[2:]])
+
+
+if __name__ == "__main__":
+  main()
