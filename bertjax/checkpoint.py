@@ -66,6 +66,14 @@ class Checkpointer:
     self.manager.close()
 
 
+def abstract_on(abstract_state: Any, shardings: Any) -> Any:
+  """The restore target: the state's shapes and dtypes placed on `shardings`. Any mesh
+  works: a checkpoint written on 8 devices restores onto 4, or onto another
+  data/fsdp/tensor split, because orbax reads each new shard from the saved arrays."""
+  return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                      abstract_state, shardings)
+
+
 def save_config(workdir: str, config: ml_collections.ConfigDict) -> None:
   """Writes config.json; on resume, checks that the model section is unchanged."""
   path = epath.Path(workdir) / CONFIG_FILE

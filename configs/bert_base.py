@@ -101,5 +101,10 @@ def get_config(arg=None):
   c.mesh.data = -1  # Data-parallel size; -1 fills the devices left over.
   c.mesh.fsdp = 1  # Parameter / optimizer-state sharding size.
   c.mesh.tensor = 1  # Tensor-parallel size (heads, MLP, vocabulary).
+  # Multi-slice TPU / multi-node GPU: each axis is split further across slices (DCN);
+  # the sizes above are then per slice. E.g. 2 v5e-256 slices: dcn_data=2.
+  c.mesh.dcn_data = 1  # Slices the batch is split across.
+  c.mesh.dcn_fsdp = 1  # Slices the parameters are sharded across (rarely > 1).
+  c.mesh.dcn_tensor = 1  # Keep 1: tensor parallelism needs the fast in-slice network.
   c.logical_axis_rules = LOGICAL_AXIS_RULES  # See the table above.
   return c

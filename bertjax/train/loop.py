@@ -140,9 +140,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   train_iter = iter(data.train)
   start = checkpointer.latest_step()
   if start is not None:
-    target = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                          abstract, state_shardings)
-    state = checkpointer.restore(start, target, train_iter)
+    state = checkpointer.restore(start, ckpt_lib.abstract_on(abstract, state_shardings),
+                                 train_iter)
     log.info("Resumed from step %d in %s.", start, checkpointer.directory)
   else:
     state = state_lib.create_train_state(config, model, tx, state_shardings)
