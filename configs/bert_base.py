@@ -29,6 +29,7 @@ LOGICAL_AXIS_RULES = (
     ("embed", "fsdp"),
     ("heads", "tensor"),
     ("kv", None),
+    ("layers", None),  # The stacked-layer axis of scanned parameters: never sharded.
     ("mlp", "tensor"),
     ("hidden", None),
     ("position", None),
@@ -59,7 +60,9 @@ def get_config(arg=None):
   c.model.pooler = True  # dense+tanh on [CLS] (needed by NSP and classifiers).
   c.model.nsp = True  # Next-sentence-prediction head and loss.
   c.model.attention_impl = ""  # '' lets XLA choose; 'xla' or 'cudnn' (GPU, bf16).
-  c.model.dtype = "float32"  # Activation dtype: 'float32' or 'bfloat16'.
+  c.model.scan_layers = False  # nn.scan over blocks: compile time independent of depth.
+  c.model.remat_policy = "none"  # Recompute in backward: 'none', 'full', 'dots', 'dots_no_batch'.
+  c.model.dtype = "float32"  # Activation dtype: 'float32' or 'bfloat16' (fp32 LN/softmax stats).
   c.model.param_dtype = "float32"  # Master-weight dtype (keep float32).
 
   c.data = ml_collections.ConfigDict()

@@ -19,8 +19,7 @@ class Encoder(nn.Module):
   def setup(self):
     cfg = self.config
     self.embeddings = layers.Embeddings(cfg)
-    self.layers = [layers.TransformerBlock(cfg, name=f"layer_{i}")
-                   for i in range(cfg.num_layers)]
+    self.layers = layers.block_stack(cfg)
     if cfg.pooler:
       self.pooler = layers.dense(cfg, cfg.hidden_size, ("embed", "hidden"), ("hidden",),
                                  "pooler")
@@ -45,15 +44,20 @@ class Encoder(nn.Module):
       position_ids = layers.position_ids_for(cfg, input_ids)
     mask = layers.attention_mask(attention_mask, segment_ids)
     x = self.embeddings(input_ids, token_type_ids, position_ids, deterministic)
-    hidden = [x]
-    for layer in self.layers:
-      x = layer(x, mask, deterministic)
-      hidden.append(x)
+    if cfg.scan_layers:
+      embedded = x
+      x, ys = self.layers(x, mask, deterministic, output_hidden_states)  # ys [L, B, T, E]
+      hidden = [embedded[None], ys] if output_hidden_states else []
+    else:
+      hidden = [x[None]]
+      for layer in self.layers:
+        x = layer(x, mask, deterministic, False)
+        hidden.append(x[None])
     out = {"last_hidden_state": x}
     if cfg.pooler:
       out["pooled"] = jnp.tanh(self.pooler(x[:, 0]))
     if output_hidden_states:
-      out["hidden_states"] = jnp.stack(hidden)
+      out["hidden_states"] = jnp.concatenate(hidden)
     return out
 
   def attend(self, x):

@@ -5,9 +5,21 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+# Rematerialisation: what each block saves for the backward pass ('none': everything,
+# no recomputation; 'full': only its input, the block is recomputed; 'dots': matmul
+# outputs; 'dots_no_batch': matmul outputs without batch dimensions, i.e. the weight-
+# stationary ones, recomputing attention scores).
+REMAT_POLICIES = {
+    "none": None,
+    "full": jax.checkpoint_policies.nothing_saveable,
+    "dots": jax.checkpoint_policies.dots_saveable,
+    "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,6 +47,8 @@ class ModelConfig:
   pooler: bool = True
   nsp: bool = True
   attention_impl: str | None = None  # None (XLA picks), 'xla' or 'cudnn'
+  scan_layers: bool = False  # nn.scan over the blocks: params under encoder/layers [L, ...]
+  remat_policy: str = "none"  # a key of REMAT_POLICIES: what a block keeps for backward
   dtype: Any = jnp.float32  # compute dtype of activations
   param_dtype: Any = jnp.float32  # master weights
 
@@ -46,6 +60,9 @@ class ModelConfig:
     if self.attention_impl not in (None, "xla", "cudnn"):
       raise ValueError(f"config.model.attention_impl={self.attention_impl!r}: use "
                        "None, 'xla' or 'cudnn'.")
+    if self.remat_policy not in REMAT_POLICIES:
+      raise ValueError(f"config.model.remat_policy={self.remat_policy!r}: use one of "
+                       f"{sorted(REMAT_POLICIES)}.")
     if self.nsp and not self.pooler:
       raise ValueError("config.model.nsp=True needs config.model.pooler=True.")
 

@@ -14,7 +14,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bertjax.model.config import ModelConfig
+from bertjax.model.config import REMAT_POLICIES, ModelConfig
 
 BATCH, LENGTH, EMBED = "activation_batch", "activation_length", "activation_embed"
 HEADS, KV, MLP = "activation_heads", "activation_kv", "activation_mlp"
@@ -107,7 +107,10 @@ class SelfAttention(nn.Module):
   In training with `attention_dropout_rate > 0` (the paper's recipe) the attention
   probabilities need dropout, which the fused kernels do not offer; that case goes
   through `flax.linen.dot_product_attention`. Inference and dropout-free training use
-  `jax.nn.dot_product_attention(implementation=config.attention_impl)`.
+  `jax.nn.dot_product_attention(implementation=config.attention_impl)`; with 'cudnn'
+  (GPU, bf16/fp16) a plain padding mask becomes cuDNN's key-length padding mask
+  (rows are right-padded) and a packed-row mask is passed as a [B, 1, T, T] mask.
+  Softmax statistics are float32 on every path.
   """
 
   config: ModelConfig
@@ -126,7 +129,13 @@ class SelfAttention(nn.Module):
                          "set config.model.attention_dropout_rate=0.0.")
       out = nn.dot_product_attention(
           q, k, v, mask=mask, dropout_rng=self.make_rng("dropout"),
-          dropout_rate=cfg.attention_dropout_rate, deterministic=False, dtype=cfg.dtype)
+          dropout_rate=cfg.attention_dropout_rate, deterministic=False, dtype=cfg.dtype,
+          force_fp32_for_softmax=True)
+    elif cfg.attention_impl == "cudnn" and mask.shape[2] == 1:
+      # Right-padded rows: cuDNN's padding mask from the key lengths (no [T, T] bias).
+      lengths = jnp.sum(mask[:, 0, 0, :], axis=-1, dtype=jnp.int32)  # [B]
+      out = jax.nn.dot_product_attention(q, k, v, key_value_seq_lengths=lengths,
+                                         implementation="cudnn")
     else:
       out = jax.nn.dot_product_attention(q, k, v, mask=mask,
                                          implementation=cfg.attention_impl)
@@ -137,12 +146,18 @@ class SelfAttention(nn.Module):
 
 
 class TransformerBlock(nn.Module):
-  """Post-LN block: LN(x + Attn(x)), then LN(x + FFN(x)) with GELU, dropout 0.1."""
+  """Post-LN block: LN(x + Attn(x)), then LN(x + FFN(x)) with GELU, dropout 0.1.
+
+  `scanned=True` gives the `nn.scan` signature: it returns (x, x if `keep` else None),
+  the carry and the per-layer output (stacked by the scan into [L, B, T, E]).
+  """
 
   config: ModelConfig
+  scanned: bool = False
 
   @nn.compact
-  def __call__(self, x: jax.Array, mask: jax.Array, deterministic: bool) -> jax.Array:
+  def __call__(self, x: jax.Array, mask: jax.Array, deterministic: bool,
+               keep: bool = False):
     """[B, T, E] -> [B, T, E]."""
     cfg = self.config
     drop = nn.Dropout(cfg.dropout_rate)
@@ -153,7 +168,28 @@ class TransformerBlock(nn.Module):
     h = constrain(nn.gelu(h, approximate=False), (BATCH, LENGTH, MLP))  # [B, T, M]
     h = dense(cfg, cfg.hidden_size, ("mlp", "embed"), ("embed",), "output")(h)
     x = layer_norm(cfg, "output_norm")(x + drop(h, deterministic=deterministic))
-    return constrain(x, (BATCH, LENGTH, EMBED))
+    x = constrain(x, (BATCH, LENGTH, EMBED))
+    if self.scanned:
+      return x, (x if keep else None)
+    return x
+
+
+def block_stack(cfg: ModelConfig):
+  """The encoder's blocks: a list of `num_layers` modules named layer_{i}, or with
+  `scan_layers` one `nn.scan`ned module named 'layers' whose parameters have a leading
+  [L] axis (logical name 'layers'); either way rematerialised per `remat_policy`."""
+  block = TransformerBlock
+  if cfg.remat_policy != "none":
+    # static_argnums count `self`: 3 = deterministic, 4 = keep (always passed).
+    block = nn.remat(block, policy=REMAT_POLICIES[cfg.remat_policy],
+                     prevent_cse=not cfg.scan_layers, static_argnums=(3, 4))
+  if not cfg.scan_layers:
+    return [block(cfg, name=f"layer_{i}") for i in range(cfg.num_layers)]
+  scanned = nn.scan(
+      block, variable_axes={"params": 0}, split_rngs={"params": True, "dropout": True},
+      in_axes=(nn.broadcast, nn.broadcast, nn.broadcast), length=cfg.num_layers,
+      metadata_params={nn.PARTITION_NAME: "layers"})
+  return scanned(cfg, scanned=True, name="layers")
 
 
 def attention_mask(attention_mask: jax.Array, segment_ids: jax.Array | None = None):

@@ -1,0 +1,181 @@
+"""Each fast path equals the plain path: scanned layers (and their checkpoints), remat
+policies, MLM logits at the masked positions only, bf16 with fp32 statistics, cuDNN
+attention (GPU only). fp32 comparisons within 1e-5; bf16 tolerances stated per test."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bertjax import checkpoint as ckpt_lib
+from bertjax.model import BertForPreTraining, ModelConfig, layers
+from bertjax.model.layout import scan_params, to_layout, unscan_params
+from bertjax.train import optimizer, state as state_lib
+from tests.helpers import synthetic_batch, tiny_config
+
+INPUTS = ("input_ids", "attention_mask", "token_type_ids", "masked_lm_positions")
+
+
+@pytest.fixture(scope="module")
+def setup():
+  config = tiny_config()
+  config.model.num_layers = 3
+  cfg = ModelConfig.from_config(config.model)
+  batch = {k: jnp.asarray(v) for k, v in synthetic_batch(config, 4).items()}
+  inputs = {k: batch[k] for k in INPUTS}
+  params = nn.unbox(BertForPreTraining(cfg).init(jax.random.key(0), **inputs)["params"])
+  return config, cfg, inputs, params
+
+
+def _apply(cfg, params, inputs, **kw):
+  return BertForPreTraining(cfg).apply({"params": params}, **inputs, **kw)
+
+
+def _loss(cfg, inputs, rng):
+  def loss(params):
+    out = _apply(cfg, params, inputs, deterministic=rng is None,
+                 rngs=None if rng is None else {"dropout": rng})
+    return jnp.mean(out["mlm_logits"] ** 2) + jnp.mean(out["nsp_logits"] ** 2)
+  return loss
+
+
+def _close(a, b, atol=1e-5):
+  jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, atol=atol, rtol=atol), a, b)
+
+
+def test_layout_round_trip_is_exact(setup):
+  _, cfg, _, params = setup
+  scanned = scan_params(params)
+  assert "layers" in scanned["encoder"] and "layer_0" not in scanned["encoder"]
+  kernel = scanned["encoder"]["layers"]["attention"]["query"]["kernel"]
+  assert kernel.shape == (cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.head_dim)
+  jax.tree.map(np.testing.assert_array_equal, unscan_params(scanned), params)
+  scanned_init = nn.unbox(BertForPreTraining(dataclasses.replace(cfg, scan_layers=True))
+                         .init(jax.random.key(0), **setup[2])["params"])
+  assert jax.tree.structure(scanned_init) == jax.tree.structure(scanned)
+  assert jax.tree.map(jnp.shape, scanned_init) == jax.tree.map(jnp.shape, scanned)
+
+
+def test_scan_equals_unscanned_forward_backward_hidden_states(setup):
+  _, cfg, inputs, params = setup
+  scfg = dataclasses.replace(cfg, scan_layers=True)
+  _close(_apply(scfg, scan_params(params), inputs), _apply(cfg, params, inputs))
+  grads = jax.grad(_loss(cfg, inputs, None))(params)
+  scanned_grads = jax.grad(_loss(scfg, inputs, None))(scan_params(params))
+  _close(unscan_params(scanned_grads), grads)
+  encode = lambda c, p: BertForPreTraining(c).apply(  # noqa: E731
+      {"params": p}, inputs["input_ids"], inputs["attention_mask"], method="encode")
+  plain, scanned = encode(cfg, params), encode(scfg, scan_params(params))
+  assert scanned["hidden_states"].shape == (cfg.num_layers + 1, 4, 16, cfg.hidden_size)
+  _close(scanned, plain)
+
+
+@pytest.mark.parametrize("policy", ["full", "dots", "dots_no_batch"])
+@pytest.mark.parametrize("scan", [False, True])
+def test_remat_policy_equals_plain_gradients(setup, policy, scan):
+  """Same gradients with dropout on (the same dropout masks are recomputed)."""
+  _, cfg, inputs, params = setup
+  rng = jax.random.key(3)
+  base = dataclasses.replace(cfg, scan_layers=scan)
+  p = to_layout(params, scan)
+  expected = jax.jit(jax.value_and_grad(_loss(base, inputs, rng)))(p)
+  remat = dataclasses.replace(base, remat_policy=policy)
+  _close(jax.jit(jax.value_and_grad(_loss(remat, inputs, rng)))(p), expected)
+
+
+def test_scanned_and_unscanned_checkpoints_load_each_other(setup, tmp_path):
+  config, cfg, inputs, params = setup
+  config.train.num_steps = 10
+  tx = optimizer.create_optimizer(config.train)
+  for scan in (False, True):
+    config.model.scan_layers = scan
+    workdir = str(tmp_path / f"scan_{scan}")
+    ckpt_lib.save_config(workdir, config)
+    model = state_lib.build_model(config)
+    state = jax.jit(lambda: nn.unbox(state_lib._init_fn(config, model, tx)()))()
+    state = state.replace(params=to_layout(params, scan))
+    saver = ckpt_lib.Checkpointer(workdir)
+    saver.save(1, state, None, force=True)
+    saver.wait()
+    saver.close()
+    _, restored = ckpt_lib.restore_params(workdir)
+    other = dataclasses.replace(cfg, scan_layers=not scan)
+    _close(_apply(other, to_layout(restored, not scan), inputs), _apply(cfg, params, inputs))
+  config.model.scan_layers = False
+
+
+def test_mlm_logits_at_masked_positions_equal_full_logits(setup):
+  _, cfg, inputs, params = setup
+  full = _apply(cfg, params, {**inputs, "masked_lm_positions": None})["mlm_logits"]
+  gathered = jnp.take_along_axis(full, inputs["masked_lm_positions"][..., None], axis=1)
+  _close(_apply(cfg, params, inputs)["mlm_logits"], gathered)
+
+
+def test_bf16_activations_match_fp32_with_fp32_master_weights(setup):
+  """bf16 compute, fp32 weights: logits within 0.05 + 2% of fp32 (bf16 has 8 bits of
+  mantissa; 3 layers of rounding), same argmax almost everywhere; gradients stay fp32."""
+  _, cfg, inputs, params = setup
+  bcfg = dataclasses.replace(cfg, dtype=jnp.bfloat16)
+  ref, out = _apply(cfg, params, inputs), _apply(bcfg, params, inputs)
+  np.testing.assert_allclose(out["mlm_logits"], ref["mlm_logits"], atol=0.05, rtol=0.02)
+  agree = np.mean(np.argmax(out["mlm_logits"], -1) == np.argmax(ref["mlm_logits"], -1))
+  assert agree > 0.9
+  grads = jax.grad(_loss(bcfg, inputs, None))(params)
+  assert {g.dtype for g in jax.tree.leaves(grads)} == {jnp.dtype(jnp.float32)}
+
+
+def test_layer_norm_statistics_are_float32_for_bf16_inputs():
+  """Rows with a large mean and a small spread: bf16 statistics would lose the spread."""
+  cfg = ModelConfig(dtype=jnp.bfloat16, hidden_size=256, num_heads=4, layer_norm_eps=1e-5)
+  x = (300.0 + jax.random.normal(jax.random.key(0), (4, 256))).astype(jnp.bfloat16)
+  ln = layers.layer_norm(cfg, "ln")
+  variables = ln.init(jax.random.key(1), x)
+  got = ln.apply(variables, x)
+  ref = layers.layer_norm(dataclasses.replace(cfg, dtype=jnp.float32), "ln").apply(
+      variables, x.astype(jnp.float32))
+  assert got.dtype == jnp.bfloat16
+  np.testing.assert_allclose(got.astype(jnp.float32), ref, atol=0.05)
+
+
+def test_attention_dropout_path_softmax_is_float32(setup):
+  """bf16 training with attention dropout goes through flax's attention with an fp32
+  softmax: at rate 0 it equals the jax.nn path in bf16 within bf16 rounding."""
+  _, cfg, inputs, params = setup
+  bcfg = dataclasses.replace(cfg, dtype=jnp.bfloat16, dropout_rate=0.0)
+  fused = _apply(bcfg, params, inputs)["mlm_logits"]
+  dropout_path = _apply(dataclasses.replace(bcfg, attention_dropout_rate=1e-9), params,
+                        inputs, deterministic=False, rngs={"dropout": jax.random.key(0)})
+  np.testing.assert_allclose(dropout_path["mlm_logits"], fused, atol=0.05, rtol=0.02)
+
+
+def test_cudnn_without_attention_dropout_is_refused_in_training(setup):
+  _, cfg, inputs, params = setup
+  with pytest.raises(ValueError, match="attention_dropout_rate=0.0"):
+    _apply(dataclasses.replace(cfg, attention_impl="cudnn"), params, inputs,
+           deterministic=False, rngs={"dropout": jax.random.key(0)})
+
+
+@pytest.mark.skipif(jax.default_backend() != "gpu", reason="cuDNN attention needs a GPU")
+@pytest.mark.parametrize("packed", [False, True])
+def test_cudnn_attention_equals_xla_in_bf16(packed):
+  """cuDNN flash attention vs XLA, bf16, padding mask (key lengths) or packed-segment
+  mask: outputs within 2e-2 (bf16 rounding of two different summation orders)."""
+  cfg = ModelConfig(dtype=jnp.bfloat16, hidden_size=128, num_heads=2, num_layers=1,
+                    vocab_size=64, attention_dropout_rate=0.0, dropout_rate=0.0)
+  B, T = 4, 128
+  x = jax.random.normal(jax.random.key(0), (B, T, cfg.hidden_size), jnp.bfloat16)
+  lengths = jnp.array([128, 100, 64, 7])
+  pad = (jnp.arange(T)[None] < lengths[:, None]).astype(jnp.int32)
+  segments = (jnp.arange(T)[None] >= lengths[:, None] // 2).astype(jnp.int32) if packed else None
+  mask = layers.attention_mask(pad, segments)
+  attn = layers.SelfAttention(cfg)
+  variables = attn.init(jax.random.key(1), x, mask, True)
+  xla = attn.apply(variables, x, mask, True)
+  cudnn = layers.SelfAttention(dataclasses.replace(cfg, attention_impl="cudnn")).apply(
+      variables, x, mask, True)
+  np.testing.assert_allclose(cudnn.astype(jnp.float32), xla.astype(jnp.float32), atol=2e-2)
