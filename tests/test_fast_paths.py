@@ -5,6 +5,7 @@ attention (GPU only). fp32 comparisons within 1e-5; bf16 tolerances stated per t
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import flax.linen as nn
 import jax
@@ -32,8 +33,10 @@ def setup():
   return config, cfg, inputs, params
 
 
-def _apply(cfg, params, inputs, **kw):
-  return BertForPreTraining(cfg).apply({"params": params}, **inputs, **kw)
+@functools.partial(jax.jit, static_argnames=("cfg", "deterministic"))
+def _apply(cfg, params, inputs, deterministic=True, rngs=None):
+  return BertForPreTraining(cfg).apply({"params": params}, **inputs,
+                                       deterministic=deterministic, rngs=rngs)
 
 
 def _loss(cfg, inputs, rng):
@@ -65,8 +68,8 @@ def test_scan_equals_unscanned_forward_backward_hidden_states(setup):
   _, cfg, inputs, params = setup
   scfg = dataclasses.replace(cfg, scan_layers=True)
   _close(_apply(scfg, scan_params(params), inputs), _apply(cfg, params, inputs))
-  grads = jax.grad(_loss(cfg, inputs, None))(params)
-  scanned_grads = jax.grad(_loss(scfg, inputs, None))(scan_params(params))
+  grads = jax.jit(jax.grad(_loss(cfg, inputs, None)))(params)
+  scanned_grads = jax.jit(jax.grad(_loss(scfg, inputs, None)))(scan_params(params))
   _close(unscan_params(scanned_grads), grads)
   encode = lambda c, p: BertForPreTraining(c).apply(  # noqa: E731
       {"params": p}, inputs["input_ids"], inputs["attention_mask"], method="encode")
@@ -75,17 +78,18 @@ def test_scan_equals_unscanned_forward_backward_hidden_states(setup):
   _close(scanned, plain)
 
 
-@pytest.mark.parametrize("policy", ["full", "dots", "dots_no_batch"])
-@pytest.mark.parametrize("scan", [False, True])
-def test_remat_policy_equals_plain_gradients(setup, policy, scan):
-  """Same gradients with dropout on (the same dropout masks are recomputed)."""
+@pytest.mark.parametrize("scan,policies", [(False, ("full", "dots")),
+                                            (True, ("full", "dots_no_batch"))])
+def test_remat_policy_equals_plain_gradients(setup, scan, policies):
+  """Same loss and gradients with dropout on (the same dropout masks are recomputed)."""
   _, cfg, inputs, params = setup
   rng = jax.random.key(3)
   base = dataclasses.replace(cfg, scan_layers=scan)
   p = to_layout(params, scan)
   expected = jax.jit(jax.value_and_grad(_loss(base, inputs, rng)))(p)
-  remat = dataclasses.replace(base, remat_policy=policy)
-  _close(jax.jit(jax.value_and_grad(_loss(remat, inputs, rng)))(p), expected)
+  for policy in policies:
+    remat = dataclasses.replace(base, remat_policy=policy)
+    _close(jax.jit(jax.value_and_grad(_loss(remat, inputs, rng)))(p), expected)
 
 
 def test_scanned_and_unscanned_checkpoints_load_each_other(setup, tmp_path):
@@ -125,7 +129,7 @@ def test_bf16_activations_match_fp32_with_fp32_master_weights(setup):
   np.testing.assert_allclose(out["mlm_logits"], ref["mlm_logits"], atol=0.05, rtol=0.02)
   agree = np.mean(np.argmax(out["mlm_logits"], -1) == np.argmax(ref["mlm_logits"], -1))
   assert agree > 0.9
-  grads = jax.grad(_loss(bcfg, inputs, None))(params)
+  grads = jax.jit(jax.grad(_loss(bcfg, inputs, None)))(params)
   assert {g.dtype for g in jax.tree.leaves(grads)} == {jnp.dtype(jnp.float32)}
 
 

@@ -1,0 +1,63 @@
+"""The FLOP counter against a hand count and against XLA's cost analysis."""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import pytest
+
+from bertjax import flops
+from bertjax.model import ModelConfig
+from bertjax.train import optimizer, state as state_lib, step as step_lib
+from tests.helpers import synthetic_batch, tiny_config
+
+
+def test_hand_count_for_a_tiny_config():
+  """L=2 E=4 M=8 V=10, B=3 T=5 P=2: every matmul written out, 2*m*k*n forward, x3."""
+  cfg = ModelConfig(vocab_size=10, hidden_size=4, num_layers=2, num_heads=2,
+                    intermediate_size=8)
+  B, T, P = 3, 5, 2
+  forward = 0
+  for _ in range(2):  # layers
+    forward += 4 * (2 * (B * T) * 4 * 4)  # query, key, value, output: [BT,4] @ [4,4]
+    forward += 2 * (B * T) * 4 * 8 + 2 * (B * T) * 8 * 4  # intermediate, output
+    forward += 2 * B * 2 * (2 * T * 2 * T)  # QK^T and PV, B rows x 2 heads, [T,2]@[2,T]
+  forward += 2 * (B * P) * 4 * 4 + 2 * (B * P) * 4 * 10  # MLM transform, tied decoder
+  forward += 2 * B * 4 * 4 + 2 * B * 4 * 2  # pooler, NSP
+  assert forward == 10896
+  assert flops.train_flops(cfg, B, T, P)["total"] == 3 * forward
+
+
+def test_no_pooler_no_nsp_terms():
+  cfg = ModelConfig(vocab_size=10, hidden_size=4, num_layers=1, num_heads=1,
+                    intermediate_size=8, pooler=False, nsp=False)
+  assert flops.train_flops(cfg, 2, 3, 1)["pooler_nsp"] == 0
+
+
+@pytest.mark.parametrize("seq", [32, 128])
+def test_agrees_with_xla_cost_analysis(seq):
+  """The jitted train step (forward, backward, AdamW) as XLA counts it, within 10%."""
+  config = tiny_config()
+  config.model.update(hidden_size=128, num_heads=2, intermediate_size=512, vocab_size=512,
+                      max_position_embeddings=128, num_layers=2)
+  config.data.max_seq_length, config.data.max_predictions_per_seq = seq, seq // 8
+  model, tx = state_lib.build_model(config), optimizer.create_optimizer(config.train)
+  state = jax.eval_shape(lambda: nn.unbox(state_lib._init_fn(config, model, tx)()))
+  batch = jax.tree.map(jnp.asarray, synthetic_batch(config, 8))
+  train_step = step_lib.make_train_step(
+      model, tx, optimizer.learning_rate_schedule(config.train), seed=0)
+  xla = jax.jit(train_step).lower(state, batch).compile().cost_analysis()["flops"]
+  ours = flops.train_flops(model.config, 8, seq, seq // 8)["total"]
+  assert abs(xla - ours) / ours < 0.10, (xla, ours)
+
+
+def test_device_peaks():
+  class Fake:
+    def __init__(self, kind):
+      self.device_kind = kind
+  assert flops.device_peak_tflops(Fake("NVIDIA H100 80GB HBM3")) == 989.0
+  assert flops.device_peak_tflops(Fake("TPU v5 lite")) == 197.0
+  assert flops.device_peak_tflops(Fake("TPU v5")) == 459.0
+  assert flops.device_peak_tflops(Fake("cpu")) is None
+  assert flops.measure_matmul_tflops(size=256, repeats=2) > 0
