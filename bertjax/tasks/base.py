@@ -1,0 +1,161 @@
+"""What every fine-tuning task shares: the `Task` interface, the encoder + head model,
+and helpers to pad token rows and to build label vocabularies.
+
+A task turns examples (dicts read from files) into `Features` (numpy arrays with a
+leading feature dimension N, and the host-side bookkeeping needed to decode), owns a
+Flax head over the encoder's outputs, a summed loss, on-device prediction outputs, a
+decoder from those outputs back to one prediction per example, and a scorer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bertjax.data.tokenizer import Tokenizer
+from bertjax.errors import DataError
+from bertjax.model import Encoder, ModelConfig
+from bertjax.model import layers
+
+TOKEN_KEYS = ("input_ids", "attention_mask", "token_type_ids")
+
+
+@dataclasses.dataclass
+class Features:
+  """`arrays`: model inputs and targets, each [N, ...]; `example_index` [N]: the
+  example each feature row came from (SQuAD's doc-stride windows share one);
+  `meta`: per-row host data for decoding (token -> word maps, offsets)."""
+
+  arrays: dict[str, np.ndarray]
+  example_index: np.ndarray
+  meta: list[Any]
+
+  def __len__(self) -> int:
+    return len(self.example_index)
+
+
+class FinetuneModel(nn.Module):
+  """The pretrained encoder (params under 'encoder', as in BertForPreTraining) and a
+  task head (params under 'head'). Inputs [B, T] or, for multiple choice, [B, C, T]
+  (flattened to [B*C, T] for the encoder; the head folds them back)."""
+
+  config: ModelConfig
+  head: nn.Module
+
+  def setup(self):
+    self.encoder = Encoder(self.config)
+
+  def __call__(self, batch: dict, deterministic: bool = True) -> dict:
+    ids = batch["input_ids"]
+    length = ids.shape[-1]
+    flat = {k: batch[k].reshape(-1, length) for k in TOKEN_KEYS}
+    out = self.encoder(flat["input_ids"], flat["attention_mask"], flat["token_type_ids"],
+                       deterministic=deterministic)
+    return self.head(out, batch, deterministic)
+
+
+def pooled_or_cls(config: ModelConfig, out: dict) -> jax.Array:
+  """[B, E]: the pooler's output (dense + tanh on [CLS]) when the model has one, else
+  the last layer's [CLS] vector."""
+  return out["pooled"] if config.pooler else out["last_hidden_state"][:, 0]
+
+
+def head_dense(config: ModelConfig, features: int, name: str) -> nn.Dense:
+  """A head projection [E] -> [features] with BERT's initialiser and logical axes."""
+  return layers.dense(config, features, ("embed", "classes"), ("classes",), name)
+
+
+def masked_xent(logits: jax.Array, labels: jax.Array, weights: jax.Array
+                ) -> tuple[jax.Array, jax.Array]:
+  """Summed cross-entropy of logits [..., K] against int labels [...] (any label where
+  the weight is 0), and the summed weight."""
+  import optax  # pylint: disable=g-import-not-at-top
+  safe = jnp.where(weights > 0, labels, 0)
+  xent = optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), safe)
+  return jnp.sum(xent * weights), jnp.sum(weights)
+
+
+class Task:
+  """Interface of a fine-tuning task (one subclass per module of bertjax/tasks)."""
+
+  name = ""
+  default_metric = ""  # the dev metric that selects the best run of a sweep
+
+  def __init__(self, task_cfg, tokenizer: Tokenizer, max_seq_length: int):
+    self.cfg = task_cfg
+    self.tokenizer = tokenizer
+    self.max_seq_length = max_seq_length
+    self.labels: list[str] = []
+
+  # Data.
+  def read(self, path: str, split: str) -> list[dict]:
+    raise NotImplementedError
+
+  def fit_labels(self, train: Sequence[dict]) -> list[str]:
+    """The label vocabulary (from the config, else from the training examples)."""
+    return []
+
+  def featurize(self, examples: Sequence[dict], train: bool) -> Features:
+    raise NotImplementedError
+
+  # Model.
+  def head(self, config: ModelConfig) -> nn.Module:
+    raise NotImplementedError
+
+  def loss(self, outputs: dict, batch: dict) -> tuple[jax.Array, jax.Array]:
+    """(summed loss, number of loss terms) of a batch; rows with `example_weights` 0
+    (padding of the last batch) contribute nothing."""
+    raise NotImplementedError
+
+  def predict_outputs(self, outputs: dict) -> dict:
+    """The (small) arrays the decoder needs, computed on device: [B, ...] each."""
+    raise NotImplementedError
+
+  # Host side.
+  def decode(self, outputs: dict[str, np.ndarray], features: Features,
+             examples: Sequence[dict]) -> list[Any]:
+    """One prediction per example (a label, a tag per word, an answer string...)."""
+    raise NotImplementedError
+
+  def score(self, predictions: Sequence[Any], examples: Sequence[dict]) -> dict[str, float]:
+    raise NotImplementedError
+
+
+def label_vocab(configured: Sequence[str], seen: Sequence[str], what: str) -> list[str]:
+  """`configured` when given (in that order), else the sorted labels seen in training."""
+  if configured:
+    return [str(x) for x in configured]
+  labels = sorted({str(x) for x in seen})
+  if not labels:
+    raise DataError(f"the training data has no {what}; check config.data.train.")
+  return labels
+
+
+def pad_rows(rows: Sequence[Sequence[int]], length: int, value: int) -> np.ndarray:
+  """Right-pads int rows to [N, length] (rows longer than `length` are a bug)."""
+  out = np.full((len(rows), length), value, np.int32)
+  for i, r in enumerate(rows):
+    out[i, :len(r)] = r
+  return out
+
+
+def encode_rows(tokenizer: Tokenizer, pairs: Sequence[tuple[Sequence[int], Sequence[int] | None]],
+                length: int) -> dict[str, np.ndarray]:
+  """Special tokens added to (ids_a, ids_b or None) pairs already cut to fit; padded
+  to [N, length]: input_ids, token_type_ids, attention_mask."""
+  built = [tokenizer.build_inputs(a, b) for a, b in pairs]
+  return {"input_ids": pad_rows([ids for ids, _ in built], length, tokenizer.pad_id),
+          "token_type_ids": pad_rows([t for _, t in built], length, 0),
+          "attention_mask": pad_rows([[1] * len(ids) for ids, _ in built], length, 0)}
+
+
+def word_pieces(tokenizer: Tokenizer, words: Sequence[str]) -> list[list[int]]:
+  """Subword ids of each word; a word the vocabulary cannot spell becomes [UNK] (so
+  every word keeps at least one token and word boundaries survive)."""
+  pieces = tokenizer.tokenize_batch(list(words)) if words else []
+  return [p or [tokenizer.unk_id] for p in pieces]

@@ -1,0 +1,56 @@
+"""Fine-tuning defaults shared by every task (BERT paper, section 4 and appendix A.3):
+batch 32, Adam lr in 5e-5..2e-5, 3 epochs, linear warm-up over the first 10% of the
+steps then linear decay, weight decay 0.01, dropout 0.1. Each task file imports this
+and fills in `task` and `data`.
+"""
+
+import ml_collections
+
+from configs import bert_base
+
+
+def get_config():
+  c = ml_collections.ConfigDict()
+  c.seed = 0  # Head initialisation, dropout and data order.
+  c.init_from = ""  # Pretrained encoder: a bertjax workdir or a Hugging Face dir.
+  c.tokenizer = ""  # Only without init_from (random init): vocab.txt / tokenizer dir.
+  # The encoder when init_from is empty; with init_from, the checkpoint's own config
+  # replaces it (only `dtype` is taken from here).
+  c.model = bert_base.get_config().model
+
+  c.task = ml_collections.ConfigDict()
+  c.task.name = "classification"  # classification | tagging | squad | span_ner | multiple_choice
+  c.task.max_seq_length = 128  # Tokens per feature, special tokens included.
+  c.task.labels = ()  # Label names in order; () takes the sorted training labels.
+
+  c.data = ml_collections.ConfigDict()
+  c.data.train = ""  # Training file (native format or .jsonl) or tfds:NAME.
+  c.data.dev = ""  # Dev file: evaluated after training, selects the best sweep run.
+
+  c.freeze = ml_collections.ConfigDict()
+  c.freeze.embeddings = False  # Keep the embedding layer fixed.
+  c.freeze.top_k_layers = -1  # k >= 0: train only the top k blocks (+ pooler, head).
+
+  c.train = ml_collections.ConfigDict()
+  c.train.batch_size = 32  # Global batch of features.
+  c.train.eval_batch_size = 64  # Dev batch (rounded up to the data-parallel size).
+  c.train.num_epochs = 3  # Passes over the training features.
+  c.train.learning_rate = 2e-5  # Peak learning rate (the paper sweeps 5e-5..2e-5).
+  c.train.warmup_fraction = 0.1  # Warm-up steps as a fraction of all steps.
+  c.train.optimizer = "adamw"  # 'adamw' or 'lamb'.
+  c.train.weight_decay = 0.01  # Not on LayerNorm parameters or biases.
+  c.train.b1 = 0.9  # Adam beta1.
+  c.train.b2 = 0.999  # Adam beta2.
+  c.train.eps = 1e-6  # Adam epsilon.
+  c.train.max_grad_norm = 1.0  # Global-norm clipping; 0 disables.
+  c.train.log_every = 50  # Steps between logged training metrics.
+  c.train.checkpoint_every = 1000  # Steps between checkpoints (and at the end).
+  c.train.max_to_keep = 1  # Checkpoints kept in the workdir.
+
+  c.sweep = ml_collections.ConfigDict()
+  c.sweep.learning_rates = ()  # The paper's grid, e.g. (5e-5, 4e-5, 3e-5, 2e-5).
+  c.sweep.seeds = ()  # Restarts: new head init and data order, same pretrained weights.
+
+  c.mesh = bert_base.get_config().mesh
+  c.logical_axis_rules = bert_base.LOGICAL_AXIS_RULES
+  return c
