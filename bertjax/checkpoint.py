@@ -16,6 +16,7 @@ import jax
 import ml_collections
 import orbax.checkpoint as ocp
 from etils import epath
+from jax.experimental import multihost_utils
 
 from bertjax.errors import CheckpointError
 
@@ -59,6 +60,11 @@ class Checkpointer:
           "another model: move it aside or use a new --workdir.") from e
     return restored["state"]
 
+  def reached_preemption(self, step: int) -> bool:
+    """True on every process at the step they agreed to save at after a SIGTERM to
+    any of them (JAX's preemption service; always False in a single process)."""
+    return self.manager.reached_preemption(step)
+
   def wait(self) -> None:
     self.manager.wait_until_finished()
 
@@ -85,6 +91,8 @@ def save_config(workdir: str, config: ml_collections.ConfigDict) -> None:
       raise CheckpointError(
           f"{workdir} holds a run of another model (config.model fields {changed} differ); "
           "use a new --workdir or the original model config.")
+  if jax.process_count() > 1:  # Every process reads before process 0 writes.
+    multihost_utils.sync_global_devices("bertjax: config.json checked")
   if jax.process_index() == 0:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(config.to_json(indent=2))

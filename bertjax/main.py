@@ -16,6 +16,14 @@ from bertjax.errors import BertjaxError
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Recipe file, e.g. configs/bert_tiny.py.", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Checkpoints, logs, tokenizer; resumes.")
+_MULTIHOST = flags.DEFINE_bool(
+    "multihost", False, "Join a multi-host job via jax.distributed.initialize(), reading "
+    "the coordinator from the environment (Cloud TPU pod, SLURM, Open MPI).")
+_COORDINATOR = flags.DEFINE_string(
+    "coordinator_address", "", "host:port of process 0 for an explicit multi-process "
+    "job (with --num_processes and --process_id); implies --multihost.")
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", 0, "Processes in the job.")
+_PROCESS_ID = flags.DEFINE_integer("process_id", -1, "This process's index, 0-based.")
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -45,14 +53,19 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   _quiet_libraries()
-  from bertjax.train import loop  # After flag parsing: keeps --help fast.
+  import jax  # After flag parsing: keeps --help fast.
+
+  from bertjax.parallel import distributed
+  from bertjax.train import loop
   try:
+    distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
+                           auto=_MULTIHOST.value)
     metrics = loop.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
   except BertjaxError as e:
     logging.flush()
     print(f"error: {e}", file=sys.stderr)
     sys.exit(2)
-  if metrics:
+  if metrics and jax.process_index() == 0:
     print(f"held-out MLM accuracy {metrics['mlm_accuracy']:.4f} vs "
           f"{metrics['mlm_accuracy_most_frequent_baseline']:.4f} for always predicting the "
           "most frequent token"

@@ -61,8 +61,9 @@ def create_mesh(mesh_cfg, devices: Sequence[jax.Device] | None = None) -> Mesh:
   types = (AxisType.Auto,) * len(AXES)
   if slices == 1:
     return jax.make_mesh(ici, AXES, axis_types=types, devices=devices)
-  # TPU devices know their slice; elsewhere (GPU hosts, CPU processes) a process is one.
-  by_process = getattr(devices[0], "slice_index", None) is None
+  # Multi-slice TPU devices know their slice; where all devices report one slice (GPU
+  # hosts, CPU processes) each process is a slice.
+  by_process = len({getattr(d, "slice_index", 0) for d in devices}) == 1
   try:
     grid = mesh_utils.create_hybrid_device_mesh(
         ici, dcn, devices, process_is_granule=by_process, allow_split_physical_axes=True)

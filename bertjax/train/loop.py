@@ -14,6 +14,7 @@ import jax
 import ml_collections
 import numpy as np
 from absl import logging
+from jax.experimental import multihost_utils
 
 from bertjax import checkpoint as ckpt_lib
 from bertjax.data import corpus as corpus_lib
@@ -55,12 +56,16 @@ def get_tokenizer(config, workdir: str) -> tok_lib.Tokenizer:
   the corpus (saved into the workdir so the checkpoint carries it)."""
   saved = os.path.join(workdir, ckpt_lib.TOKENIZER_DIR)
   tcfg = config.data.tokenizer
-  if os.path.isdir(saved):
+  resumed = os.path.isdir(saved)
+  multihost = jax.process_count() > 1
+  if multihost:  # Every process looks before process 0 writes one.
+    multihost_utils.sync_global_devices("bertjax: tokenizer directory checked")
+  if resumed:
     tokenizer = tok_lib.load_tokenizer(saved)
   else:
     if tcfg.path:
       tokenizer = tok_lib.load_tokenizer(tcfg.path)
-    else:
+    elif jax.process_index() == 0:  # Training is not deterministic across processes.
       documents = corpus_lib.load_documents(config.data.corpus)
       logging.info("Training a %s tokenizer (%d tokens) on %d documents.", tcfg.kind,
                    tcfg.vocab_size, len(documents))
@@ -69,6 +74,9 @@ def get_tokenizer(config, workdir: str) -> tok_lib.Tokenizer:
           vocab_size=tcfg.vocab_size, lowercase=tcfg.lowercase)
     if jax.process_index() == 0:
       tokenizer.save(saved)
+    if multihost:  # The others read process 0's tokenizer from the shared workdir.
+      multihost_utils.sync_global_devices("bertjax: tokenizer saved")
+      tokenizer = tok_lib.load_tokenizer(saved)
   if tokenizer.vocab_size != config.model.vocab_size:
     raise ConfigError(
         f"config.model.vocab_size={config.model.vocab_size} but the tokenizer has "
@@ -78,18 +86,33 @@ def get_tokenizer(config, workdir: str) -> tok_lib.Tokenizer:
 
 
 class _Preemption:
-  """SIGTERM sets a flag; the loop saves at the next step boundary and exits."""
+  """SIGTERM to any process makes every process save at the same step, then exit.
 
-  def __init__(self):
+  One process: a SIGTERM handler sets a flag checked at each step boundary. Several:
+  JAX's preemption service (started by `jax.distributed.initialize`) catches SIGTERM
+  and agrees on a step with the other processes; `reached(step)` is then True on all
+  of them at that step (orbax `CheckpointManager.reached_preemption`).
+  """
+
+  def __init__(self, checkpointer: ckpt_lib.Checkpointer):
     self.requested = False
-    self._previous = signal.signal(signal.SIGTERM, self._handle)
+    self._checkpointer = checkpointer
+    self._previous = None
+    if jax.process_count() == 1:
+      self._previous = signal.signal(signal.SIGTERM, self._handle)
 
   def _handle(self, signum, frame):
     del signum, frame
     self.requested = True
 
+  def reached(self, step: int) -> bool:
+    if jax.process_count() > 1:
+      self.requested = self._checkpointer.reached_preemption(step)
+    return self.requested
+
   def restore(self):
-    signal.signal(signal.SIGTERM, self._previous)
+    if self._previous is not None:
+      signal.signal(signal.SIGTERM, self._previous)
 
 
 def _mean_metrics(host: list[dict[str, Any]]) -> dict[str, float]:
@@ -157,11 +180,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
           totals[k] = totals.get(k, 0.0) + float(v)
         baseline += float(np.sum((batch["masked_lm_ids"] == data.most_frequent_token)
                                  * batch["masked_lm_weights"]))
+    if jax.process_count() > 1:  # Each process counted its own eval rows.
+      baseline = float(np.sum(multihost_utils.process_allgather(np.float32(baseline))))
     metrics = step_lib.eval_metrics(totals)
     metrics["mlm_accuracy_most_frequent_baseline"] = baseline / max(totals["mlm_count"], 1)
     return metrics
 
-  preemption = _Preemption()
+  preemption = _Preemption(checkpointer)
   pending: list[dict[str, Any]] = []
   eval_result: dict[str, float] = {}
   step = int(jax.device_get(state.step))
@@ -197,17 +222,18 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         step += 1
         pending.append(metrics)
         done = step == config.train.num_steps
-        if step % config.train.log_every == 0 or done or preemption.requested:
+        preempted = preemption.reached(step)
+        if step % config.train.log_every == 0 or done or preempted:
           flush(step)
         if step % config.train.eval_every == 0 or done:
           eval_result = evaluate(state.params)
           log.write(step, eval_result, prefix="eval")
           log.info("eval at step %d | %s", step, format_metrics(eval_result))
-        if step % config.train.checkpoint_every == 0 or done or preemption.requested:
+        if step % config.train.checkpoint_every == 0 or done or preempted:
           flush(step)
           checkpointer.save(step, state, train_iter, force=True)
           last_good = step
-        if preemption.requested:
+        if preempted:
           log.info("SIGTERM: saved step %d; exiting. Rerun the same command to resume.", step)
           break
   finally:
