@@ -1,0 +1,257 @@
+"""Train-step benchmark: `python -m bertjax.benchmark train --config=CONFIG [--batch=N
+--seq=L --steps=K --dtype=bf16 --compare=hf]`.
+
+Times the real jitted train step (forward, backward, clipping, AdamW; donated state)
+on synthetic full-length rows after warm-up and reports: step time (median, min, max),
+sequences/s, tokens/s, model FLOPs per step (`bertjax.flops`, next to XLA's own
+count), MFU against the device's bf16 peak (on a CPU: against the matmul peak measured
+in this run, in the same dtype), peak memory and compile time. `--compare=hf` times
+Hugging Face `BertForPreTraining` (PyTorch, SDPA attention, the same shapes, bf16
+autocast with --dtype=bf16) in the same process and prints our speed-up. Any config
+field can be overridden (`--config.model.scan_layers=True`). Results go to --json.
+
+  python -m bertjax.benchmark train --config=configs/bert_tiny.py --compare=hf
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import statistics
+import time
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import flags
+from ml_collections import config_flags
+
+from bertjax import flops as flops_lib
+from bertjax.errors import ConfigError
+from bertjax.parallel import mesh as mesh_lib
+from bertjax.train import optimizer, state as state_lib, step as step_lib
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "Recipe file, e.g. configs/bert_base.py.", lock_config=True)
+_BATCH = flags.DEFINE_integer("batch", 0, "Global batch (0: config.train.batch_size).")
+_SEQ = flags.DEFINE_integer("seq", 0, "Sequence length (0: config.data.max_seq_length).")
+_STEPS = flags.DEFINE_integer("steps", 10, "Timed steps after warm-up.")
+_WARMUP = flags.DEFINE_integer("warmup", 2, "Untimed steps after compilation.")
+_DTYPE = flags.DEFINE_enum("dtype", "fp32", ["fp32", "bf16"], "Activation dtype.")
+_COMPARE = flags.DEFINE_enum("compare", "", ["", "hf"], "hf: also time Hugging Face.")
+_JSON = flags.DEFINE_string("json", "", "Results file (default: a name in /tmp).")
+flags.mark_flags_as_required(["config"])
+
+_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
+
+
+def synthetic_batch(config, batch: int, seq: int, predictions: int, nsp: bool,
+                    seed: int = 0) -> dict[str, np.ndarray]:
+  """Full-length rows (as packing gives): ids [B, T], `predictions` masked positions."""
+  rng = np.random.default_rng(seed)
+  ids = rng.integers(5, config.model.vocab_size, size=(batch, seq)).astype(np.int32)
+  positions = np.sort(np.stack([rng.choice(np.arange(1, seq), predictions, replace=False)
+                                for _ in range(batch)]), axis=1).astype(np.int32)
+  out = {
+      "input_ids": ids, "attention_mask": np.ones_like(ids),
+      "token_type_ids": (np.arange(seq)[None] >= seq // 2).astype(np.int32).repeat(batch, 0),
+      "masked_lm_positions": positions,
+      "masked_lm_ids": np.take_along_axis(ids, positions, 1),
+      "masked_lm_weights": np.ones((batch, predictions), np.float32),
+  }
+  if nsp:
+    out["next_sentence_labels"] = rng.integers(0, 2, size=batch).astype(np.int32)
+  return out
+
+
+def _summary(times: list[float], batch: int, seq: int, step_flops: float,
+             peak_tflops: float | None) -> dict:
+  median = statistics.median(times)
+  return {
+      "step_ms_median": 1e3 * median, "step_ms_min": 1e3 * min(times),
+      "step_ms_max": 1e3 * max(times),
+      "step_ms_stdev": 1e3 * statistics.stdev(times) if len(times) > 1 else 0.0,
+      "sequences_per_s": batch / median, "tokens_per_s": batch * seq / median,
+      "tflops_per_s": step_flops / median / 1e12,
+      "mfu": step_flops / median / 1e12 / peak_tflops if peak_tflops else None,
+  }
+
+
+def _max_rss_mb() -> float:
+  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def bench_bertjax(config, batch: int, seq: int, predictions: int, steps: int,
+                  warmup: int) -> dict:
+  """Compiles and times our train step on all local devices (data parallel)."""
+  rules = tuple(map(tuple, config.logical_axis_rules))
+  mesh = mesh_lib.create_mesh(config.mesh)
+  model, tx = state_lib.build_model(config), optimizer.create_optimizer(config.train)
+  schedule = optimizer.learning_rate_schedule(config.train)
+  _, boxed = state_lib.abstract_state(config)
+  shardings = mesh_lib.logical_shardings(boxed, mesh, rules)
+  batch_sharding = mesh_lib.batch_sharding(mesh, rules)
+  host = synthetic_batch(config, batch, seq, predictions, config.model.nsp)
+  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+    state = state_lib.create_train_state(config, model, tx, shardings)
+    data = mesh_lib.put_batch(host, batch_sharding)
+    jitted = jax.jit(step_lib.make_train_step(model, tx, schedule, config.seed),
+                     in_shardings=(shardings, batch_sharding),
+                     out_shardings=(shardings, None), donate_argnums=0)
+    start = time.perf_counter()
+    lowered = jitted.lower(state, data)
+    trace_s = time.perf_counter() - start
+    compiled = lowered.compile()
+    compile_s = time.perf_counter() - start
+    times = []
+    for i in range(warmup + steps):
+      start = time.perf_counter()
+      state, metrics = compiled(state, data)
+      jax.block_until_ready(metrics["loss"])
+      if i >= warmup:
+        times.append(time.perf_counter() - start)
+  if not np.isfinite(float(metrics["loss"])):
+    raise ConfigError("the benchmarked train step gave a non-finite loss; check the config.")
+  device = jax.devices()[0]
+  stats = device.memory_stats() or {}
+  mem = compiled.memory_analysis()
+  cost = compiled.cost_analysis()
+  return {
+      "times": times, "trace_s": trace_s, "compile_s": compile_s,
+      "xla_flops": float(cost["flops"]) if cost and "flops" in cost else None,
+      "peak_device_memory_mb": stats.get("peak_bytes_in_use", 0) / 2**20 or None,
+      "xla_memory_mb": (mem.temp_size_in_bytes + mem.argument_size_in_bytes
+                        + mem.output_size_in_bytes - mem.alias_size_in_bytes) / 2**20,
+      "max_rss_mb": _max_rss_mb(),
+  }
+
+
+def bench_hf(config, batch: int, seq: int, predictions: int, steps: int, warmup: int,
+             dtype: str) -> dict:
+  """Hugging Face BertForPreTraining (SDPA) + AdamW + clipping on the same batch."""
+  import torch  # pylint: disable=g-import-not-at-top
+  import transformers  # pylint: disable=g-import-not-at-top
+
+  m = config.model
+  hf_config = transformers.BertConfig(
+      vocab_size=m.vocab_size, hidden_size=m.hidden_size, num_hidden_layers=m.num_layers,
+      num_attention_heads=m.num_heads, intermediate_size=m.intermediate_size,
+      max_position_embeddings=m.max_position_embeddings, type_vocab_size=m.type_vocab_size,
+      layer_norm_eps=m.layer_norm_eps, hidden_dropout_prob=m.dropout_rate,
+      attention_probs_dropout_prob=m.attention_dropout_rate, hidden_act="gelu")
+  hf_config._attn_implementation = "sdpa"  # pylint: disable=protected-access
+  device = "cuda" if torch.cuda.is_available() else "cpu"
+  model = transformers.BertForPreTraining(hf_config).to(device).train()
+  t = config.train
+  opt = torch.optim.AdamW(model.parameters(), lr=t.learning_rate, betas=(t.b1, t.b2),
+                          eps=t.eps, weight_decay=t.weight_decay)
+  host = synthetic_batch(config, batch, seq, predictions, nsp=True)
+  labels = np.full_like(host["input_ids"], -100)
+  np.put_along_axis(labels, host["masked_lm_positions"], host["masked_lm_ids"], 1)
+  inputs = {"input_ids": host["input_ids"], "attention_mask": host["attention_mask"],
+            "token_type_ids": host["token_type_ids"], "labels": labels,
+            "next_sentence_label": host["next_sentence_labels"]}
+  inputs = {k: torch.as_tensor(v, dtype=torch.long, device=device) for k, v in inputs.items()}
+  autocast = torch.autocast(device, dtype=torch.bfloat16, enabled=dtype == "bf16")
+  sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+
+  def step():
+    with autocast:
+      loss = model(**inputs).loss
+    loss.backward()
+    if t.max_grad_norm > 0:
+      torch.nn.utils.clip_grad_norm_(model.parameters(), t.max_grad_norm)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return loss
+
+  times = []
+  for i in range(warmup + steps):
+    start = time.perf_counter()
+    loss = step()
+    sync()
+    if i >= warmup:
+      times.append(time.perf_counter() - start)
+  return {
+      "times": times, "loss": float(loss.detach()), "torch": torch.__version__,
+      "threads": torch.get_num_threads(),
+      "peak_device_memory_mb": (torch.cuda.max_memory_allocated() / 2**20
+                                if device == "cuda" else None),
+  }
+
+
+def _fmt(x, spec=".3g"):
+  return "-" if x is None else format(x, spec)
+
+
+def main(argv):
+  del argv
+  config = _CONFIG.value
+  config.model.dtype = _DTYPES[_DTYPE.value]
+  batch = _BATCH.value or config.train.batch_size
+  seq = _SEQ.value or config.data.max_seq_length
+  config.data.max_seq_length = seq
+  if seq > config.model.max_position_embeddings:
+    config.model.max_position_embeddings = seq
+  predictions = max(1, round(0.15 * seq))
+  if _STEPS.value < 2:
+    raise ConfigError("--steps must be at least 2 (a median and a spread).")
+  from bertjax.model import ModelConfig  # pylint: disable=g-import-not-at-top
+  cfg = ModelConfig.from_config(config.model)
+  step_flops = flops_lib.train_flops(cfg, batch, seq, predictions)
+  device = jax.devices()[0]
+  peak = flops_lib.device_peak_tflops(device)
+  peak_source = "table (bf16 dense)"
+  if peak is None:
+    peak = flops_lib.measure_matmul_tflops(jnp.dtype(cfg.dtype))
+    peak_source = f"measured {jnp.dtype(cfg.dtype).name} 2048^3 matmul, this run"
+
+  ours = bench_bertjax(config, batch, seq, predictions, _STEPS.value, _WARMUP.value)
+  result = {
+      "config": cfg.to_dict(), "batch": batch, "seq": seq,
+      "masked_positions": predictions, "dtype": _DTYPE.value, "steps": _STEPS.value,
+      "device": device.device_kind, "platform": device.platform,
+      "num_devices": jax.device_count(), "cpu_count": os.cpu_count(),
+      "peak_tflops": peak, "peak_source": peak_source,
+      "flops_per_step": step_flops, "padding_fraction": 0.0,
+      "bertjax": {**_summary(ours["times"], batch, seq, step_flops["total"], peak),
+                  **{k: v for k, v in ours.items() if k != "times"},
+                  "step_s": ours["times"]},
+  }
+  lines = [
+      f"device {device.device_kind} x{jax.device_count()} | peak {peak:.3g} TFLOP/s "
+      f"({peak_source}) | batch {batch} x seq {seq}, {predictions} masked/row, {_DTYPE.value}",
+      f"model FLOPs/step {step_flops['total']:.4g} (encoder {step_flops['encoder_matmuls']:.3g}"
+      f", attention {step_flops['attention']:.3g}, MLM head {step_flops['mlm_head']:.3g}); "
+      f"XLA counts {_fmt(ours['xla_flops'], '.4g')}",
+  ]
+  runs = [("bertjax", result["bertjax"])]
+  if _COMPARE.value == "hf":
+    hf = bench_hf(config, batch, seq, predictions, _STEPS.value, _WARMUP.value, _DTYPE.value)
+    result["hf"] = {**_summary(hf["times"], batch, seq, step_flops["total"], peak),
+                    **{k: v for k, v in hf.items() if k != "times"}, "step_s": hf["times"]}
+    result["speedup_vs_hf"] = (result["hf"]["step_ms_median"]
+                               / result["bertjax"]["step_ms_median"])
+    runs.append(("hf-torch", result["hf"]))
+  lines.append(f"{'':9} {'step ms median [min, max]':>27} {'seq/s':>9} {'tokens/s':>10} "
+               f"{'TFLOP/s':>8} {'MFU':>6} {'peak mem MB':>11}")
+  for name, r in runs:
+    mem = r.get("peak_device_memory_mb") or r.get("xla_memory_mb")
+    lines.append(
+        f"{name:9} {r['step_ms_median']:9.2f} [{r['step_ms_min']:7.2f}, {r['step_ms_max']:7.2f}]"
+        f" {r['sequences_per_s']:9.1f} {r['tokens_per_s']:10.0f} {r['tflops_per_s']:8.3f} "
+        f"{_fmt(r['mfu'] and 100 * r['mfu'], '5.1f')}% {_fmt(mem, '11.0f')}")
+  lines.append(f"bertjax compile {ours['compile_s']:.1f} s (trace {ours['trace_s']:.1f} s); "
+               f"process max RSS {ours['max_rss_mb']:.0f} MB")
+  if "speedup_vs_hf" in result:
+    lines.append(f"speed-up vs Hugging Face (torch {result['hf']['torch']}, "
+                 f"{result['hf']['threads']} threads): {result['speedup_vs_hf']:.2f}x")
+  print("\n".join(lines))
+  path = _JSON.value or os.path.join(
+      "/tmp", f"bertjax_benchmark_train_L{cfg.num_layers}_H{cfg.hidden_size}_b{batch}"
+      f"_t{seq}_{_DTYPE.value}.json")
+  with open(path, "w") as f:
+    json.dump(result, f, indent=1, default=str)
+  print(f"wrote {path}")
