@@ -1,0 +1,66 @@
+"""The BERT paper's selection protocol: fine-tune once per (learning rate, seed) of
+`config.sweep` from the same pretrained weights (each seed re-initialises the head and
+reshuffles the data), score every run on dev, keep the best by the task's first metric,
+and write the table as `sweep_results.json` and `sweep_results.md`."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import ml_collections
+
+from bertjax.tasks import get_task, loop
+
+
+def grid(config) -> list[tuple[float, int]]:
+  lrs = tuple(config.sweep.learning_rates) or (config.train.learning_rate,)
+  seeds = tuple(config.sweep.seeds) or (config.seed,)
+  return [(float(lr), int(seed)) for lr in lrs for seed in seeds]
+
+
+def selection_metric(config) -> str:
+  metrics = config.task.get("metrics", ())
+  return metrics[0] if metrics else get_task(config.task.name).default_metric
+
+
+def markdown(rows: list[dict], metric: str) -> str:
+  keys = [k for k in rows[0]["dev"] if k != "loss"] + ["loss"]
+  lines = ["| learning rate | seed | " + " | ".join(keys) + " |",
+           "|---|---|" + "---|" * len(keys)]
+  best = max(rows, key=lambda r: r["dev"][metric])
+  for r in rows:
+    mark = " **best**" if r is best else ""
+    lines.append(f"| {r['learning_rate']:g} | {r['seed']}{mark} | "
+                 + " | ".join(f"{r['dev'][k]:.4f}" for k in keys) + " |")
+  return "\n".join(lines) + "\n"
+
+
+def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
+  """One run in `workdir` when the sweep is empty; else every grid point in
+  `workdir/lr{LR}_seed{SEED}` (each resumable) and the table. Returns
+  {'best': row, 'runs': [rows]} with rows {learning_rate, seed, workdir, dev}."""
+  points = grid(config)
+  if len(points) == 1 and not config.sweep.learning_rates and not config.sweep.seeds:
+    dev = loop.finetune(config, workdir)
+    row = {"learning_rate": points[0][0], "seed": points[0][1], "workdir": workdir,
+           "dev": dev}
+    return {"best": row, "runs": [row]}
+  start = None
+  rows = []
+  for lr, seed in points:
+    run_dir = os.path.join(workdir, f"lr{lr:g}_seed{seed}")
+    if start is None and not os.path.isfile(os.path.join(run_dir, loop.TASK_FILE)):
+      start = loop.load_start(config)  # The pretrained weights, read once.
+    c = ml_collections.ConfigDict(config.to_dict())
+    c.train.learning_rate, c.seed = lr, seed
+    rows.append({"learning_rate": lr, "seed": seed, "workdir": run_dir,
+                 "dev": loop.finetune(c, run_dir, start)})
+  metric = selection_metric(config)
+  best = max(rows, key=lambda r: r["dev"][metric])
+  result = {"metric": metric, "best": best, "runs": rows}
+  with open(os.path.join(workdir, "sweep_results.json"), "w") as f:
+    json.dump(result, f, indent=2)
+  with open(os.path.join(workdir, "sweep_results.md"), "w") as f:
+    f.write(markdown(rows, metric))
+  return result
