@@ -1,11 +1,23 @@
-"""BERT's masked-LM corruption, vectorised in numpy.
+"""Masked-LM corruption, vectorised in numpy: token, whole-word and SpanBERT span masking.
 
-Per example: the candidates are the non-special, non-padding tokens (n of them);
-`min(max_predictions_per_seq, max(1, round(n * masked_lm_prob)))` of them are chosen
-uniformly without replacement; each chosen token becomes `[MASK]` with probability
-`mask_token_prob`, a uniformly random non-special token with `random_token_prob`, and
-stays unchanged otherwise (80/10/10 in the paper). Shapes: B batch, T length,
-P = max_predictions_per_seq.
+Per example the candidates are the non-special, non-padding tokens (n of them) and the
+budget is `min(max_predictions_per_seq, max(1, round(n * masked_lm_prob)))` tokens.
+
+* 'token' (BERT): the budget's worth of candidates chosen uniformly without replacement.
+* 'whole_word' (BERT's --do_whole_word_mask): words (a word-start token and its
+  continuations) taken in a random order while the running token count stays within
+  the budget, so every piece of a chosen word is chosen.
+* 'span' (SpanBERT): repeatedly draw a length l ~ Geometric(p) clipped at
+  `max_span_length` words and an anchor token uniformly; unless the anchor is already
+  chosen, choose the l whole words from the anchor's word on, token by token until the
+  budget is spent. Overlapping or touching spans merge.
+
+Replacement: each chosen token becomes the mask token with `mask_token_prob`, a random
+non-special token with `random_token_prob` (uniform over the vocabulary, or from the
+corpus unigram frequencies), else stays. 'token' and 'whole_word' decide per token
+(as BERT does); 'span' decides once per merged span (SpanBERT's span-level 80/10/10).
+
+Shapes: B batch, T length, P = max_predictions_per_seq.
 """
 
 from __future__ import annotations
@@ -16,13 +28,18 @@ import numpy as np
 
 from bertjax.errors import ConfigError
 
+STRATEGIES = ("token", "whole_word", "span")
+RANDOM_DISTRIBUTIONS = ("uniform", "unigram")
+
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class MaskingConfig:
   """What the masker needs from the data config and the tokenizer.
 
   `special_ids` [S] are never chosen (padding included); `random_ids` [R] is the pool
-  random replacements are drawn from (the vocabulary minus the special tokens).
+  random replacements are drawn from (the vocabulary minus the special tokens) and
+  `random_cdf` [R] their cumulative probabilities (None: uniform). `word_starts` [V]
+  bool marks tokens that begin a word (None: every token is a word).
   """
 
   mask_id: int
@@ -32,10 +49,20 @@ class MaskingConfig:
   masked_lm_prob: float = 0.15
   mask_token_prob: float = 0.8
   random_token_prob: float = 0.1
+  strategy: str = "token"
+  random_cdf: np.ndarray | None = None
+  word_starts: np.ndarray | None = None
+  span_p: float = 0.2
+  max_span_length: int = 10
 
   @classmethod
-  def create(cls, data_cfg, tokenizer) -> MaskingConfig:
-    """Builds and validates the masking settings from `config.data` and a tokenizer."""
+  def create(cls, data_cfg, tokenizer, token_counts: np.ndarray | None = None
+             ) -> MaskingConfig:
+    """Builds and validates the masking settings from `config.data` and a tokenizer.
+
+    token_counts [V]: corpus counts per id, needed when
+    `config.data.random_token_distribution='unigram'`.
+    """
     for field in ("masked_lm_prob", "mask_token_prob", "random_token_prob"):
       if not 0.0 <= data_cfg[field] <= 1.0:
         raise ConfigError(f"config.data.{field}={data_cfg[field]} must lie in [0, 1]")
@@ -45,52 +72,191 @@ class MaskingConfig:
     if data_cfg.max_predictions_per_seq < 1:
       raise ConfigError("config.data.max_predictions_per_seq must be >= 1, got "
                         f"{data_cfg.max_predictions_per_seq}")
+    strategy = data_cfg.get("masking", "token")
+    if strategy not in STRATEGIES:
+      raise ConfigError(f"config.data.masking={strategy!r}: use one of {STRATEGIES}")
+    distribution = data_cfg.get("random_token_distribution", "uniform")
+    if distribution not in RANDOM_DISTRIBUTIONS:
+      raise ConfigError(f"config.data.random_token_distribution={distribution!r}: use "
+                        f"one of {RANDOM_DISTRIBUTIONS}")
+    span_p = float(data_cfg.get("span_geometric_p", 0.2))
+    max_span = int(data_cfg.get("max_span_length", 10))
+    if strategy == "span" and not (0.0 < span_p <= 1.0 and max_span >= 1):
+      raise ConfigError(f"config.data.span_geometric_p={span_p} must lie in (0, 1] and "
+                        f"config.data.max_span_length={max_span} be >= 1")
     special = np.array(sorted(set(tokenizer.special_ids) | {tokenizer.pad_id}), np.int32)
     random_ids = np.setdiff1d(np.arange(tokenizer.vocab_size, dtype=np.int32), special)
+    cdf = None
+    if distribution == "unigram":
+      if token_counts is None:
+        raise ConfigError("config.data.random_token_distribution='unigram' needs corpus "
+                          "token counts; use 'uniform' when none are available")
+      freq = np.asarray(token_counts, np.float64)[random_ids] + 1.0  # add-one smoothing
+      cdf = np.cumsum(freq / freq.sum())
     return cls(mask_id=tokenizer.mask_id, special_ids=special, random_ids=random_ids,
                max_predictions_per_seq=int(data_cfg.max_predictions_per_seq),
                masked_lm_prob=float(data_cfg.masked_lm_prob),
                mask_token_prob=float(data_cfg.mask_token_prob),
-               random_token_prob=float(data_cfg.random_token_prob))
+               random_token_prob=float(data_cfg.random_token_prob),
+               strategy=strategy, random_cdf=cdf,
+               word_starts=None if strategy == "token" else tokenizer.word_starts(),
+               span_p=span_p, max_span_length=max_span)
 
 
-def mask_tokens(input_ids: np.ndarray, rng: np.random.Generator,
-                cfg: MaskingConfig) -> dict[str, np.ndarray]:
+def span_length_distribution(p: float, max_len: int) -> np.ndarray:
+  """[max_len] probabilities of span lengths 1..max_len: Geometric(p) clipped and
+  renormalised (SpanBERT's `len_distrib`)."""
+  lengths = np.arange(1, max_len + 1)
+  probs = p * (1 - p) ** (lengths - 1)
+  return probs / probs.sum()
+
+
+def _budget(candidates: np.ndarray, cfg: MaskingConfig) -> np.ndarray:
+  """[B] tokens to choose per row."""
+  n = candidates.sum(axis=1)
+  want = np.maximum(1, np.round(n * cfg.masked_lm_prob).astype(np.int64))
+  return np.minimum(np.minimum(cfg.max_predictions_per_seq, want), n)
+
+
+def _word_ids(ids: np.ndarray, candidates: np.ndarray, cfg: MaskingConfig,
+              word_starts: np.ndarray | None) -> np.ndarray:
+  """[B, T] index of each candidate's word within its row (-1 for non-candidates).
+
+  A word starts at a word-start token or after a non-candidate."""
+  if word_starts is None:
+    word_starts = (cfg.word_starts[ids] if cfg.word_starts is not None
+                   else np.ones(ids.shape, bool))
+  prev = np.pad(candidates[:, :-1], ((0, 0), (1, 0)))
+  starts = candidates & (word_starts | ~prev)
+  return np.where(candidates, np.cumsum(starts, axis=1) - 1, -1)
+
+
+def _choose_units(unit: np.ndarray, budget: np.ndarray, rng: np.random.Generator
+                  ) -> np.ndarray:
+  """Units (words or tokens) [B, T] ids (-1: none) in a random order while the token
+  count stays within `budget` [B]; returns the chosen tokens [B, T] bool."""
+  b, t = unit.shape
+  rows = np.arange(b)[:, None]
+  lengths = np.zeros((b, t + 1), np.int64)
+  np.add.at(lengths, (np.broadcast_to(rows, unit.shape), np.where(unit >= 0, unit, t)), 1)
+  lengths = lengths[:, :t]
+  keys = np.where(lengths > 0, rng.random((b, t)), 2.0)
+  order = np.argsort(keys, axis=1)
+  sorted_lengths = lengths[rows, order]
+  # BERT's loop over the shuffled words: a word that would overflow the budget is
+  # skipped and later (shorter) ones are still tried. One step per word rank, all
+  # rows at once.
+  taken = np.zeros(b, np.int64)
+  within = np.zeros((b, t), bool)
+  for k in range(int((lengths > 0).sum(1).max(initial=0))):
+    fits = (sorted_lengths[:, k] > 0) & (taken + sorted_lengths[:, k] <= budget)
+    within[:, k] = fits
+    taken += np.where(fits, sorted_lengths[:, k], 0)
+  chosen_unit = np.zeros((b, t), bool)
+  chosen_unit[rows, order] = within
+  return (unit >= 0) & chosen_unit[rows, np.maximum(unit, 0)]
+
+
+def _choose_spans(words: np.ndarray, candidates: np.ndarray, budget: np.ndarray,
+                  rng: np.random.Generator, cfg: MaskingConfig) -> np.ndarray:
+  """SpanBERT's span sampling, one span per row per round, all rows at once."""
+  b, t = words.shape
+  probs = span_length_distribution(cfg.span_p, cfg.max_span_length)
+  chosen = np.zeros((b, t), bool)
+  remaining = budget.copy()
+  rows = np.arange(b)
+  while True:
+    active = (remaining > 0) & (candidates & ~chosen).any(axis=1)
+    if not active.any():
+      return chosen
+    span_len = rng.choice(np.arange(1, cfg.max_span_length + 1), size=b, p=probs)
+    # An anchor uniformly among the row's candidates: the k-th candidate token.
+    n = candidates.sum(axis=1)
+    k = np.floor(rng.random(b) * np.maximum(n, 1)).astype(np.int64)
+    anchor = np.argmax(np.cumsum(candidates, axis=1) > k[:, None], axis=1)
+    active &= ~chosen[rows, anchor]
+    first = words[rows, anchor]
+    in_span = (words >= first[:, None]) & (words < (first + span_len)[:, None])
+    new = in_span & ~chosen & active[:, None]
+    take = new & (np.cumsum(new, axis=1) <= remaining[:, None])
+    chosen |= take
+    remaining -= take.sum(axis=1)
+
+
+def _run_bounds(chosen: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+  """Start and end [B, T] of the run of consecutive chosen tokens each token is in."""
+  b, t = chosen.shape
+  idx = np.broadcast_to(np.arange(t), (b, t))
+  prev = np.pad(chosen[:, :-1], ((0, 0), (1, 0)))
+  nxt = np.pad(chosen[:, 1:], ((0, 0), (0, 1)))
+  start = np.maximum.accumulate(np.where(chosen & ~prev, idx, 0), axis=1)
+  end_rev = np.maximum.accumulate(np.where(chosen & ~nxt, t - 1 - idx, 0)[:, ::-1], axis=1)
+  return start, (t - 1 - end_rev)[:, ::-1]
+
+
+def _random_tokens(rng: np.random.Generator, shape, cfg: MaskingConfig) -> np.ndarray:
+  if cfg.random_cdf is None:
+    return cfg.random_ids[rng.integers(0, len(cfg.random_ids), shape)]
+  k = np.searchsorted(cfg.random_cdf, rng.random(shape), side="right")
+  return cfg.random_ids[np.minimum(k, len(cfg.random_ids) - 1)]
+
+
+def mask_tokens(input_ids: np.ndarray, rng: np.random.Generator, cfg: MaskingConfig,
+                word_starts: np.ndarray | None = None) -> dict[str, np.ndarray]:
   """Chooses and corrupts tokens of one example [T] or a batch [B, T].
+
+  word_starts: optional [B, T] bool word boundaries (from prepared data); by default
+  they come from the tokenizer's vocabulary (`cfg.word_starts`).
 
   Returns a dict (leading B dimension only when the input had one):
     input_ids [B, T] int32: the corrupted ids.
     masked_lm_positions [B, P] int32: chosen positions, ascending, 0 in unused slots.
     masked_lm_ids [B, P] int32: the original ids at those positions, 0 in unused slots.
     masked_lm_weights [B, P] float32: 1 for real predictions, 0 for unused slots.
+  With strategy 'span', also (for the span-boundary objective), per prediction slot:
+    span_left_positions, span_right_positions [B, P] int32: the tokens just outside
+      the prediction's span (s - 1 and e + 1).
+    span_relative_positions [B, P] int32: its offset inside the span (i - s).
   """
   ids = np.asarray(input_ids, np.int32)
   single = ids.ndim == 1
   ids = np.atleast_2d(ids)
+  if word_starts is not None:
+    word_starts = np.atleast_2d(np.asarray(word_starts, bool))
   b, t = ids.shape
   p = cfg.max_predictions_per_seq
   candidates = ~np.isin(ids, cfg.special_ids)
-  n = candidates.sum(axis=1)
-  num_to_predict = np.minimum(
-      np.minimum(p, np.maximum(1, np.round(n * cfg.masked_lm_prob).astype(np.int64))), n)
-
-  # A uniform random order of the candidates: the first num_to_predict are chosen.
-  keys = np.where(candidates, rng.random((b, t)), 2.0)
-  first = np.argsort(keys, axis=1, kind="stable")[:, :min(p, t)]
-  if first.shape[1] < p:
-    first = np.pad(first, ((0, 0), (0, p - first.shape[1])))
-  valid = np.arange(p)[None, :] < num_to_predict[:, None]
-  positions = np.sort(np.where(valid, first, t), axis=1)
-  valid = positions < t
-  positions = np.where(valid, positions, 0).astype(np.int32)
+  budget = _budget(candidates, cfg)
 
   rows = np.arange(b)[:, None]
+  if cfg.strategy == "token":
+    # A uniform random order of the candidates: the first `budget` are chosen.
+    keys = np.where(candidates, rng.random((b, t)), 2.0)
+    first = np.argsort(keys, axis=1)[:, :min(p, t)]
+    first = np.where(np.arange(first.shape[1])[None, :] < budget[:, None], first, t)
+  else:
+    if cfg.strategy == "whole_word":
+      chosen = _choose_units(_word_ids(ids, candidates, cfg, word_starts), budget, rng)
+    else:
+      chosen = _choose_spans(_word_ids(ids, candidates, cfg, word_starts), candidates,
+                             budget, rng, cfg)
+    first = np.where(chosen, np.arange(t)[None, :], t)
+  first = np.sort(first, axis=1)[:, :p]
+  if first.shape[1] < p:
+    first = np.pad(first, ((0, 0), (0, p - first.shape[1])), constant_values=t)
+  valid = first < t
+  positions = np.where(valid, first, 0).astype(np.int32)
   labels = np.where(valid, ids[rows, positions], 0).astype(np.int32)
+
   u = rng.random((b, p))
-  random_tokens = cfg.random_ids[rng.integers(0, len(cfg.random_ids), (b, p))]
+  if cfg.strategy == "span":
+    start, end = _run_bounds(chosen)
+    u_tokens = rng.random((b, t))[rows, start]  # one draw per span, at its start
+    u = u_tokens[rows, positions]
   replacement = np.where(
       u < cfg.mask_token_prob, cfg.mask_id,
-      np.where(u < cfg.mask_token_prob + cfg.random_token_prob, random_tokens, labels))
+      np.where(u < cfg.mask_token_prob + cfg.random_token_prob,
+               _random_tokens(rng, (b, p), cfg), labels))
   masked = ids.copy()
   masked[np.broadcast_to(rows, (b, p))[valid], positions[valid]] = replacement[valid]
   out = {
@@ -99,6 +265,11 @@ def mask_tokens(input_ids: np.ndarray, rng: np.random.Generator,
       "masked_lm_ids": labels,
       "masked_lm_weights": valid.astype(np.float32),
   }
+  if cfg.strategy == "span":
+    s, e = start[rows, positions], end[rows, positions]
+    out["span_left_positions"] = np.where(valid, s - 1, 0).astype(np.int32)
+    out["span_right_positions"] = np.where(valid, np.minimum(e + 1, t - 1), 0).astype(np.int32)
+    out["span_relative_positions"] = np.where(valid, positions - s, 0).astype(np.int32)
   if single:
     out = {k: v[0] for k, v in out.items()}
   return out

@@ -143,7 +143,7 @@ def build_pretraining_data(data_cfg, tokenizer, *, batch_size: int, seed: int, n
   if not 0.0 < data_cfg.eval_fraction < 1.0:
     raise ConfigError(f"config.data.eval_fraction={data_cfg.eval_fraction} must lie in "
                       "(0, 1): some documents must be held out for evaluation")
-  mask_cfg = masking.MaskingConfig.create(data_cfg, tokenizer)
+  masking.MaskingConfig.create(data_cfg, tokenizer, np.ones(tokenizer.vocab_size))
   documents = pretraining.tokenize_documents(corpus.load_documents(data_cfg.corpus),
                                              tokenizer)
   num_eval = max(2, int(round(data_cfg.eval_fraction * len(documents))))
@@ -173,6 +173,7 @@ def build_pretraining_data(data_cfg, tokenizer, *, batch_size: int, seed: int, n
 
   train_tokens = np.concatenate([np.asarray(s, np.int64) for d in train_docs for s in d])
   counts = np.bincount(train_tokens, minlength=tokenizer.vocab_size)
+  mask_cfg = masking.MaskingConfig.create(data_cfg, tokenizer, counts)
   counts[mask_cfg.special_ids] = 0
   return PretrainingData(
       train=make_train_dataset(

@@ -205,6 +205,20 @@ class Tokenizer:
     i = self._backend.token_to_id(t)
     return self.unk_id if i is None else i
 
+  def word_starts(self) -> np.ndarray:
+    """[vocab] bool: True where a token begins a word (whole-word and span masking).
+
+    WordPiece: every token except `##` continuations; SentencePiece: pieces starting
+    with '▁'; byte-level BPE: tokens starting with 'Ġ'. Special tokens start words.
+    """
+    tokens = [self._backend.id_to_token(i) or "" for i in range(self.vocab_size)]
+    if self.style == "bert":
+      starts = np.array([not t.startswith("##") for t in tokens])
+    else:
+      starts = np.array([t.startswith(("▁", "Ġ")) for t in tokens])
+    starts[list(self.special_ids)] = True
+    return starts
+
   def decode(self, ids: Iterable[int]) -> str:
     """Text of `ids`, padding and [CLS]/[SEP] (<s>/</s>) dropped."""
     drop = {self.pad_id, self.cls_id, self.sep_id}
