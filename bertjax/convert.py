@@ -9,6 +9,7 @@ query/key/value [E, N, D] (bias [N, D]) and the attention output [N, D, E].
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from typing import Any, NamedTuple
@@ -245,3 +246,181 @@ def load_hf(directory: str) -> tuple[ModelConfig, dict]:
   config = model_config_from_hf(hf_config, state_dict)
   return config, params_from_hf(state_dict, config)
 
+
+
+# ---- Export: bertjax -> Hugging Face ----------------------------------------------
+
+def _to_hf(kind: str, w: np.ndarray) -> np.ndarray:
+  """The inverse of `_to_bertjax`."""
+  if kind == "copy":
+    return w
+  if kind == "dense":  # [in, out] -> [out, in]
+    return w.T
+  if kind == "qkv":  # [E, N, D] -> [N*D, E]
+    return w.reshape(w.shape[0], -1).T
+  if kind == "qkv_bias":  # [N, D] -> [N*D]
+    return w.reshape(-1)
+  if kind == "attn_out":  # [N, D, E] -> [E, N*D]
+    return w.reshape(-1, w.shape[-1]).T
+  raise ValueError(f"unknown parameter kind {kind!r}")
+
+
+def _json(path: str) -> Any:
+  with open(path, encoding="utf-8") as f:
+    return json.load(f)
+
+
+def save_hf_tokenizer(directory: str, tokenizer) -> str:
+  """Writes the tokenizer as Hugging Face reads it: a WordPiece vocabulary as vocab.txt
+  (+ do_lower_case), a SentencePiece model as sentencepiece.bpe.model (XLM-R), any
+  other `tokenizers` model as tokenizer.json. Returns 'wordpiece', 'sentencepiece' or
+  'json'."""
+  from bertjax.data.tokenizer import SENTENCEPIECE_FILE  # pylint: disable=g-import-not-at-top
+  tokenizer.save(directory)
+  json_path = os.path.join(directory, "tokenizer.json")
+  if os.path.isfile(os.path.join(directory, SENTENCEPIECE_FILE)):
+    kind, settings = "sentencepiece", {"tokenizer_class": "XLMRobertaTokenizer"}
+  elif tokenizer.style == "bert" and _json(json_path)["model"]["type"] == "WordPiece":
+    # vocab.txt + do_lower_case rebuild BERT's full pipeline (with [CLS]/[SEP]) on
+    # both sides; the bare tokenizer.json would lack the post-processor.
+    os.remove(json_path)
+    with open(os.path.join(directory, "vocab.txt"), "w", encoding="utf-8") as f:
+      f.write("".join(tokenizer.id_to_token(i) + "\n" for i in range(tokenizer.vocab_size)))
+    lower = tokenizer.tokenize("Hello World") == tokenizer.tokenize("hello world")
+    kind, settings = "wordpiece", {"tokenizer_class": "BertTokenizer", "do_lower_case": lower}
+  else:
+    kind, settings = "json", {}
+  pad, mask = tokenizer.id_to_token(tokenizer.pad_id), tokenizer.id_to_token(tokenizer.mask_id)
+  settings.update(pad_token=pad, mask_token=mask, model_max_length=512)
+  with open(os.path.join(directory, "tokenizer_config.json"), "w") as f:
+    json.dump(settings, f, indent=2)
+  return kind
+
+
+def hf_config(config: ModelConfig, model_type: str, has_mlm: bool) -> dict[str, Any]:
+  """config.json of the Hugging Face model holding `config`'s encoder and heads."""
+  stem = {"bert": "Bert", "roberta": "Roberta", "xlm-roberta": "XLMRoberta"}[model_type]
+  arch = ("BertForPreTraining" if model_type == "bert" and config.nsp and has_mlm
+          else f"{stem}ForMaskedLM" if has_mlm else f"{stem}Model")
+  return {"architectures": [arch], "model_type": model_type,
+          "vocab_size": config.vocab_size, "hidden_size": config.hidden_size,
+          "num_hidden_layers": config.num_layers, "num_attention_heads": config.num_heads,
+          "intermediate_size": config.intermediate_size, "hidden_act": "gelu",
+          "max_position_embeddings": config.max_position_embeddings,
+          "type_vocab_size": config.type_vocab_size, "pad_token_id": config.pad_token_id,
+          "layer_norm_eps": config.layer_norm_eps,
+          "hidden_dropout_prob": config.dropout_rate,
+          "attention_probs_dropout_prob": config.attention_dropout_rate,
+          "initializer_range": config.initializer_range,
+          "position_embedding_type": "absolute", "tie_word_embeddings": True}
+
+
+def params_to_hf(params: dict, config: ModelConfig, model_type: str) -> dict[str, np.ndarray]:
+  """A Hugging Face state dict (float32 numpy) of bertjax `params` (unscanned): the
+  encoder under 'bert.' / 'roberta.', the MLM head as `cls.predictions` (BERT) or
+  `lm_head` (RoBERTa / XLM-R) when present, NSP as `cls.seq_relationship`."""
+  from bertjax.model import layout  # pylint: disable=g-import-not-at-top
+  params = layout.to_layout(params, False)
+  prefix = "bert." if model_type == "bert" else "roberta."
+  mlm = ("cls" if model_type == "bert" else "lm_head") if "mlm" in params else None
+  config = config if "nsp" in params else dataclasses.replace(config, nsp=False)
+  if "pooler" not in params["encoder"]:
+    config = dataclasses.replace(config, pooler=False, nsp=False)
+  state = {}
+  for entry in param_table(config, prefix, mlm):
+    node = params
+    for name in entry.path:
+      node = node[name]
+    state[entry.key] = np.ascontiguousarray(_to_hf(entry.kind, np.asarray(node, np.float32)))
+  return state
+
+
+def save_hf(directory: str, params: dict, config: ModelConfig, tokenizer) -> str:
+  """Writes config.json, model.safetensors and the tokenizer files of a Hugging Face
+  model dir that `transformers.AutoModel*.from_pretrained` loads. Returns the type."""
+  from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
+
+  os.makedirs(directory, exist_ok=True)
+  kind = save_hf_tokenizer(directory, tokenizer)
+  model_type = ("bert" if config.position_offset == 0 else
+                "xlm-roberta" if kind == "sentencepiece" else "roberta")
+  with open(os.path.join(directory, "config.json"), "w") as f:
+    json.dump(hf_config(config, model_type, "mlm" in params), f, indent=2)
+  save_file(params_to_hf(params, config, model_type),
+            os.path.join(directory, "model.safetensors"), metadata={"format": "pt"})
+  return model_type
+
+
+# ---- Import: Hugging Face -> a bertjax workdir --------------------------------------
+
+def save_workdir(directory: str, params: dict, config: ModelConfig, tokenizer) -> None:
+  """A bertjax workdir (config.json, tokenizer/, checkpoints/0) holding `params`;
+  heads the checkpoint lacks (MLM, NSP, pooler) are freshly initialised, so the
+  workdir can go on pretraining or be fine-tuned."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import ml_collections  # pylint: disable=g-import-not-at-top
+
+  from bertjax import checkpoint  # pylint: disable=g-import-not-at-top
+  from bertjax.train import optimizer, state as state_lib  # pylint: disable=g-import-not-at-top
+  from bertjax.train.step import TrainState  # pylint: disable=g-import-not-at-top
+  from configs import bert_base  # pylint: disable=g-import-not-at-top
+
+  run = bert_base.get_config()
+  run.model.update({**config.to_dict(), "attention_impl": config.attention_impl or "",
+                    "pooler": True, "nsp": config.position_offset == 0})
+  run.data.tokenizer.path = os.path.join(directory, checkpoint.TOKENIZER_DIR)
+  tx = optimizer.create_optimizer(run.train)
+  fresh = jax.device_get(state_lib.create_train_state(
+      run, state_lib.build_model(run), tx, None).params)
+  merged = jax.tree.map(lambda x: x, fresh)
+
+  def overlay(dst, src):
+    for k, v in src.items():
+      if isinstance(v, dict):
+        overlay(dst[k], v)
+      else:
+        if dst[k].shape != v.shape:
+          raise CheckpointError(f"parameter {k} has shape {v.shape}, expected {dst[k].shape}.")
+        dst[k] = np.asarray(v, np.float32)
+
+  overlay(merged, params)
+  os.makedirs(directory, exist_ok=True)
+  checkpoint.save_config(directory, ml_collections.ConfigDict(run))
+  tokenizer.save(os.path.join(directory, checkpoint.TOKENIZER_DIR))
+  state = TrainState(np.zeros((), np.int32), merged, tx.init(merged))
+  ckpt = checkpoint.Checkpointer(directory)
+  ckpt.save(0, state, None, force=True)
+  ckpt.wait()
+  ckpt.close()
+
+
+def main(argv=None) -> None:
+  """python -m bertjax.convert --to=hf|bertjax --src=DIR --dst=DIR"""
+  import argparse  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+
+  from bertjax import api  # pylint: disable=g-import-not-at-top
+  from bertjax.errors import BertjaxError  # pylint: disable=g-import-not-at-top
+
+  parser = argparse.ArgumentParser(prog="python -m bertjax.convert", description=(
+      "--to=hf: a bertjax workdir (or HF dir) -> a Hugging Face dir; --to=bertjax: "
+      "a Hugging Face dir -> a bertjax workdir."))
+  parser.add_argument("--to", choices=("hf", "bertjax"), required=True)
+  parser.add_argument("--src", required=True)
+  parser.add_argument("--dst", required=True)
+  args = parser.parse_args(argv)
+  try:
+    pretrained = api.load_pretrained(args.src)
+    if args.to == "hf":
+      kind = save_hf(args.dst, pretrained.params, pretrained.config, pretrained.tokenizer)
+    else:
+      save_workdir(args.dst, pretrained.params, pretrained.config, pretrained.tokenizer)
+      kind = "bertjax"
+  except BertjaxError as e:
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(2)
+  print(f"wrote {kind} checkpoint to {args.dst}")
+
+
+if __name__ == "__main__":
+  main()
