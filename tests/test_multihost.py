@@ -114,5 +114,99 @@ def test_two_processes_train_preempt_and_resume(tmp_path):
   assert "held-out MLM accuracy" not in outs[1]  # ... printed by process 0 only.
 
 
+# --- launch/ scripts, with fake gcloud / srun / python on PATH that record their argv.
+
+FAKE = """#!/usr/bin/env python3
+import json, os, sys
+with open(os.environ["FAKE_LOG"], "a") as f:
+  f.write(json.dumps({"argv": [os.path.basename(sys.argv[0]), *sys.argv[1:]],
+                      "devices": os.environ.get("JAX_NUM_CPU_DEVICES")}) + "\\n")
+"""
+
+
+def _run_script(tmp_path, args, env=None):
+  bin_dir = tmp_path / "bin"
+  bin_dir.mkdir(exist_ok=True)
+  for tool in ("gcloud", "srun", "fakepython"):
+    (bin_dir / tool).write_text(FAKE)
+    (bin_dir / tool).chmod(0o755)
+  log = tmp_path / "calls.jsonl"
+  log.unlink(missing_ok=True)
+  env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", FAKE_LOG=str(log),
+             **(env or {}))
+  proc = subprocess.run(["bash", *args], cwd=REPO, env=env, capture_output=True,
+                        text=True, timeout=60)
+  assert proc.returncode == 0, proc.stderr
+  return [json.loads(line) for line in log.read_text().splitlines()]
+
+
+def _check_main_command(argv):
+  """`... -m bertjax.main FLAGS`: every flag is one of bertjax.main's, the config file
+  exists and every --config.a.b override names a field of it. Returns the flags."""
+  import importlib.util
+  import shlex
+
+  from absl import flags
+
+  from bertjax import main
+  argv = shlex.split(argv) if isinstance(argv, str) else argv
+  args = argv[argv.index("bertjax.main") + 1:]
+  args = args[:next((i for i, a in enumerate(args) if a in (">", "&&", ";")), len(args))]
+  known = {f.name for f in flags.FLAGS.get_flags_for_module(main)} | {"config"}
+  values = dict(a[2:].split("=", 1) if "=" in a else (a[2:], "") for a in args)
+  assert all(a.startswith("--") for a in args), args
+  spec = importlib.util.spec_from_file_location("recipe", os.path.join(REPO, values["config"]))
+  recipe = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(recipe)
+  config = recipe.get_config()
+  for name in values:
+    if name.startswith("config."):
+      node = config
+      for part in name.split(".")[1:]:
+        assert part in node, f"{name}: no such config field"
+        node = node[part]
+    else:
+      assert name in known, f"--{name} is not a flag of bertjax.main"
+  return values
+
+
+def test_tpu_pod_script_creates_installs_runs_and_deletes(tmp_path):
+  calls = _run_script(tmp_path, [
+      "launch/tpu_pod.sh", "all", "bert-large", "us-central2-b", "v4-32",
+      "configs/bert_large.py", "gs://bucket/bert_large", "--config.mesh.fsdp=-1",
+      "--config.mesh.data=1", "--config.data.corpus=/data/wiki/*.txt"])
+  verbs = [c["argv"][4] for c in calls]
+  assert [c["argv"][:4] for c in calls] == [["gcloud", "compute", "tpus", "tpu-vm"]] * 5
+  assert verbs == ["create", "scp", "ssh", "ssh", "delete"]
+  assert "--accelerator-type=v4-32" in calls[0]["argv"]
+  assert all("--worker=all" in c["argv"] for c in calls[1:4])
+  run = calls[3]["argv"][calls[3]["argv"].index("--command") + 1]
+  values = _check_main_command(run)
+  assert values["workdir"] == "gs://bucket/bert_large" and "multihost" in values
+  assert values["config.data.corpus"] == "/data/wiki/*.txt"
+
+
+def test_slurm_script_runs_one_process_per_gpu(tmp_path):
+  calls = _run_script(tmp_path, ["launch/slurm_gpu.sbatch", "configs/bert_base.py",
+                                 "/shared/bert_base", "--config.mesh.dcn_data=2"])
+  (srun,) = calls
+  assert srun["argv"][0] == "srun"
+  values = _check_main_command(srun["argv"])
+  assert "multihost" in values and values["config.mesh.dcn_data"] == "2"
+  script = open(os.path.join(REPO, "launch", "slurm_gpu.sbatch")).read()
+  assert "#SBATCH --ntasks-per-node=8" in script and "#SBATCH --gpus-per-node=8" in script
+
+
+def test_local_script_starts_every_process(tmp_path):
+  calls = _run_script(tmp_path, ["launch/local.sh", "3", "configs/bert_tiny.py",
+                                 str(tmp_path / "wd"), "--config.train.num_steps=5"],
+                      env={"PYTHON": "fakepython", "DEVICES_PER_PROCESS": "2"})
+  assert len(calls) == 3 and all(c["devices"] == "2" for c in calls)
+  values = [_check_main_command(c["argv"]) for c in calls]
+  assert sorted(v["process_id"] for v in values) == ["0", "1", "2"]
+  assert all(v["num_processes"] == "3" and v["coordinator_address"].startswith("127.0.0.1:")
+             for v in values)
+
+
 if __name__ == "__main__":
   _worker_main()
