@@ -74,7 +74,7 @@ def get_tokenizer(config, workdir: str) -> tok_lib.Tokenizer:
           vocab_size=tcfg.vocab_size, lowercase=tcfg.lowercase)
     if jax.process_index() == 0:
       tokenizer.save(saved)
-    if multihost:  # The others read process 0's tokenizer from the shared workdir.
+    if multihost and not tcfg.path:  # The others read process 0's trained tokenizer.
       multihost_utils.sync_global_devices("bertjax: tokenizer saved")
       tokenizer = tok_lib.load_tokenizer(saved)
   if tokenizer.vocab_size != config.model.vocab_size:
