@@ -9,6 +9,7 @@ import jax.numpy as jnp
 from bertjax.model import layers
 from bertjax.model.config import ModelConfig
 from bertjax.model.layers import BATCH, EMBED, LENGTH
+from bertjax.model.sbo import SpanBoundaryHead
 
 
 class Encoder(nn.Module):
@@ -82,7 +83,8 @@ class MLMHead(nn.Module):
 
 
 class BertForPreTraining(nn.Module):
-  """Encoder + MLM head (computed only at `masked_lm_positions`) + optional NSP head."""
+  """Encoder + MLM head (computed only at `masked_lm_positions`) + optional NSP and
+  SpanBERT SBO heads."""
 
   config: ModelConfig
 
@@ -92,24 +94,38 @@ class BertForPreTraining(nn.Module):
     self.mlm = MLMHead(cfg)
     if cfg.nsp:
       self.nsp = layers.dense(cfg, 2, ("embed", "classes"), ("classes",), "nsp")
+    if cfg.sbo:
+      self.sbo = SpanBoundaryHead(cfg)
 
   def __call__(self, input_ids, attention_mask=None, token_type_ids=None,
                masked_lm_positions=None, position_ids=None, segment_ids=None,
-               deterministic: bool = True):
+               span_left_positions=None, span_right_positions=None,
+               span_relative_positions=None, deterministic: bool = True):
     """masked_lm_positions: [B, P] indices into T (P = max_predictions_per_seq); None
     computes the MLM logits at every position (P = T).
 
-    Returns `mlm_logits` [B, P, vocab] and, with NSP, `nsp_logits` [B, 2] (float32).
+    span_left_positions, span_right_positions, span_relative_positions: [B, P] span
+    boundaries and offsets of each prediction (SBO only, from span masking).
+
+    Returns `mlm_logits` [B, P, vocab], with NSP `nsp_logits` [B, 2] and with SBO
+    `sbo_logits` [B, P, vocab] (float32).
     """
     out = self.encoder(input_ids, attention_mask, token_type_ids, position_ids,
                        segment_ids, deterministic)
-    x = out["last_hidden_state"]
+    x = hidden = out["last_hidden_state"]
     if masked_lm_positions is not None:
       x = jnp.take_along_axis(x, masked_lm_positions[..., None].astype(jnp.int32), axis=1)
       x = layers.constrain(x, (BATCH, None, EMBED))
     result = {"mlm_logits": self.mlm(x, self.encoder).astype(jnp.float32)}
     if self.config.nsp:
       result["nsp_logits"] = self.nsp(out["pooled"]).astype(jnp.float32)
+    if self.config.sbo and (span_left_positions is not None or self.is_initializing()):
+      if span_left_positions is None:  # init without span inputs: create the params
+        span_left_positions = span_right_positions = span_relative_positions = (
+            jnp.zeros(x.shape[:2], jnp.int32))
+      result["sbo_logits"] = self.sbo(hidden, span_left_positions, span_right_positions,
+                                      span_relative_positions, self.encoder
+                                      ).astype(jnp.float32)
     return result
 
   def encode(self, input_ids, attention_mask=None, token_type_ids=None,

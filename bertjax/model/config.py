@@ -46,6 +46,8 @@ class ModelConfig:
   initializer_range: float = 0.02
   pooler: bool = True
   nsp: bool = True
+  sbo: bool = False  # SpanBERT's span-boundary objective head (with span masking)
+  sbo_max_positions: int = 32  # relative positions inside a span the SBO head embeds
   attention_impl: str | None = None  # None (XLA picks), 'xla' or 'cudnn'
   scan_layers: bool = False  # nn.scan over the blocks: params under encoder/layers [L, ...]
   remat_policy: str = "none"  # a key of REMAT_POLICIES: what a block keeps for backward

@@ -2,7 +2,9 @@
 
 Batch keys (global arrays, leading dim B): input_ids, attention_mask, token_type_ids
 [B, T]; masked_lm_positions, masked_lm_ids, masked_lm_weights [B, P];
-next_sentence_labels [B] (NSP only); optionally position_ids, segment_ids [B, T].
+next_sentence_labels [B] (NSP only); optionally position_ids, segment_ids [B, T];
+span_left_positions, span_right_positions, span_relative_positions [B, P] (SBO only:
+the SBO loss is the mean cross-entropy of the same targets as the MLM loss).
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ import optax
 from bertjax.model import BertForPreTraining
 
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids", "masked_lm_positions",
-                "position_ids", "segment_ids")
+                "position_ids", "segment_ids", "span_left_positions",
+                "span_right_positions", "span_relative_positions")
 
 
 @flax.struct.dataclass
@@ -37,6 +40,10 @@ def _loss_sums(model: BertForPreTraining, params, batch, rng, deterministic: boo
   xent = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
   sums = {"mlm_loss": jnp.sum(xent * weights),
           "mlm_correct": jnp.sum((jnp.argmax(logits, -1) == labels) * weights)}
+  if "sbo_logits" in out:
+    sbo = optax.softmax_cross_entropy_with_integer_labels(out["sbo_logits"], labels)
+    sums["sbo_loss"] = jnp.sum(sbo * weights)
+    sums["sbo_correct"] = jnp.sum((jnp.argmax(out["sbo_logits"], -1) == labels) * weights)
   if "nsp_logits" in out:
     nsp_w = batch.get("example_weights", jnp.ones(labels.shape[:1], jnp.float32))
     nsp_labels = batch["next_sentence_labels"]
@@ -55,8 +62,11 @@ def _counts(batch) -> dict[str, jax.Array]:
 
 
 def _objective(sums, counts):
-  """Mean MLM cross-entropy over the chosen tokens (+ mean NSP cross-entropy)."""
+  """Mean MLM cross-entropy over the chosen tokens (+ mean NSP cross-entropy, + mean
+  SBO cross-entropy over the same tokens)."""
   loss = sums["mlm_loss"] / jnp.maximum(counts["mlm"], 1.0)
+  if "sbo_loss" in sums:
+    loss = loss + sums["sbo_loss"] / jnp.maximum(counts["mlm"], 1.0)
   if "nsp_loss" in sums:
     loss = loss + sums["nsp_loss"] / jnp.maximum(counts["nsp"], 1.0)
   return loss
@@ -111,6 +121,9 @@ def make_train_step(model: BertForPreTraining, tx: optax.GradientTransformation,
 def _metrics(sums, counts):
   m = {"mlm_loss": sums["mlm_loss"] / jnp.maximum(counts["mlm"], 1.0),
        "mlm_accuracy": sums["mlm_correct"] / jnp.maximum(counts["mlm"], 1.0)}
+  if "sbo_loss" in sums:
+    m["sbo_loss"] = sums["sbo_loss"] / jnp.maximum(counts["mlm"], 1.0)
+    m["sbo_accuracy"] = sums["sbo_correct"] / jnp.maximum(counts["mlm"], 1.0)
   if "nsp_loss" in sums:
     m["nsp_loss"] = sums["nsp_loss"] / jnp.maximum(counts["nsp"], 1.0)
     m["nsp_accuracy"] = sums["nsp_correct"] / jnp.maximum(counts["nsp"], 1.0)
