@@ -112,13 +112,19 @@ def segments(text: str, spans: Sequence[Span] = ()) -> list[Span]:
   return out
 
 
+def find_all(text: str, word: str) -> list[Span]:
+  """Character spans of the whole-word, case-insensitive matches of `word`."""
+  return [m.span() for m in re.finditer(rf"(?<!\w){re.escape(word)}(?!\w)", text,
+                                        re.IGNORECASE)]
+
+
 def find_word(text: str, word: str, occurrence: int = 0) -> Span:
   """Character span of the `occurrence`-th whole-word, case-insensitive match."""
-  matches = list(re.finditer(rf"(?<!\w){re.escape(word)}(?!\w)", text, re.IGNORECASE))
+  matches = find_all(text, word)
   if len(matches) <= occurrence:
     raise DataError(f"{word!r} occurs {len(matches)} time(s) in {text!r}; cannot take "
                     f"occurrence {occurrence}.")
-  return matches[occurrence].span()
+  return matches[occurrence]
 
 
 class Embedder:

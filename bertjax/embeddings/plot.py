@@ -60,9 +60,12 @@ def sense_plot(embedder: Embedder, sentences: Sequence[str], spans: Sequence[Spa
   # Round-robin over senses so each gets annotated examples.
   queues = [[i for i, label in enumerate(labels) if label == kind] for kind in kinds]
   chosen = [q[r] for r in range(max(map(len, queues))) for q in queues if r < len(q)]
-  for i in chosen[:annotate]:
+  middle = coords[:, 0].mean()
+  for i in chosen[:annotate]:  # Text grows away from the edge nearest the point.
+    right = coords[i, 0] > middle
     ax.annotate(_snippet(sentences[i], spans[i]), coords[i], fontsize=7,
-                xytext=(4, 4), textcoords="offset points")
+                xytext=(-4 if right else 4, 4), textcoords="offset points",
+                ha="right" if right else "left")
   if any(kinds):
     ax.legend(fontsize=8, loc="best")
   ax.set_xlabel("PC 1")

@@ -1,0 +1,229 @@
+"""Contextual embeddings from any bertjax workdir or Hugging Face BERT/RoBERTa/XLM-R dir.
+
+    python -m bertjax.embed --checkpoint=DIR --input=texts.txt --out=vectors.npz \
+        [--level=word|token|sentence] [--layers=last|mean4|sum4|concat4|K] [--pool=...]
+    python -m bertjax.embed stats --checkpoint=DIR --input=corpus.txt --out=stats.npz
+    python -m bertjax.embed similarity --checkpoint=DIR --sentence1=.. --word1=.. \
+        --sentence2=.. --word2=.. [--standardize=stats.npz]
+    python -m bertjax.embed wsd --checkpoint=DIR --train=FILE --test=FILE
+    python -m bertjax.embed plot --checkpoint=DIR --word=WORD --input=FILE --out=plot.png
+
+`extract` (the default subcommand) writes an .npz: `vectors` [N, D] float32, and for
+each row `text_index` (its input line), `position` (its token / word index in that
+text) and `items` (the token or word; the text for sentences). Inputs: text files with
+one text a line, or JSON lines with a "text" (or "sentence") field; texts longer than
+--max_length are windowed with --overlap tokens shared, not truncated. `stats` writes
+the corpus mean / std of the token vectors (for --standardize) and prints the
+anisotropy and rogue dimensions before and after z-scoring. `wsd` and `plot` read
+sense-labelled JSON lines or SemCor-style XML (see `bertjax.embeddings.wsd`); `plot`
+also takes plain text (every occurrence of --word, no senses).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from absl import app, flags
+import numpy as np
+
+from bertjax.api import load_pretrained
+from bertjax.embeddings import analysis, extract, plot, wsd
+from bertjax.errors import BertjaxError, ConfigError, DataError
+
+COMMANDS = ("extract", "stats", "similarity", "wsd", "plot")
+_CHECKPOINT = flags.DEFINE_string("checkpoint", None, "bertjax workdir or Hugging Face "
+                                  "model dir.")
+_INPUT = flags.DEFINE_string("input", None, "Texts (a line each, or JSON lines), "
+                             "vectors .npz (stats), or sense-labelled examples (plot).")
+_OUT = flags.DEFINE_string("out", None, "Output .npz (extract, stats) or .png (plot).")
+_LAYERS = flags.DEFINE_string("layers", "last", "last | mean4 | sum4 | concat4 (the last "
+                              "four layers) | an integer (0 = embeddings, -1 = last).")
+_LEVEL = flags.DEFINE_enum("level", "word", ["token", "word", "sentence"],
+                           "extract: one vector per subword, per word or per text.")
+_POOL = flags.DEFINE_string("pool", None, "Words: first | mean (default mean). "
+                            "Sentences: cls | mean (default cls).")
+_BATCH = flags.DEFINE_integer("batch_size", 32, "Windows per batch (rounded up to a "
+                              "multiple of the device count).")
+_MAX_LENGTH = flags.DEFINE_integer("max_length", 512, "Tokens per window, specials "
+                                   "included.")
+_OVERLAP = flags.DEFINE_integer("overlap", 128, "Tokens shared by consecutive windows.")
+_STANDARDIZE = flags.DEFINE_string("standardize", None, "Statistics .npz from `stats`: "
+                                   "z-score the vectors with them.")
+_NUM_PAIRS = flags.DEFINE_integer("num_pairs", 20000, "stats: random pairs for the "
+                                  "anisotropy estimate.")
+_TOP = flags.DEFINE_integer("top", 5, "stats: how many rogue dimensions to list.")
+_SENTENCES = [flags.DEFINE_string(f"sentence{k}", None, f"similarity: sentence {k}.")
+              for k in (1, 2)]
+_WORDS = [flags.DEFINE_string(f"word{k}", None, f"similarity: the word in sentence {k}.")
+          for k in (1, 2)]
+_TRAIN = flags.DEFINE_string("train", None, "wsd: sense-labelled training examples.")
+_TEST = flags.DEFINE_string("test", None, "wsd: sense-labelled test examples.")
+_WORD = flags.DEFINE_string("word", None, "plot: the word (or lemma) to plot.")
+_SIZE = flags.DEFINE_string("size", "800x600", "plot: WIDTHxHEIGHT in pixels.")
+_ANNOTATE = flags.DEFINE_integer("annotate", 6, "plot: how many points get their "
+                                 "sentence written next to them.")
+
+
+def read_texts(path: str) -> list[str]:
+  """Non-blank lines of a text file, or the "text" / "sentence" of each JSON line."""
+  if not path or not os.path.isfile(path):
+    raise DataError(f"input file {path} does not exist; give --input=FILE.")
+  with open(path, encoding="utf-8") as f:
+    lines = [line.rstrip("\n") for line in f if line.strip()]
+  if path.endswith(".jsonl"):
+    rows = [json.loads(line) for line in lines]
+    if not all(isinstance(r, dict) and ("text" in r or "sentence" in r) for r in rows):
+      raise DataError(f"{path}: every JSON line needs a \"text\" or \"sentence\" field.")
+    lines = [r.get("text", r.get("sentence")) for r in rows]
+  if not lines:
+    raise DataError(f"{path} holds no text.")
+  return lines
+
+
+def extract_arrays(embedder: extract.Embedder, texts: list[str], level: str,
+                   pool: str | None = None,
+                   standardizer: analysis.Standardizer | None = None
+                   ) -> dict[str, np.ndarray]:
+  """The arrays `extract` saves: vectors [N, D], text_index, position, items [N]."""
+  if level == "sentence":
+    vectors = embedder.sentences(texts, pool or "cls")
+    rows = [(i, 0, t) for i, t in enumerate(texts)]
+  else:
+    found = (embedder.tokens(texts) if level == "token"
+             else [v[:2] for v in embedder.words(texts, pool=pool or "mean")])
+    vectors = np.concatenate([v for v, _ in found]) if found else np.zeros((0, 0))
+    rows = [(i, p, item) for i, (_, items) in enumerate(found)
+            for p, item in enumerate(items)]
+  if standardizer is not None:
+    vectors = standardizer(vectors)
+  return {"vectors": vectors.astype(np.float32),
+          "text_index": np.array([r[0] for r in rows], np.int64),
+          "position": np.array([r[1] for r in rows], np.int64),
+          "items": np.array([r[2] for r in rows], dtype=str)}
+
+
+def _require(**named) -> None:
+  missing = [f"--{k}" for k, v in named.items() if not v]
+  if missing:
+    raise ConfigError(f"this subcommand needs {' and '.join(missing)}.")
+
+
+def _embedder() -> extract.Embedder:
+  _require(checkpoint=_CHECKPOINT.value)
+  return extract.Embedder(load_pretrained(_CHECKPOINT.value), _LAYERS.value,
+                          _BATCH.value, _MAX_LENGTH.value, _OVERLAP.value, progress=True)
+
+
+def _standardizer() -> analysis.Standardizer | None:
+  return analysis.Standardizer.load(_STANDARDIZE.value) if _STANDARDIZE.value else None
+
+
+def _extract() -> None:
+  _require(input=_INPUT.value, out=_OUT.value)
+  texts = read_texts(_INPUT.value)
+  arrays = extract_arrays(_embedder(), texts, _LEVEL.value, _POOL.value, _standardizer())
+  np.savez(_OUT.value, **arrays, level=_LEVEL.value, layers=_LAYERS.value,
+           checkpoint=_CHECKPOINT.value)
+  print(f"wrote {_OUT.value}: {arrays['vectors'].shape[0]} {_LEVEL.value} vectors of "
+        f"size {arrays['vectors'].shape[1]} from {len(texts)} texts")
+
+
+def _stats() -> None:
+  _require(input=_INPUT.value, out=_OUT.value)
+  if _INPUT.value.endswith(".npz"):
+    with np.load(_INPUT.value) as f:
+      vectors = f["vectors"]
+  else:
+    found = _embedder().tokens(read_texts(_INPUT.value))
+    vectors = np.concatenate([v for v, _ in found])
+  standardizer = analysis.Standardizer.fit(vectors)
+  standardizer.save(_OUT.value)
+  rep = analysis.report(vectors, standardizer, _TOP.value, _NUM_PAIRS.value)
+  print(f"wrote {_OUT.value}: mean/std of {rep['num_vectors']} vectors of size "
+        f"{rep['dimensions']}")
+  for when in ("raw", "standardized"):
+    rogue = ", ".join(f"{d} ({share:.0%})" for d, _, share in rep[f"rogue_dimensions_{when}"])
+    print(f"{when:>12}: anisotropy {rep[f'anisotropy_{when}']:.4f}; top dimensions by "
+          f"share of the expected cosine: {rogue}")
+
+
+def _similarity() -> None:
+  _require(sentence1=_SENTENCES[0].value, word1=_WORDS[0].value,
+           sentence2=_SENTENCES[1].value, word2=_WORDS[1].value)
+  sentences = [s.value for s in _SENTENCES]
+  spans = [extract.find_word(s, w.value) for s, w in zip(sentences, _WORDS)]
+  vectors = _embedder().targets(sentences, spans, _POOL.value or "mean")
+  print(f"cosine raw {float(analysis.cosine(vectors[0], vectors[1])):.4f}")
+  standardizer = _standardizer()
+  if standardizer is not None:
+    z = standardizer(vectors)
+    print(f"cosine standardized {float(analysis.cosine(z[0], z[1])):.4f}")
+
+
+def _wsd() -> None:
+  _require(train=_TRAIN.value, test=_TEST.value)
+  train, test = wsd.read_examples(_TRAIN.value), wsd.read_examples(_TEST.value)
+  result = wsd.evaluate(_embedder(), train, test, _POOL.value or "mean", _standardizer())
+  print(f"1-NN accuracy {result['accuracy']:.4f}  most-frequent-sense "
+        f"{result['mfs_accuracy']:.4f}  ({result['num_test']} test, "
+        f"{result['num_train']} train, coverage {result['coverage']:.2f})")
+
+
+def occurrences(path: str, word: str) -> tuple[list[str], list[extract.Span], list[str] | None]:
+  """Sentences, target spans and senses (None for plain text) of `word` in `path`."""
+  if path.endswith((".xml", ".jsonl")) and not _is_plain_jsonl(path):
+    chosen = [x for x in wsd.read_examples(path)
+              if word.lower() in (x.lemma.lower(), x.sentence[slice(*x.span)].lower())]
+    return ([x.sentence for x in chosen], [x.span for x in chosen],
+            [x.sense for x in chosen])
+  sentences, spans = [], []
+  for text in read_texts(path):
+    for span in extract.find_all(text, word):
+      sentences.append(text)
+      spans.append(span)
+  return sentences, spans, None
+
+
+def _is_plain_jsonl(path: str) -> bool:
+  """JSON lines without sense labels (texts only)."""
+  if not path.endswith(".jsonl"):
+    return False
+  with open(path, encoding="utf-8") as f:
+    first = next((line for line in f if line.strip()), "{}")
+  return "sense" not in json.loads(first)
+
+
+def _plot() -> None:
+  _require(word=_WORD.value, input=_INPUT.value, out=_OUT.value)
+  try:
+    size = tuple(int(x) for x in _SIZE.value.lower().split("x"))
+  except ValueError:
+    size = ()
+  if len(size) != 2 or min(size) < 100:
+    raise ConfigError(f"--size={_SIZE.value!r}: give WIDTHxHEIGHT in pixels, each >= 100.")
+  sentences, spans, senses = occurrences(_INPUT.value, _WORD.value)
+  plot.sense_plot(_embedder(), sentences, spans, _OUT.value, senses,
+                  title=f"'{_WORD.value}': {len(sentences)} occurrences, layers "
+                        f"{_LAYERS.value}", size=size, annotate=_ANNOTATE.value,
+                  pool=_POOL.value or "mean", standardizer=_standardizer())
+  print(f"wrote {_OUT.value}: {len(sentences)} occurrences of {_WORD.value!r}"
+        + (f", {len(set(senses))} senses" if senses else ""))
+
+
+def main(argv):
+  command = argv[1] if len(argv) > 1 else "extract"
+  if command not in COMMANDS or len(argv) > 2:
+    raise app.UsageError(f"usage: python -m bertjax.embed [{' | '.join(COMMANDS)}] "
+                         f"--flags; got {argv[1:]}.")
+  try:
+    {"extract": _extract, "stats": _stats, "similarity": _similarity, "wsd": _wsd,
+     "plot": _plot}[command]()
+  except BertjaxError as e:
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(2)
+
+
+if __name__ == "__main__":
+  app.run(main)
