@@ -1,0 +1,101 @@
+"""Sequence labelling (BIO NER, POS): a linear layer over every token's last hidden
+state. Training gives every subword its word's gold tag; decoding reads each word's
+tag off its first subword. Scored by seqeval-style entity precision / recall / F1
+and word accuracy. Examples: {'words': [...], 'tags': [...]} (CoNLL columns or JSONL).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import flax.linen as nn
+import jax.numpy as jnp
+import numpy as np
+
+from bertjax import metrics
+from bertjax.errors import DataError
+from bertjax.model import ModelConfig
+from bertjax.tasks import base, readers
+
+
+class TaggingHead(nn.Module):
+  config: ModelConfig
+  num_tags: int
+
+  @nn.compact
+  def __call__(self, out: dict, batch: dict, deterministic: bool) -> dict:
+    """-> `logits` [B, T, K] float32."""
+    x = nn.Dropout(self.config.dropout_rate)(out["last_hidden_state"],
+                                             deterministic=deterministic)
+    return {"logits": base.head_dense(self.config, self.num_tags, "tagger")(x)
+                      .astype(jnp.float32)}
+
+
+class Tagging(base.Task):
+  name = "tagging"
+  default_metric = "f1"
+
+  def read(self, path: str, split: str) -> list[dict]:
+    examples = readers.read(path, split,
+                            lambda p: readers.read_conll(p, self.cfg.tag_column))
+    for e in examples:
+      if len(e["words"]) != len(e.get("tags", e["words"])):
+        raise DataError(f"{path}: a sentence has {len(e['words'])} words but "
+                        f"{len(e['tags'])} tags.")
+    return examples
+
+  def fit_labels(self, train: Sequence[dict]) -> list[str]:
+    return base.label_vocab(self.cfg.labels, [t for e in train for t in e["tags"]], "tags")
+
+  def featurize(self, examples: Sequence[dict], train: bool) -> base.Features:
+    """Per row: input_ids ... [T]; labels [T] (the word's tag on each of its subwords,
+    -1 elsewhere); meta: the word index of each token (-1 for specials / padding)."""
+    del train
+    T, budget = self.max_seq_length, self.max_seq_length - 2
+    index = {t: i for i, t in enumerate(self.labels)}
+    rows, labels, word_of = [], [], []
+    for e in examples:
+      ids, tags, words = [], [], []
+      for w, pieces in enumerate(base.word_pieces(self.tokenizer, e["words"])):
+        if len(ids) + len(pieces) > budget:
+          break  # Words past the length limit are predicted 'O'.
+        tag = index.get(e["tags"][w], -1) if "tags" in e else -1
+        ids += pieces
+        tags += [tag] * len(pieces)
+        words += [w] * len(pieces)
+      rows.append((ids, None))
+      labels.append([-1] + tags)
+      word_of.append(np.array([-1] + words + [-1] * (T - 1 - len(words)), np.int32))
+    arrays = base.encode_rows(self.tokenizer, rows, T)
+    arrays["labels"] = base.pad_rows(labels, T, -1)
+    return base.Features(arrays, np.arange(len(examples)), word_of)
+
+  def head(self, config: ModelConfig) -> nn.Module:
+    return TaggingHead(config, len(self.labels))
+
+  def loss(self, outputs, batch):
+    w = (batch["labels"] >= 0) * batch["example_weights"][:, None]
+    return base.masked_xent(outputs["logits"], batch["labels"], w)
+
+  def predict_outputs(self, outputs):
+    return {"tags": jnp.argmax(outputs["logits"], -1)}
+
+  def decode(self, outputs, features, examples):
+    """A tag per word: the prediction at the word's first subword ('O' if cut off)."""
+    out = []
+    for tags, word_of, e in zip(outputs["tags"], features.meta, examples):
+      words = ["O"] * len(e["words"])
+      seen = set()
+      for pos, w in enumerate(word_of):
+        if w >= 0 and w not in seen:
+          seen.add(w)
+          words[w] = self.labels[tags[pos]]
+      out.append(words)
+    return out
+
+  def score(self, predictions, examples):
+    gold = [e["tags"] for e in examples]
+    scores = metrics.entity_prf(predictions, gold)
+    flat_p = [t for p in predictions for t in p]
+    scores["accuracy"] = metrics.accuracy(flat_p, [t for g in gold for t in g])
+    return scores
