@@ -11,7 +11,8 @@
 `extract` (the default subcommand) writes an .npz: `vectors` [N, D] float32, and for
 each row `text_index` (its input line), `position` (its token / word index in that
 text) and `items` (the token or word; the text for sentences). Inputs: text files with
-one text a line, or JSON lines with a "text" (or "sentence") field; texts longer than
+one text a line, JSON lines with a "text" (or "sentence") field, or `embedded` (the
+sentences of the corpus that ships with Python, see `bertjax.data.corpus`); texts longer than
 --max_length are windowed with --overlap tokens shared, not truncated. `stats` writes
 the corpus mean / std of the token vectors (for --standardize) and prints the
 anisotropy and rogue dimensions before and after z-scoring. `wsd` and `plot` read
@@ -29,6 +30,7 @@ from absl import app, flags
 import numpy as np
 
 from bertjax.api import load_pretrained
+from bertjax.data import corpus
 from bertjax.embeddings import analysis, extract, plot, wsd
 from bertjax.errors import BertjaxError, ConfigError, DataError
 
@@ -53,6 +55,8 @@ _STANDARDIZE = flags.DEFINE_string("standardize", None, "Statistics .npz from `s
                                    "z-score the vectors with them.")
 _NUM_PAIRS = flags.DEFINE_integer("num_pairs", 20000, "stats: random pairs for the "
                                   "anisotropy estimate.")
+_MAX_TEXTS = flags.DEFINE_integer("max_texts", 0, "Use only the first N input texts "
+                                  "(0: all).")
 _TOP = flags.DEFINE_integer("top", 5, "stats: how many rogue dimensions to list.")
 _SENTENCES = [flags.DEFINE_string(f"sentence{k}", None, f"similarity: sentence {k}.")
               for k in (1, 2)]
@@ -66,8 +70,11 @@ _ANNOTATE = flags.DEFINE_integer("annotate", 6, "plot: how many points get their
                                  "sentence written next to them.")
 
 
-def read_texts(path: str) -> list[str]:
-  """Non-blank lines of a text file, or the "text" / "sentence" of each JSON line."""
+def read_texts(path: str, limit: int = 0) -> list[str]:
+  """Non-blank lines of a text file, the "text" / "sentence" of each JSON line, or
+  the sentences of the embedded corpus (path 'embedded'); the first `limit` if > 0."""
+  if path == corpus.EMBEDDED:
+    return [s for doc in corpus.load_documents(path) for s in doc][:limit or None]
   if not path or not os.path.isfile(path):
     raise DataError(f"input file {path} does not exist; give --input=FILE.")
   with open(path, encoding="utf-8") as f:
@@ -79,7 +86,7 @@ def read_texts(path: str) -> list[str]:
     lines = [r.get("text", r.get("sentence")) for r in rows]
   if not lines:
     raise DataError(f"{path} holds no text.")
-  return lines
+  return lines[:limit or None]
 
 
 def extract_arrays(embedder: extract.Embedder, texts: list[str], level: str,
@@ -122,7 +129,7 @@ def _standardizer() -> analysis.Standardizer | None:
 
 def _extract() -> None:
   _require(input=_INPUT.value, out=_OUT.value)
-  texts = read_texts(_INPUT.value)
+  texts = read_texts(_INPUT.value, _MAX_TEXTS.value)
   arrays = extract_arrays(_embedder(), texts, _LEVEL.value, _POOL.value, _standardizer())
   np.savez(_OUT.value, **arrays, level=_LEVEL.value, layers=_LAYERS.value,
            checkpoint=_CHECKPOINT.value)
@@ -136,7 +143,7 @@ def _stats() -> None:
     with np.load(_INPUT.value) as f:
       vectors = f["vectors"]
   else:
-    found = _embedder().tokens(read_texts(_INPUT.value))
+    found = _embedder().tokens(read_texts(_INPUT.value, _MAX_TEXTS.value))
     vectors = np.concatenate([v for v, _ in found])
   standardizer = analysis.Standardizer.fit(vectors)
   standardizer.save(_OUT.value)
@@ -179,7 +186,7 @@ def occurrences(path: str, word: str) -> tuple[list[str], list[extract.Span], li
     return ([x.sentence for x in chosen], [x.span for x in chosen],
             [x.sense for x in chosen])
   sentences, spans = [], []
-  for text in read_texts(path):
+  for text in read_texts(path, _MAX_TEXTS.value):
     for span in extract.find_all(text, word):
       sentences.append(text)
       spans.append(span)
