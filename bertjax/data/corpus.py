@@ -7,15 +7,14 @@
   with code blocks, grammar rules and reST markup removed, wrapped lines re-flowed into
   paragraphs, split into one document per section heading, then into sentences. The
   result depends only on the Python version, so it is identical across machines.
-* Anything else is a file path, a glob or a directory of plain-text files (`.gz` is
-  decompressed): one sentence or paragraph a line, a blank line between documents.
-  Paragraph lines are split into sentences with the same simple splitter.
+* Anything else is read by `sources.iter_documents`: text or JSON-lines files, globs,
+  directories, `.gz`, TFDS datasets (`tfds:wikipedia/20230601.en`). Paragraph lines
+  are split into sentences with the same simple splitter.
 """
 
 from __future__ import annotations
 
 import glob
-import gzip
 import os
 import re
 
@@ -38,8 +37,6 @@ _EMPHASIS = re.compile(r"\*{1,2}([^*\s][^*]*?)\*{1,2}")
 _LITERAL = re.compile(r'"([^"\s]{1,40})"')
 _MIN_SENTENCE_CHARS = 12
 _MIN_DOCUMENT_SENTENCES = 2
-_BINARY_SAMPLE = 1 << 16
-_MAX_REPLACED_FRACTION = 0.3
 
 
 def split_sentences(text: str) -> list[str]:
@@ -56,8 +53,9 @@ def split_sentences(text: str) -> list[str]:
   return [s.strip() for s in sentences if s.strip()]
 
 
-def load_documents(spec: str) -> list[list[str]]:
-  """Loads a corpus: `'embedded'`, a text file, a glob or a directory.
+def load_documents(spec: str, text_field: str = "text") -> list[list[str]]:
+  """Loads a corpus: `'embedded'`, or any `sources.iter_documents` spec (text or JSON
+  lines files, globs, directories, `.gz`, `tfds:NAME`).
 
   Returns documents (in a deterministic order), each a non-empty list of sentences.
   Raises `DataError` when the spec matches nothing, a file is binary or the corpus
@@ -69,16 +67,15 @@ def load_documents(spec: str) -> list[list[str]]:
   if spec == EMBEDDED:
     documents = _embedded_documents()
   else:
-    documents = []
-    for path in _resolve_paths(spec):
-      documents.extend(_read_text_documents(path))
+    from bertjax.data import sources  # pylint: disable=g-import-not-at-top (cycle)
+    documents = list(sources.iter_documents(spec, text_field))
   if not documents:
     raise DataError(f"corpus {spec!r} contains no text: give files with one sentence a "
                     "line and a blank line between documents")
   return documents
 
 
-def _resolve_paths(spec: str) -> list[str]:
+def resolve_paths(spec: str) -> list[str]:
   """Expands a path, directory (recursively, hidden files skipped) or glob."""
   spec = os.path.expanduser(spec)
   if os.path.isdir(spec):
@@ -97,43 +94,6 @@ def _resolve_paths(spec: str) -> list[str]:
     raise DataError(f"corpus {spec!r} matches no file: check the path or glob, or use "
                     "--config.data.corpus=embedded")
   return paths
-
-
-def _read_text(path: str) -> str:
-  """Reads a (possibly gzipped) text file; rejects binary files with a DataError."""
-  try:
-    if path.endswith(".gz"):
-      with gzip.open(path, "rb") as f:
-        raw = f.read()
-    else:
-      with open(path, "rb") as f:
-        raw = f.read()
-  except (OSError, EOFError) as e:
-    raise DataError(f"cannot read corpus file {path!r} ({e}): give a readable text or "
-                    ".gz file") from None
-  if b"\x00" in raw[:_BINARY_SAMPLE]:
-    raise DataError(f"corpus file {path!r} is binary (contains NUL bytes): give UTF-8 "
-                    "text, one sentence a line")
-  text = raw.decode("utf-8", errors="replace")
-  sample = text[:_BINARY_SAMPLE]
-  if sample and sample.count("\ufffd") > _MAX_REPLACED_FRACTION * len(sample):
-    raise DataError(f"corpus file {path!r} is binary (mostly not UTF-8): give UTF-8 "
-                    "text, one sentence a line")
-  return text
-
-
-def _read_text_documents(path: str) -> list[list[str]]:
-  """Blank lines separate documents; each line is split into sentences."""
-  documents, current = [], []
-  for line in _read_text(path).splitlines():
-    if line.strip():
-      current.extend(split_sentences(line))
-    elif current:
-      documents.append(current)
-      current = []
-  if current:
-    documents.append(current)
-  return documents
 
 
 def _embedded_documents() -> list[list[str]]:

@@ -18,6 +18,7 @@ Evaluation batches add example_weights [b] float32 (0 for padding examples).
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from typing import Any
 
@@ -25,7 +26,7 @@ from absl import flags
 import grain
 import numpy as np
 
-from bertjax.data import corpus, masking, pretraining
+from bertjax.data import corpus, masking, prepare, pretraining
 from bertjax.errors import ConfigError, DataError
 
 # Streams drawn from the one config seed, so that each use gets independent numbers.
@@ -144,8 +145,12 @@ def build_pretraining_data(data_cfg, tokenizer, *, batch_size: int, seed: int, n
     raise ConfigError(f"config.data.eval_fraction={data_cfg.eval_fraction} must lie in "
                       "(0, 1): some documents must be held out for evaluation")
   masking.MaskingConfig.create(data_cfg, tokenizer, np.ones(tokenizer.vocab_size))
-  documents = pretraining.tokenize_documents(corpus.load_documents(data_cfg.corpus),
-                                             tokenizer)
+  if os.path.isfile(os.path.join(data_cfg.corpus, prepare.SUMMARY)):  # pre-tokenized
+    documents = list(prepare.read_documents(data_cfg.corpus))
+  else:
+    documents = pretraining.tokenize_documents(
+        corpus.load_documents(data_cfg.corpus, data_cfg.get("text_field", "text")),
+        tokenizer)
   num_eval = max(2, int(round(data_cfg.eval_fraction * len(documents))))
   if len(documents) - num_eval < 2:
     raise DataError(f"corpus {data_cfg.corpus!r} has {len(documents)} non-empty "

@@ -1,0 +1,132 @@
+"""Streaming corpus sources: documents one at a time, memory independent of corpus size.
+
+`iter_documents(spec)` yields documents, each a non-empty list of sentences:
+
+* a file, glob or directory (recursively, hidden files skipped); `.gz` is
+  decompressed on the fly.
+  - plain text: one sentence or paragraph a line, a blank line between documents;
+  - JSON lines (`.jsonl`, `.jsonl.gz`, `.json`): one document an object, its text in
+    `text_field`; newlines inside the text separate paragraphs.
+* `tfds:NAME[/CONFIG][:SPLIT]` (e.g. `tfds:wikipedia/20230601.en`, `tfds:c4/en:train`):
+  a prepared TFDS dataset read through `tfds.data_source` from ArrayRecord, no
+  TensorFlow needed; the text is in `text_field`. `data_dir` is TFDS's data dir.
+
+Paragraph lines are split into sentences with `corpus.split_sentences`. Bad input
+raises `DataError` before any document of that file is yielded (binary file) or is
+repaired (invalid UTF-8 bytes become U+FFFD; a line longer than `MAX_LINE_CHARS` is
+cut into pieces), so a long preparation never dies midway.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import os
+from typing import Iterator
+
+from bertjax.data import corpus
+from bertjax.errors import DataError
+
+TFDS_PREFIX = "tfds:"
+MAX_LINE_CHARS = 1 << 20
+_BINARY_SAMPLE = 1 << 16
+_MAX_REPLACED_FRACTION = 0.3
+
+
+def is_jsonl(path: str) -> bool:
+  return path.endswith((".jsonl", ".jsonl.gz", ".json", ".json.gz"))
+
+
+def iter_documents(spec: str, text_field: str = "text", data_dir: str | None = None
+                   ) -> Iterator[list[str]]:
+  """Yields documents (lists of sentences) of `spec` in a deterministic order."""
+  if spec.startswith(TFDS_PREFIX):
+    yield from _tfds_documents(spec[len(TFDS_PREFIX):], text_field, data_dir)
+    return
+  for path in corpus.resolve_paths(spec):
+    if is_jsonl(path):
+      yield from _jsonl_documents(path, text_field)
+    else:
+      yield from _text_documents(path)
+
+
+def _open_lines(path: str) -> Iterator[str]:
+  """Lines of a (gzipped) UTF-8 file, streamed; binary files rejected up front."""
+  try:
+    raw = gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
+    sample = raw.read(_BINARY_SAMPLE)
+  except (OSError, EOFError) as e:
+    raise DataError(f"cannot read corpus file {path!r} ({e}): give a readable text or "
+                    ".gz file") from None
+  if b"\x00" in sample:
+    raise DataError(f"corpus file {path!r} is binary (contains NUL bytes): give UTF-8 "
+                    "text, one sentence a line")
+  text = sample.decode("utf-8", errors="replace")
+  if text and text.count("\ufffd") > _MAX_REPLACED_FRACTION * len(text):
+    raise DataError(f"corpus file {path!r} is binary (mostly not UTF-8): give UTF-8 "
+                    "text, one sentence a line")
+  raw.seek(0)
+  with io.TextIOWrapper(raw, encoding="utf-8", errors="replace") as f:
+    try:
+      while True:
+        line = f.readline(MAX_LINE_CHARS)
+        if not line:
+          return
+        yield line
+    except (OSError, EOFError) as e:  # e.g. a truncated .gz
+      raise DataError(f"corpus file {path!r} is truncated or corrupt ({e}): fix or "
+                      "remove it") from None
+
+
+def _paragraph_sentences(text: str) -> list[str]:
+  return [s for line in text.splitlines() for s in corpus.split_sentences(line)]
+
+
+def _text_documents(path: str) -> Iterator[list[str]]:
+  current: list[str] = []
+  for line in _open_lines(path):
+    if line.strip():
+      current.extend(corpus.split_sentences(line))
+    elif current:
+      yield current
+      current = []
+  if current:
+    yield current
+
+
+def _jsonl_documents(path: str, text_field: str) -> Iterator[list[str]]:
+  for number, line in enumerate(_open_lines(path), 1):
+    if not line.strip():
+      continue
+    try:
+      record = json.loads(line)
+    except json.JSONDecodeError:
+      raise DataError(f"{path}:{number} is not a JSON object: give one JSON object a "
+                      "line (JSON lines)") from None
+    if not isinstance(record, dict) or not isinstance(record.get(text_field), str):
+      raise DataError(f"{path}:{number} has no string field {text_field!r}: set "
+                      "--text_field (config.data.text_field) to the text's key")
+    sentences = _paragraph_sentences(record[text_field])
+    if sentences:
+      yield sentences
+
+
+def _tfds_documents(name: str, text_field: str, data_dir: str | None
+                    ) -> Iterator[list[str]]:
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+
+  name, _, split = name.partition(":")
+  try:
+    source = tfds.data_source(name, split=split or "train", data_dir=data_dir,
+                              download=False)
+  except Exception as e:  # tfds raises many types for a missing or unprepared dataset
+    raise DataError(f"TFDS dataset {name!r} ({split or 'train'}) cannot be read "
+                    f"({str(e).splitlines()[0][:200]}): prepare it in ArrayRecord format "
+                    "first (tfds build --file_format=array_record)") from None
+  for i in range(len(source)):
+    value = source[i][text_field]
+    text = value.decode("utf-8", errors="replace") if isinstance(value, bytes) else value
+    sentences = _paragraph_sentences(text)
+    if sentences:
+      yield sentences
