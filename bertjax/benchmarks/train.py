@@ -66,8 +66,7 @@ def synthetic_batch(config, batch: int, seq: int, predictions: int, nsp: bool,
   return out
 
 
-def _summary(times: list[float], batch: int, seq: int, step_flops: float,
-             peak_tflops: float | None) -> dict:
+def _summary(times: list[float], batch: int, seq: int, step_flops: float) -> dict:
   median = statistics.median(times)
   return {
       "step_ms_median": 1e3 * median, "step_ms_min": 1e3 * min(times),
@@ -75,7 +74,6 @@ def _summary(times: list[float], batch: int, seq: int, step_flops: float,
       "step_ms_stdev": 1e3 * statistics.stdev(times) if len(times) > 1 else 0.0,
       "sequences_per_s": batch / median, "tokens_per_s": batch * seq / median,
       "tflops_per_s": step_flops / median / 1e12,
-      "mfu": step_flops / median / 1e12 / peak_tflops if peak_tflops else None,
   }
 
 
@@ -83,9 +81,25 @@ def _max_rss_mb() -> float:
   return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def bench_bertjax(config, batch: int, seq: int, predictions: int, steps: int,
-                  warmup: int) -> dict:
-  """Compiles and times our train step on all local devices (data parallel)."""
+def time_interleaved(steppers: list, steps: int, warmup: int) -> list[list[float]]:
+  """Seconds per step of each `stepper()` (runs one step to completion), taken in
+  turns so that both frameworks see the same load on a shared machine."""
+  for stepper in steppers:
+    for _ in range(warmup):
+      stepper()
+  times = [[] for _ in steppers]
+  for _ in range(steps):
+    for stepper, out in zip(steppers, times):
+      start = time.perf_counter()
+      stepper()
+      out.append(time.perf_counter() - start)
+  return times
+
+
+def bench_bertjax(config, batch: int, seq: int, predictions: int):
+  """Compiles our train step on all local devices (data parallel). Returns (step,
+  finish): `step()` runs one step to completion; `finish()` the compile, FLOP and
+  memory figures."""
   rules = tuple(map(tuple, config.logical_axis_rules))
   mesh = mesh_lib.create_mesh(config.mesh)
   model, tx = state_lib.build_model(config), optimizer.create_optimizer(config.train)
@@ -105,32 +119,34 @@ def bench_bertjax(config, batch: int, seq: int, predictions: int, steps: int,
     trace_s = time.perf_counter() - start
     compiled = lowered.compile()
     compile_s = time.perf_counter() - start
-    times = []
-    for i in range(warmup + steps):
-      start = time.perf_counter()
-      state, metrics = compiled(state, data)
-      jax.block_until_ready(metrics["loss"])
-      if i >= warmup:
-        times.append(time.perf_counter() - start)
-  if not np.isfinite(float(metrics["loss"])):
-    raise ConfigError("the benchmarked train step gave a non-finite loss; check the config.")
-  device = jax.devices()[0]
-  stats = device.memory_stats() or {}
-  mem = compiled.memory_analysis()
-  cost = compiled.cost_analysis()
-  return {
-      "times": times, "trace_s": trace_s, "compile_s": compile_s,
+  last = {}
+
+  def step():
+    nonlocal state
+    state, last["metrics"] = compiled(state, data)
+    jax.block_until_ready(last["metrics"]["loss"])
+
+  def finish() -> dict:
+    if not np.isfinite(float(last["metrics"]["loss"])):
+      raise ConfigError("the benchmarked train step gave a non-finite loss; check the "
+                        "config.")
+    stats = jax.devices()[0].memory_stats() or {}
+    mem, cost = compiled.memory_analysis(), compiled.cost_analysis()
+    return {
+      "trace_s": trace_s, "compile_s": compile_s,
       "xla_flops": float(cost["flops"]) if cost and "flops" in cost else None,
       "peak_device_memory_mb": stats.get("peak_bytes_in_use", 0) / 2**20 or None,
       "xla_memory_mb": (mem.temp_size_in_bytes + mem.argument_size_in_bytes
                         + mem.output_size_in_bytes - mem.alias_size_in_bytes) / 2**20,
       "max_rss_mb": _max_rss_mb(),
-  }
+    }
+
+  return step, finish
 
 
-def bench_hf(config, batch: int, seq: int, predictions: int, steps: int, warmup: int,
-             dtype: str) -> dict:
-  """Hugging Face BertForPreTraining (SDPA) + AdamW + clipping on the same batch."""
+def bench_hf(config, batch: int, seq: int, predictions: int, dtype: str):
+  """Hugging Face BertForPreTraining (SDPA) + AdamW + clipping on the same batch.
+  Returns (step, finish) as `bench_bertjax` does."""
   import torch  # pylint: disable=g-import-not-at-top
   import transformers  # pylint: disable=g-import-not-at-top
 
@@ -157,6 +173,8 @@ def bench_hf(config, batch: int, seq: int, predictions: int, steps: int, warmup:
   autocast = torch.autocast(device, dtype=torch.bfloat16, enabled=dtype == "bf16")
   sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
 
+  last = {}
+
   def step():
     with autocast:
       loss = model(**inputs).loss
@@ -165,21 +183,18 @@ def bench_hf(config, batch: int, seq: int, predictions: int, steps: int, warmup:
       torch.nn.utils.clip_grad_norm_(model.parameters(), t.max_grad_norm)
     opt.step()
     opt.zero_grad(set_to_none=True)
-    return loss
-
-  times = []
-  for i in range(warmup + steps):
-    start = time.perf_counter()
-    loss = step()
     sync()
-    if i >= warmup:
-      times.append(time.perf_counter() - start)
-  return {
-      "times": times, "loss": float(loss.detach()), "torch": torch.__version__,
-      "threads": torch.get_num_threads(),
-      "peak_device_memory_mb": (torch.cuda.max_memory_allocated() / 2**20
-                                if device == "cuda" else None),
-  }
+    last["loss"] = loss
+
+  def finish() -> dict:
+    return {
+        "loss": float(last["loss"].detach()), "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "peak_device_memory_mb": (torch.cuda.max_memory_allocated() / 2**20
+                                  if device == "cuda" else None),
+    }
+
+  return step, finish
 
 
 def _fmt(x, spec=".3g"):
@@ -204,7 +219,12 @@ def main(argv):
   device = jax.devices()[0]
   peak = flops_lib.device_peak_tflops(device)
   peak_source = "table (bf16 dense)"
-  ours = bench_bertjax(config, batch, seq, predictions, _STEPS.value, _WARMUP.value)
+  benches = [("bertjax", bench_bertjax(config, batch, seq, predictions))]
+  if _COMPARE.value == "hf":
+    benches.append(("hf", bench_hf(config, batch, seq, predictions, _DTYPE.value)))
+  times = time_interleaved([step for _, (step, _) in benches], _STEPS.value, _WARMUP.value)
+  runs = {name: {**_summary(t, batch, seq, step_flops["total"]), **finish(),
+                 "step_s": t} for (name, (_, finish)), t in zip(benches, times)}
   if peak is None:  # Measured right after our steps, the best of 3 x 10 tries.
     peak = max(flops_lib.measure_matmul_tflops(jnp.dtype(cfg.dtype)) for _ in range(3))
     peak_source = f"measured {jnp.dtype(cfg.dtype).name} 2048^3 matmul, this run"
@@ -216,10 +236,11 @@ def main(argv):
       "load_average_1min": os.getloadavg()[0],
       "peak_tflops": peak, "peak_source": peak_source,
       "flops_per_step": step_flops, "padding_fraction": 0.0,
-      "bertjax": {**_summary(ours["times"], batch, seq, step_flops["total"], peak),
-                  **{k: v for k, v in ours.items() if k != "times"},
-                  "step_s": ours["times"]},
+      **runs,
   }
+  for r in runs.values():
+    r["mfu"] = r["tflops_per_s"] / peak
+  ours = runs["bertjax"]
   lines = [
       f"device {device.device_kind} x{jax.device_count()} | peak {peak:.3g} TFLOP/s "
       f"({peak_source}) | batch {batch} x seq {seq}, {predictions} masked/row, {_DTYPE.value}"
@@ -229,22 +250,16 @@ def main(argv):
       f"XLA counts {_fmt(ours['xla_flops'], '.4g')}"
       + (" (XLA counts a scanned loop body once)" if cfg.scan_layers else ""),
   ]
-  runs = [("bertjax", result["bertjax"])]
-  if _COMPARE.value == "hf":
-    hf = bench_hf(config, batch, seq, predictions, _STEPS.value, _WARMUP.value, _DTYPE.value)
-    result["hf"] = {**_summary(hf["times"], batch, seq, step_flops["total"], peak),
-                    **{k: v for k, v in hf.items() if k != "times"}, "step_s": hf["times"]}
-    result["speedup_vs_hf"] = (result["hf"]["step_ms_median"]
-                               / result["bertjax"]["step_ms_median"])
-    runs.append(("hf-torch", result["hf"]))
+  if "hf" in runs:
+    result["speedup_vs_hf"] = runs["hf"]["step_ms_median"] / ours["step_ms_median"]
   lines.append(f"{'':9} {'step ms median [min, max]':>27} {'seq/s':>9} {'tokens/s':>10} "
                f"{'TFLOP/s':>8} {'MFU':>6} {'peak mem MB':>11}")
-  for name, r in runs:
+  for name, r in runs.items():
     mem = r.get("peak_device_memory_mb") or r.get("xla_memory_mb")
     lines.append(
         f"{name:9} {r['step_ms_median']:9.2f} [{r['step_ms_min']:7.2f}, {r['step_ms_max']:7.2f}]"
         f" {r['sequences_per_s']:9.1f} {r['tokens_per_s']:10.0f} {r['tflops_per_s']:8.3f} "
-        f"{_fmt(r['mfu'] and 100 * r['mfu'], '5.1f')}% {_fmt(mem, '11.0f')}")
+        f"{100 * r['mfu']:5.1f}% {_fmt(mem, '11.0f')}")
   lines.append(f"bertjax compile {ours['compile_s']:.1f} s (trace {ours['trace_s']:.1f} s); "
                f"process max RSS {ours['max_rss_mb']:.0f} MB")
   if "speedup_vs_hf" in result:
