@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -61,3 +66,25 @@ def test_device_peaks():
   assert flops.device_peak_tflops(Fake("TPU v5")) == 459.0
   assert flops.device_peak_tflops(Fake("cpu")) is None
   assert flops.measure_matmul_tflops(size=256, repeats=2) > 0
+
+
+def test_benchmark_cli_with_hf_comparison(tmp_path):
+  """`python -m bertjax.benchmark train --compare=hf` on a tiny model: the JSON holds
+  both frameworks' timings, our FLOP count and a finite MFU and speed-up."""
+  out = tmp_path / "bench.json"
+  cmd = [sys.executable, "-m", "bertjax.benchmark", "train", "--config=configs/bert_tiny.py",
+         "--config.model.hidden_size=32", "--config.model.intermediate_size=64",
+         "--config.model.vocab_size=128", "--batch=4", "--seq=32", "--steps=2",
+         "--warmup=1", "--compare=hf", f"--json={out}"]
+  env = {**os.environ, "JAX_NUM_CPU_DEVICES": "1"}
+  proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300,
+                        cwd=os.path.dirname(os.path.dirname(__file__)))
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert "speed-up vs Hugging Face" in proc.stdout
+  result = json.loads(out.read_text())
+  cfg = ModelConfig(vocab_size=128, hidden_size=32, num_layers=2, num_heads=2,
+                    intermediate_size=64, max_position_embeddings=128)
+  assert result["flops_per_step"]["total"] == flops.train_flops(cfg, 4, 32, 5)["total"]
+  for name in ("bertjax", "hf"):
+    assert len(result[name]["step_s"]) == 2 and 0 < result[name]["mfu"] < 10
+  assert result["speedup_vs_hf"] > 0 and result["bertjax"]["compile_s"] > 0
