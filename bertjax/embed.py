@@ -80,13 +80,20 @@ def read_texts(path: str, limit: int = 0) -> list[str]:
   with open(path, encoding="utf-8") as f:
     lines = [line.rstrip("\n") for line in f if line.strip()]
   if path.endswith(".jsonl"):
-    rows = [json.loads(line) for line in lines]
+    rows = [_json_line(line, f"{path} text {n}") for n, line in enumerate(lines, 1)]
     if not all(isinstance(r, dict) and ("text" in r or "sentence" in r) for r in rows):
       raise DataError(f"{path}: every JSON line needs a \"text\" or \"sentence\" field.")
     lines = [r.get("text", r.get("sentence")) for r in rows]
   if not lines:
     raise DataError(f"{path} holds no text.")
   return lines[:limit or None]
+
+
+def _json_line(line: str, where: str):
+  try:
+    return json.loads(line)
+  except json.JSONDecodeError as e:
+    raise DataError(f"{where} is not JSON ({e.msg}).") from e
 
 
 def extract_arrays(embedder: extract.Embedder, texts: list[str], level: str,
@@ -141,6 +148,9 @@ def _stats() -> None:
   _require(input=_INPUT.value, out=_OUT.value)
   if _INPUT.value.endswith(".npz"):
     with np.load(_INPUT.value) as f:
+      if "vectors" not in f:
+        raise DataError(f"{_INPUT.value} holds no 'vectors'; write it with "
+                        "`python -m bertjax.embed --level=token`.")
       vectors = f["vectors"]
   else:
     found = _embedder().tokens(read_texts(_INPUT.value, _MAX_TEXTS.value))
@@ -199,7 +209,7 @@ def _is_plain_jsonl(path: str) -> bool:
     return False
   with open(path, encoding="utf-8") as f:
     first = next((line for line in f if line.strip()), "{}")
-  return "sense" not in json.loads(first)
+  return "sense" not in _json_line(first, f"{path}'s first line")
 
 
 def _plot() -> None:
