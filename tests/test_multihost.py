@@ -4,6 +4,7 @@ written, SIGTERM to one process makes both save at the same step, and the restar
 resumes from it. Run as `python -m tests.test_multihost ARGS` this file is the worker:
 `bertjax.main` with each fed training batch's rows recorded."""
 
+import functools
 import hashlib
 import json
 import os
@@ -140,19 +141,26 @@ def _run_script(tmp_path, args, env=None):
   return [json.loads(line) for line in log.read_text().splitlines()]
 
 
+@functools.cache
+def _main_flags() -> set[str]:
+  """The flags bertjax.main defines (in a subprocess: absl flags are process-global)."""
+  code = ("from absl import flags; import bertjax.main as m; "
+          "print(' '.join(f.name for f in flags.FLAGS.get_flags_for_module(m)))")
+  out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                       text=True, timeout=60, check=True).stdout
+  return set(out.split())
+
+
 def _check_main_command(argv):
   """`... -m bertjax.main FLAGS`: every flag is one of bertjax.main's, the config file
   exists and every --config.a.b override names a field of it. Returns the flags."""
   import importlib.util
   import shlex
 
-  from absl import flags
-
-  from bertjax import main
   argv = shlex.split(argv) if isinstance(argv, str) else argv
   args = argv[argv.index("bertjax.main") + 1:]
   args = args[:next((i for i, a in enumerate(args) if a in (">", "&&", ";")), len(args))]
-  known = {f.name for f in flags.FLAGS.get_flags_for_module(main)} | {"config"}
+  known = _main_flags()
   values = dict(a[2:].split("=", 1) if "=" in a else (a[2:], "") for a in args)
   assert all(a.startswith("--") for a in args), args
   spec = importlib.util.spec_from_file_location("recipe", os.path.join(REPO, values["config"]))
