@@ -313,3 +313,11 @@ def test_too_few_examples_or_documents(tmp_path, data_cfg, tokenizer):
                                            nsp=False)
   batch = next(iter(packed.train))
   assert "next_sentence_labels" not in batch and batch["input_ids"].shape == (4, MAX_LEN)
+
+
+def test_packing_removes_padding(data, data_cfg, tokenizer):
+  """The stats report the padding share of the train rows; packing fills the rows."""
+  packed = pipeline.build_pretraining_data(data_cfg, tokenizer, batch_size=4, seed=0,
+                                           nsp=False)
+  packed_pad, nsp_pad = packed.stats["padding_fraction"], data.stats["padding_fraction"]
+  assert 0 <= packed_pad < min(nsp_pad, 0.2), (packed_pad, nsp_pad)

@@ -124,17 +124,22 @@ def make_eval_batches(examples: pretraining.Examples, mask_cfg: masking.MaskingC
   }
   if nsp:
     arrays["next_sentence_labels"] = examples.next_sentence_labels[index].astype(np.int32)
+  if examples.segment_ids is not None:
+    arrays["segment_ids"] = examples.segment_ids[index].astype(np.int32)
+    arrays["position_ids"] = examples.position_ids[index].astype(np.int32)
   return [{k: v[i * batch_size:(i + 1) * batch_size] for k, v in arrays.items()}
           for i in range(num_batches)]
 
 
 def build_pretraining_data(data_cfg, tokenizer, *, batch_size: int, seed: int, nsp: bool,
-                           process_index: int = 0,
-                           process_count: int = 1) -> PretrainingData:
+                           process_index: int = 0, process_count: int = 1,
+                           position_offset: int = 0) -> PretrainingData:
   """Builds the training stream and evaluation batches from `config.data`.
 
   `batch_size` is the per-process batch; with `nsp` the examples are BERT's sentence
-  pairs, otherwise RoBERTa's FULL-SENTENCES rows. Deterministic given `seed`.
+  pairs, otherwise packed rows (`config.data.packing`: RoBERTa's FULL-SENTENCES or
+  DOC-SENTENCES; `config.data.isolate_documents` adds segment_ids and position_ids
+  starting at `position_offset`, the model's). Deterministic given `seed`.
   """
   start = time.perf_counter()
   if batch_size < 1:
@@ -144,6 +149,10 @@ def build_pretraining_data(data_cfg, tokenizer, *, batch_size: int, seed: int, n
   if not 0.0 < data_cfg.eval_fraction < 1.0:
     raise ConfigError(f"config.data.eval_fraction={data_cfg.eval_fraction} must lie in "
                       "(0, 1): some documents must be held out for evaluation")
+  isolate = bool(data_cfg.get("isolate_documents", False))
+  if nsp and isolate:
+    raise ConfigError("config.data.isolate_documents applies to packed rows: set "
+                      "config.model.nsp=False or isolate_documents=False")
   masking.MaskingConfig.create(data_cfg, tokenizer, np.ones(tokenizer.vocab_size))
   if os.path.isfile(os.path.join(data_cfg.corpus, prepare.SUMMARY)):  # pre-tokenized
     documents = list(prepare.read_documents(data_cfg.corpus))
@@ -166,8 +175,10 @@ def build_pretraining_data(data_cfg, tokenizer, *, batch_size: int, seed: int, n
           docs, tokenizer, max_seq_length=data_cfg.max_seq_length,
           short_seq_prob=data_cfg.short_seq_prob, dupe_factor=dupe_factor,
           rng=np.random.default_rng(_seed(seed, stream)))
-    return pretraining.create_packed_examples(docs, tokenizer,
-                                              max_seq_length=data_cfg.max_seq_length)
+    return pretraining.create_packed_examples(
+        docs, tokenizer, max_seq_length=data_cfg.max_seq_length,
+        packing=data_cfg.get("packing", "full_sentences"), isolate_documents=isolate,
+        position_offset=position_offset)
 
   train_examples = build(train_docs, _TRAIN_EXAMPLES, data_cfg.dupe_factor)
   eval_examples = build(eval_docs, _EVAL_EXAMPLES, 1)
@@ -194,6 +205,9 @@ def build_pretraining_data(data_cfg, tokenizer, *, batch_size: int, seed: int, n
           "train_documents": len(train_docs),
           "eval_documents": len(eval_docs),
           "train_examples": len(train_examples),
+          # Share of the train rows' positions that are padding (packing drives it to ~0).
+          "padding_fraction": round(1.0 - float(np.sum(train_examples.lengths))
+                                    / max(train_examples.input_ids.size, 1), 4),
           "eval_examples": len(eval_examples),
           "tokens": len(train_tokens),
           "build_seconds": round(time.perf_counter() - start, 3),
