@@ -14,6 +14,7 @@ import sys
 import time
 
 import portpicker
+import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIMEOUT = 240
@@ -114,6 +115,15 @@ def test_two_processes_train_preempt_and_resume(tmp_path):
   assert "held-out MLM accuracy" in outs[0]  # Evaluated with the rows of both ...
   assert "held-out MLM accuracy" not in outs[1]  # ... printed by process 0 only.
 
+
+def test_explicit_coordinator_needs_process_count_and_index():
+  from bertjax.errors import ConfigError
+  from bertjax.parallel import distributed
+  with pytest.raises(ConfigError, match="needs --num_processes >= 1 and --process_id"):
+    distributed.initialize("127.0.0.1:1234", num_processes=2, process_id=2)
+  distributed.initialize()  # No coordinator, no --multihost: one process, nothing joined.
+  import jax
+  assert jax.process_count() == 1
 
 # --- launch/ scripts, with fake gcloud / srun / python on PATH that record their argv.
 
