@@ -1,4 +1,5 @@
-"""Pretraining example builders: BERT's NSP pairs and RoBERTa's FULL-SENTENCES packing.
+"""Pretraining example builders: BERT's NSP pairs and RoBERTa's FULL-SENTENCES and
+DOC-SENTENCES packing, optionally with per-document attention isolation.
 
 Both take tokenized documents (each a list of sentences, each a list of ids without
 special tokens) and return `Examples`: fixed-length numpy arrays plus lengths, with the
@@ -33,6 +34,11 @@ class Examples:
   next_sentence_labels [N] int8: 0 = B follows A, 1 = B is random (0 when packed).
   source_documents [N, 2] int32: the documents A and B were taken from (indices into
     the document list given to the builder; packed rows give their first and last).
+  segment_ids [N, T] int16 or None: packed rows with isolated documents: 1 + the
+    index of each token's document within its row (0 on padding), so attention stays
+    inside a document.
+  position_ids [N, T] int16 or None: with `segment_ids`, positions restarting at
+    `position_offset` at each document's first token.
   """
 
   input_ids: np.ndarray
@@ -40,24 +46,31 @@ class Examples:
   lengths: np.ndarray
   next_sentence_labels: np.ndarray
   source_documents: np.ndarray
+  segment_ids: np.ndarray | None = None
+  position_ids: np.ndarray | None = None
 
   def __len__(self) -> int:
     return len(self.lengths)
 
   def __getitem__(self, i: int) -> dict[str, np.ndarray]:
     """One example: input_ids, token_type_ids, attention_mask [T] int32 and
-    next_sentence_labels [] int32."""
+    next_sentence_labels [] int32; segment_ids, position_ids [T] int32 when isolated."""
     ids = self.input_ids[i]
-    return {
+    out = {
         "input_ids": ids,
         "attention_mask": (np.arange(len(ids)) < self.lengths[i]).astype(np.int32),
         "token_type_ids": self.token_type_ids[i].astype(np.int32),
         "next_sentence_labels": np.int32(self.next_sentence_labels[i]),
     }
+    if self.segment_ids is not None:
+      out["segment_ids"] = self.segment_ids[i].astype(np.int32)
+      out["position_ids"] = self.position_ids[i].astype(np.int32)
+    return out
 
   def subset(self, index: np.ndarray) -> Examples:
     """The examples at `index` [M], in that order."""
-    return Examples(*(getattr(self, f.name)[index] for f in dataclasses.fields(self)))
+    return Examples(*(None if getattr(self, f.name) is None else getattr(self, f.name)[index]
+                      for f in dataclasses.fields(self)))
 
 
 def tokenize_documents(documents: Sequence[Sequence[str]], tokenizer) -> list[Document]:
@@ -171,41 +184,75 @@ def create_nsp_examples(documents: Sequence[Document], tokenizer, *, max_seq_len
                       max_seq_length, tokenizer.pad_id)
 
 
-def create_packed_examples(documents: Sequence[Document], tokenizer, *,
-                           max_seq_length: int) -> Examples:
-  """RoBERTa's FULL-SENTENCES: contiguous sentences packed up to `max_seq_length`,
-  crossing document boundaries with an extra separator token between documents.
+PACKINGS = ("full_sentences", "doc_sentences")
 
-  A sentence longer than a whole row is cut into row-sized pieces.
+
+def create_packed_examples(documents: Sequence[Document], tokenizer, *,
+                           max_seq_length: int, packing: str = "full_sentences",
+                           isolate_documents: bool = False,
+                           position_offset: int = 0) -> Examples:
+  """RoBERTa's packing of contiguous text into rows of `max_seq_length`.
+
+  packing='full_sentences' fills every row completely, crossing document boundaries
+  with an extra separator token between documents (only the last row has padding);
+  'doc_sentences' ends a row at each document's end instead. Text that does not fit
+  in a row continues in the next one.
+  With `isolate_documents`, each row also gets `segment_ids` (no token attends to
+  another document's tokens) and `position_ids` restarting at `position_offset` for
+  each document; a separator belongs to the document it ends, [CLS] to the first.
   """
+  if packing not in PACKINGS:
+    raise ConfigError(f"config.data.packing={packing!r}: use one of {PACKINGS}")
   max_num_tokens = max_seq_length - tokenizer.num_special(pair=False)
   if max_num_tokens < 1:
     raise ConfigError(f"config.data.max_seq_length={max_seq_length} leaves no room for "
                       "text: use at least 8")
-  rows, sources = [], []
-  current, first_doc = [], 0
+  rows, sources, row_spans = [], [], []
+  current: list[int] = []
+  spans: list[list[int]] = []  # [document, tokens] per document in the current row
 
-  def emit(last_doc):
+  def emit():
     rows.append((*tokenizer.build_inputs(current), 0))
-    sources.append((first_doc, last_doc))
+    sources.append((spans[0][0], spans[-1][0]))
+    row_spans.append([n for _, n in spans])
+    current.clear()
+    spans.clear()
 
   for d, document in enumerate(documents):
-    for j, sentence in enumerate(document):
-      boundary = j == 0 and bool(current)
-      for start in range(0, len(sentence), max_num_tokens):
-        piece = sentence[start:start + max_num_tokens]
-        if len(current) + len(piece) + boundary > max_num_tokens:
-          emit(d - 1 if boundary else d)
-          current, boundary = [], False
-        if boundary:
-          current.append(tokenizer.sep_id)
-          boundary = False
-        if not current:
-          first_doc = d
-        current.extend(piece)
+    if current and packing == "doc_sentences":
+      emit()
+    if current:  # full_sentences: a separator ends the previous document
+      current.append(tokenizer.sep_id)
+      spans[-1][1] += 1
+      if len(current) == max_num_tokens:
+        emit()
+    tokens = [t for sentence in document for t in sentence]
+    pos = 0
+    while pos < len(tokens):
+      if not spans or spans[-1][0] != d:
+        spans.append([d, 0])
+      take = min(max_num_tokens - len(current), len(tokens) - pos)
+      current.extend(tokens[pos:pos + take])
+      spans[-1][1] += take
+      pos += take
+      if len(current) == max_num_tokens:
+        emit()
   if current:
-    emit(len(documents) - 1)
-  return _to_examples(rows, sources, max_seq_length, tokenizer.pad_id)
+    emit()
+  examples = _to_examples(rows, sources, max_seq_length, tokenizer.pad_id)
+  if not isolate_documents:
+    return examples
+  segment_ids = np.zeros(examples.input_ids.shape, np.int16)
+  position_ids = np.full(examples.input_ids.shape, position_offset, np.int16)
+  for r, counts in enumerate(row_spans):
+    counts = np.asarray(counts)
+    counts[0] += 1  # [CLS]
+    counts[-1] += 1  # the closing separator
+    n = int(counts.sum())
+    segment_ids[r, :n] = np.repeat(np.arange(1, len(counts) + 1), counts)
+    starts = np.repeat(np.cumsum(counts) - counts, counts)
+    position_ids[r, :n] = np.arange(n) - starts + position_offset
+  return dataclasses.replace(examples, segment_ids=segment_ids, position_ids=position_ids)
 
 
 def _to_examples(rows: list[tuple[list[int], list[int], int]],

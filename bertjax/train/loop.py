@@ -139,7 +139,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   data = pipeline.build_pretraining_data(
       config.data, tokenizer, batch_size=config.train.batch_size // jax.process_count(),
       seed=config.seed, nsp=config.model.nsp, process_index=jax.process_index(),
-      process_count=jax.process_count())
+      process_count=jax.process_count(), position_offset=config.model.position_offset)
   log.info("Data: %s", data.stats)
 
   model = state_lib.build_model(config)
