@@ -80,6 +80,11 @@ def get_config(arg=None):
   c.data.dupe_factor = 5  # NSP: passes over the corpus with different pairings.
   c.data.packing = "full_sentences"  # No NSP: rows cross documents, or 'doc_sentences'.
   c.data.isolate_documents = False  # Packed rows: no attention across documents.
+  # Sequence-length phases: ((fraction of steps, length[, max predictions]), ...), e.g.
+  # the paper's ((0.9, 128), (0.1, 512)); () trains at max_seq_length throughout.
+  c.data.length_phases = ()
+  c.data.languages = ""  # Multilingual: 'en=/data/en/*.txt,sw=/data/sw/*.txt' (no corpus).
+  c.data.language_alpha = 0.3  # Languages sampled with q_i ~ p_i^alpha (XLM-R: 0.3).
   c.data.eval_fraction = 0.02  # Documents held out for evaluation.
   c.data.worker_count = 0  # grain worker processes (0: in the main process).
   c.data.tokenizer = ml_collections.ConfigDict()

@@ -18,6 +18,7 @@ Evaluation batches add example_weights [b] float32 (0 for padding examples).
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import time
 from typing import Any
@@ -26,7 +27,7 @@ from absl import flags
 import grain
 import numpy as np
 
-from bertjax.data import corpus, masking, prepare, pretraining
+from bertjax.data import corpus, masking, multilingual, prepare, pretraining
 from bertjax.errors import ConfigError, DataError
 
 # Streams drawn from the one config seed, so that each use gets independent numbers.
@@ -78,15 +79,60 @@ class MaskExample:
     return out
 
 
-def make_train_dataset(examples: pretraining.Examples, mask_cfg: masking.MaskingConfig,
+@dataclasses.dataclass(frozen=True, eq=False)
+class Phase:
+  """One sequence-length phase of training.
+
+  steps: batches in this phase (None: the last phase, which runs on).
+  sources: examples per language (one entry for a monolingual corpus), all [N_i, T].
+  weights: [K] sampling probabilities of the sources (None: one source).
+  mask_cfg: masking for this length (its max_predictions_per_seq).
+  """
+
+  steps: int | None
+  sources: tuple[pretraining.Examples, ...]
+  weights: tuple[float, ...] | None
+  mask_cfg: masking.MaskingConfig
+
+
+# The last phase is cut at this many batches (grain concatenates finite datasets only).
+_LAST_PHASE_BATCHES = 2**40
+
+
+def _phase_batches(phase: Phase, index: int, *, batch_size: int, seed: int, nsp: bool,
+                   process_index: int, process_count: int) -> grain.MapDataset:
+  """The phase's (infinite) batches for one process: each source shuffled and
+  repeated, mixed by weight, every `process_count`-th example, masked, batched."""
+  streams = [grain.MapDataset.source(ex).shuffle(seed=_seed(seed, _SHUFFLE, index, k)
+                                                 ).repeat()
+             for k, ex in enumerate(phase.sources)]
+  ds = streams[0] if len(streams) == 1 else grain.MapDataset.mix(streams, phase.weights)
+  ds = ds[process_index::process_count]
+  ds = ds.random_map(MaskExample(phase.mask_cfg, nsp),
+                     seed=_seed(seed, _TRAIN_MASKS, process_index, index))
+  return ds.batch(batch_size, drop_remainder=True)
+
+
+def make_train_dataset(examples: pretraining.Examples | list[Phase],
+                       mask_cfg: masking.MaskingConfig | None = None,
                        *, batch_size: int, seed: int, nsp: bool, process_index: int = 0,
                        process_count: int = 1, worker_count: int = 0) -> grain.IterDataset:
-  """The infinite training stream of [b, ...] batches for one process."""
-  ds = grain.MapDataset.source(examples).shuffle(seed=_seed(seed, _SHUFFLE)).repeat()
-  ds = ds[process_index::process_count]
-  ds = ds.random_map(MaskExample(mask_cfg, nsp),
-                     seed=_seed(seed, _TRAIN_MASKS, process_index))
-  ds = ds.batch(batch_size, drop_remainder=True).to_iter_dataset()
+  """The infinite training stream of [b, ...] batches for one process.
+
+  `examples` with `mask_cfg`: one phase, one source. Or a list of `Phase`s: their
+  batches one phase after the other (the shapes change between phases). The stream
+  is a grain `MapDataset` underneath, so its state is the index of the next batch and
+  a restore anywhere, in any phase, replays exactly.
+  """
+  phases = examples if isinstance(examples, list) else [
+      Phase(None, (examples,), None, mask_cfg)]
+  parts = []
+  for i, phase in enumerate(phases):
+    ds = _phase_batches(phase, i, batch_size=batch_size, seed=seed, nsp=nsp,
+                        process_index=process_index, process_count=process_count)
+    parts.append(ds[:_LAST_PHASE_BATCHES if phase.steps is None else phase.steps])
+  ds = (parts[0] if len(parts) == 1 else grain.MapDataset.concatenate(parts))
+  ds = ds.to_iter_dataset()
   if worker_count > 0:
     # grain's workers read absl flags; outside an absl app (notebooks, scripts) they
     # would fail on unparsed flags, so fall back to the flag defaults there.
@@ -94,6 +140,36 @@ def make_train_dataset(examples: pretraining.Examples, mask_cfg: masking.Masking
       flags.FLAGS.mark_as_parsed()
     ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=worker_count))
   return ds
+
+
+def length_phases(data_cfg, num_steps: int | None) -> list[tuple[int | None, int, int]]:
+  """`config.data.length_phases` -> [(steps or None for the last, length, P)].
+
+  Each phase is (fraction of num_steps, length) or (fraction, length, P); without P,
+  max_predictions_per_seq scales with the length (BERT: 20 at 128, 80 at 512). No
+  phases: one phase at max_seq_length.
+  """
+  spec = tuple(data_cfg.get("length_phases", ()) or ())
+  T, P = data_cfg.max_seq_length, data_cfg.max_predictions_per_seq
+  if not spec:
+    return [(None, T, P)]
+  if num_steps is None or num_steps < len(spec):
+    raise ConfigError(f"config.data.length_phases={spec} needs config.train.num_steps >= "
+                      f"{len(spec)} to split the steps")
+  out, fractions = [], []
+  for k, phase in enumerate(spec):
+    if len(phase) not in (2, 3) or not 0 < phase[0] <= 1 or not 8 <= phase[1] <= T:
+      raise ConfigError(f"config.data.length_phases[{k}]={tuple(phase)}: write (fraction "
+                        f"in (0, 1], length in [8, max_seq_length={T}][, predictions])")
+    fractions.append(float(phase[0]))
+    p = int(phase[2]) if len(phase) == 3 else max(1, int(math.ceil(P * phase[1] / T)))
+    out.append((int(round(sum(fractions) * num_steps)) - sum(s for s, _, _ in out),
+                int(phase[1]), min(p, int(phase[1]))))
+  if abs(sum(fractions) - 1.0) > 1e-6:
+    raise ConfigError(f"config.data.length_phases fractions sum to {sum(fractions)}: "
+                      "they must sum to 1 (e.g. ((0.9, 128), (0.1, 512)))")
+  out[-1] = (None, *out[-1][1:])
+  return out
 
 
 def make_eval_batches(examples: pretraining.Examples, mask_cfg: masking.MaskingConfig,
@@ -133,13 +209,16 @@ def make_eval_batches(examples: pretraining.Examples, mask_cfg: masking.MaskingC
 
 def build_pretraining_data(data_cfg, tokenizer, *, batch_size: int, seed: int, nsp: bool,
                            process_index: int = 0, process_count: int = 1,
-                           position_offset: int = 0) -> PretrainingData:
+                           position_offset: int = 0,
+                           num_steps: int | None = None) -> PretrainingData:
   """Builds the training stream and evaluation batches from `config.data`.
 
   `batch_size` is the per-process batch; with `nsp` the examples are BERT's sentence
   pairs, otherwise packed rows (`config.data.packing`: RoBERTa's FULL-SENTENCES or
   DOC-SENTENCES; `config.data.isolate_documents` adds segment_ids and position_ids
-  starting at `position_offset`, the model's). Deterministic given `seed`.
+  starting at `position_offset`, the model's). `config.data.length_phases` splits
+  `num_steps` into sequence-length phases; `config.data.languages` mixes per-language
+  corpora with q_i ~ p_i^language_alpha. Deterministic given `seed`.
   """
   start = time.perf_counter()
   if batch_size < 1:
@@ -154,46 +233,55 @@ def build_pretraining_data(data_cfg, tokenizer, *, batch_size: int, seed: int, n
     raise ConfigError("config.data.isolate_documents applies to packed rows: set "
                       "config.model.nsp=False or isolate_documents=False")
   masking.MaskingConfig.create(data_cfg, tokenizer, np.ones(tokenizer.vocab_size))
-  if os.path.isfile(os.path.join(data_cfg.corpus, prepare.SUMMARY)):  # pre-tokenized
-    documents = list(prepare.read_documents(data_cfg.corpus))
-  else:
-    documents = pretraining.tokenize_documents(
-        corpus.load_documents(data_cfg.corpus, data_cfg.get("text_field", "text")),
-        tokenizer)
-  num_eval = max(2, int(round(data_cfg.eval_fraction * len(documents))))
-  if len(documents) - num_eval < 2:
-    raise DataError(f"corpus {data_cfg.corpus!r} has {len(documents)} non-empty "
-                    f"documents: too few to hold out {num_eval} for evaluation and train "
-                    "on the rest; give more documents (blank lines separate them)")
-  order = np.random.default_rng(_seed(seed, _SPLIT)).permutation(len(documents))
-  eval_docs = [documents[k] for k in np.sort(order[:num_eval])]
-  train_docs = [documents[k] for k in np.sort(order[num_eval:])]
+  phases = length_phases(data_cfg, num_steps)
+  languages = multilingual.parse_languages(data_cfg.get("languages", "")) or [
+      ("", data_cfg.corpus)]
+  train_docs, eval_docs, documents = [], [], 0
+  for k, (_, spec) in enumerate(languages):
+    train, held_out = _split_documents(_load_tokenized(spec, data_cfg, tokenizer), spec,
+                                       data_cfg.eval_fraction, _seed(seed, _SPLIT, k))
+    train_docs.append(train)
+    eval_docs.append(held_out)
+    documents += len(train) + len(held_out)
 
-  def build(docs, stream, dupe_factor):
+  def build(docs, length, *stream):
     if nsp:
       return pretraining.create_nsp_examples(
-          docs, tokenizer, max_seq_length=data_cfg.max_seq_length,
-          short_seq_prob=data_cfg.short_seq_prob, dupe_factor=dupe_factor,
-          rng=np.random.default_rng(_seed(seed, stream)))
+          docs, tokenizer, max_seq_length=length, short_seq_prob=data_cfg.short_seq_prob,
+          dupe_factor=data_cfg.dupe_factor if stream[0] == _TRAIN_EXAMPLES else 1,
+          rng=np.random.default_rng(_seed(seed, *stream)))
     return pretraining.create_packed_examples(
-        docs, tokenizer, max_seq_length=data_cfg.max_seq_length,
+        docs, tokenizer, max_seq_length=length,
         packing=data_cfg.get("packing", "full_sentences"), isolate_documents=isolate,
         position_offset=position_offset)
 
-  train_examples = build(train_docs, _TRAIN_EXAMPLES, data_cfg.dupe_factor)
-  eval_examples = build(eval_docs, _EVAL_EXAMPLES, 1)
-  if len(train_examples) // process_count < batch_size:
-    raise DataError(f"corpus {data_cfg.corpus!r} gives {len(train_examples)} training "
-                    f"examples, fewer than one batch of {batch_size} on each of "
-                    f"{process_count} processes: use a smaller batch or a bigger corpus")
-
-  train_tokens = np.concatenate([np.asarray(s, np.int64) for d in train_docs for s in d])
-  counts = np.bincount(train_tokens, minlength=tokenizer.vocab_size)
+  train_tokens = [np.concatenate([np.asarray(s, np.int64) for d in docs for s in d])
+                  for docs in train_docs]
+  counts = np.bincount(np.concatenate(train_tokens), minlength=tokenizer.vocab_size)
   mask_cfg = masking.MaskingConfig.create(data_cfg, tokenizer, counts)
   counts[mask_cfg.special_ids] = 0
+  weights = None
+  if len(languages) > 1:
+    weights = tuple(multilingual.sampling_probabilities(
+        [len(t) for t in train_tokens], data_cfg.get("language_alpha", 0.3)).tolist())
+  train_phases = []
+  for i, (steps, length, predictions) in enumerate(phases):
+    sources = tuple(build(docs, length, _TRAIN_EXAMPLES, k, i)
+                    for k, docs in enumerate(train_docs))
+    for (name, spec), ex in zip(languages, sources):
+      if len(ex) // process_count < batch_size:
+        raise DataError(f"corpus {spec!r} gives {len(ex)} training examples of length "
+                        f"{length}, fewer than one batch of {batch_size} on each of "
+                        f"{process_count} processes: use a smaller batch or a bigger "
+                        "corpus")
+    train_phases.append(Phase(steps, sources, weights, dataclasses.replace(
+        mask_cfg, max_predictions_per_seq=predictions)))
+  eval_examples = _concatenate([build(docs, data_cfg.max_seq_length, _EVAL_EXAMPLES, k)
+                                for k, docs in enumerate(eval_docs)])
+  first = _concatenate(train_phases[0].sources)
   return PretrainingData(
       train=make_train_dataset(
-          train_examples, mask_cfg, batch_size=batch_size, seed=seed, nsp=nsp,
+          train_phases, batch_size=batch_size, seed=seed, nsp=nsp,
           process_index=process_index, process_count=process_count,
           worker_count=data_cfg.worker_count),
       eval_batches=make_eval_batches(
@@ -201,14 +289,49 @@ def build_pretraining_data(data_cfg, tokenizer, *, batch_size: int, seed: int, n
           process_index=process_index, process_count=process_count),
       most_frequent_token=int(np.argmax(counts)),
       stats={
-          "documents": len(documents),
-          "train_documents": len(train_docs),
-          "eval_documents": len(eval_docs),
-          "train_examples": len(train_examples),
+          "documents": documents,
+          "train_documents": sum(map(len, train_docs)),
+          "eval_documents": sum(map(len, eval_docs)),
+          "train_examples": len(first),
           # Share of the train rows' positions that are padding (packing drives it to ~0).
-          "padding_fraction": round(1.0 - float(np.sum(train_examples.lengths))
-                                    / max(train_examples.input_ids.size, 1), 4),
+          "padding_fraction": round(1.0 - float(np.sum(first.lengths))
+                                    / max(first.input_ids.size, 1), 4),
           "eval_examples": len(eval_examples),
-          "tokens": len(train_tokens),
+          "tokens": int(sum(map(len, train_tokens))),
+          "phases": [(p.steps, p.sources[0].input_ids.shape[1],
+                      p.mask_cfg.max_predictions_per_seq) for p in train_phases],
+          **({"language_weights": dict(zip([n for n, _ in languages],
+                                           np.round(weights, 4).tolist()))}
+             if weights else {}),
           "build_seconds": round(time.perf_counter() - start, 3),
       })
+
+
+def _load_tokenized(spec: str, data_cfg, tokenizer) -> list[pretraining.Document]:
+  """A corpus spec's tokenized documents (read directly when `prepare`d)."""
+  if os.path.isfile(os.path.join(spec, prepare.SUMMARY)):  # pre-tokenized
+    return list(prepare.read_documents(spec))
+  return pretraining.tokenize_documents(
+      corpus.load_documents(spec, data_cfg.get("text_field", "text")), tokenizer)
+
+
+def _split_documents(documents, spec: str, eval_fraction: float, seed: int):
+  """(train, held-out) documents, each kept in corpus order."""
+  num_eval = max(2, int(round(eval_fraction * len(documents))))
+  if len(documents) - num_eval < 2:
+    raise DataError(f"corpus {spec!r} has {len(documents)} non-empty "
+                    f"documents: too few to hold out {num_eval} for evaluation and train "
+                    "on the rest; give more documents (blank lines separate them)")
+  order = np.random.default_rng(seed).permutation(len(documents))
+  return ([documents[k] for k in np.sort(order[num_eval:])],
+          [documents[k] for k in np.sort(order[:num_eval])])
+
+
+def _concatenate(parts: list[pretraining.Examples]) -> pretraining.Examples:
+  """The examples of several builders, one after the other."""
+  if len(parts) == 1:
+    return parts[0]
+  return pretraining.Examples(*(
+      None if getattr(parts[0], f.name) is None
+      else np.concatenate([getattr(p, f.name) for p in parts])
+      for f in dataclasses.fields(pretraining.Examples)))

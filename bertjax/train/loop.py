@@ -17,7 +17,7 @@ from absl import logging
 from jax.experimental import multihost_utils
 
 from bertjax import checkpoint as ckpt_lib
-from bertjax.data import corpus as corpus_lib
+from bertjax.data import multilingual
 from bertjax.data import pipeline
 from bertjax.data import tokenizer as tok_lib
 from bertjax.errors import ConfigError, TrainingError
@@ -66,12 +66,11 @@ def get_tokenizer(config, workdir: str) -> tok_lib.Tokenizer:
     if tcfg.path:
       tokenizer = tok_lib.load_tokenizer(tcfg.path)
     elif jax.process_index() == 0:  # Training is not deterministic across processes.
-      documents = corpus_lib.load_documents(config.data.corpus)
-      logging.info("Training a %s tokenizer (%d tokens) on %d documents.", tcfg.kind,
-                   tcfg.vocab_size, len(documents))
+      sentences = multilingual.tokenizer_sentences(config.data, config.seed)
+      logging.info("Training a %s tokenizer (%d tokens) on %d sentences.", tcfg.kind,
+                   tcfg.vocab_size, len(sentences))
       tokenizer = tok_lib.train_tokenizer(
-          (s for doc in documents for s in doc), kind=tcfg.kind,
-          vocab_size=tcfg.vocab_size, lowercase=tcfg.lowercase)
+          sentences, kind=tcfg.kind, vocab_size=tcfg.vocab_size, lowercase=tcfg.lowercase)
     if jax.process_index() == 0:
       tokenizer.save(saved)
     if multihost and not tcfg.path:  # The others read process 0's trained tokenizer.
@@ -139,7 +138,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   data = pipeline.build_pretraining_data(
       config.data, tokenizer, batch_size=config.train.batch_size // jax.process_count(),
       seed=config.seed, nsp=config.model.nsp, process_index=jax.process_index(),
-      process_count=jax.process_count(), position_offset=config.model.position_offset)
+      process_count=jax.process_count(), position_offset=config.model.position_offset,
+      num_steps=config.train.num_steps)
   log.info("Data: %s", data.stats)
 
   model = state_lib.build_model(config)
