@@ -347,11 +347,13 @@ def load_tokenizer(path: str) -> Tokenizer:
 
 
 def train_tokenizer(texts: Iterable[str], kind: str = "wordpiece", vocab_size: int = 30522,
-                    lowercase: bool = True) -> Tokenizer:
+                    lowercase: bool = True, model_type: str = "unigram",
+                    character_coverage: float = 0.9995) -> Tokenizer:
   """Trains a vocabulary of at most `vocab_size` ids on `texts`.
 
   kind='wordpiece': BERT-style WordPiece via `tokenizers` with [PAD]=0 [UNK]=1
-  [CLS]=2 [SEP]=3 [MASK]=4. kind='sentencepiece': a unigram SentencePiece model with
+  [CLS]=2 [SEP]=3 [MASK]=4. kind='sentencepiece': a SentencePiece `model_type`
+  ('unigram' or 'bpe') model covering `character_coverage` of the characters, with
   XLM-R's ids (<s>=0 <pad>=1 </s>=2 <unk>=3, pieces, <mask> last).
   """
   if kind == "wordpiece":
@@ -366,8 +368,8 @@ def train_tokenizer(texts: Iterable[str], kind: str = "wordpiece", vocab_size: i
     try:
       spm.SentencePieceTrainer.train(
           sentence_iterator=iter(texts), model_writer=model, vocab_size=vocab_size - 2,
-          model_type="unigram", unk_id=0, bos_id=1, eos_id=2, pad_id=-1,
-          hard_vocab_limit=False, character_coverage=0.9995,
+          model_type=model_type, unk_id=0, bos_id=1, eos_id=2, pad_id=-1,
+          hard_vocab_limit=False, character_coverage=character_coverage,
           normalization_rule_name="nmt_nfkc_cf" if lowercase else "nmt_nfkc",
           minloglevel=2)
     except RuntimeError as e:

@@ -1,0 +1,68 @@
+"""Train a tokenizer with the special tokens the model configs expect.
+
+  # BERT-style WordPiece, uncased (bert_base) or cased (--nolowercase):
+  python -m bertjax.data.train_tokenizer --input='/data/en/*.txt' --kind=wordpiece \
+      --vocab_size=30522 --output=/data/tok
+  # XLM-R style SentencePiece (unigram or bpe) over languages mixed with q ~ p^alpha:
+  python -m bertjax.data.train_tokenizer --languages='en=/data/en,sw=/data/sw' \
+      --kind=sentencepiece --model_type=unigram --character_coverage=0.9995 \
+      --alpha=0.3 --vocab_size=250002 --output=/data/tok
+
+WordPiece: [PAD]=0 [UNK]=1 [CLS]=2 [SEP]=3 [MASK]=4 (configs/bert_*.py, pad 0).
+SentencePiece: <s>=0 <pad>=1 </s>=2 <unk>=3 ... <mask> last (configs/xlmr_*.py, pad 1).
+The output directory is read by `--config.data.tokenizer.path` and `load_tokenizer`.
+"""
+
+from __future__ import annotations
+
+import time
+
+from absl import app, flags
+import ml_collections
+
+from bertjax.data import multilingual
+from bertjax.data import tokenizer as tok_lib
+
+
+def train(input_spec: str, languages: str, output: str, *, kind: str, vocab_size: int,
+          lowercase: bool, model_type: str, character_coverage: float, alpha: float,
+          seed: int = 0, text_field: str = "text") -> dict:
+  """Trains and saves the tokenizer; returns a summary (sentences, vocab, ids, seconds)."""
+  start = time.perf_counter()
+  data_cfg = ml_collections.ConfigDict({"corpus": input_spec, "languages": languages,
+                                        "language_alpha": alpha, "text_field": text_field})
+  sentences = multilingual.tokenizer_sentences(data_cfg, seed)
+  tok = tok_lib.train_tokenizer(sentences, kind=kind, vocab_size=vocab_size,
+                                lowercase=lowercase, model_type=model_type,
+                                character_coverage=character_coverage)
+  tok.save(output)
+  return {"sentences": len(sentences), "vocab_size": tok.vocab_size,
+          "pad_id": tok.pad_id, "cls_id": tok.cls_id, "sep_id": tok.sep_id,
+          "mask_id": tok.mask_id, "seconds": round(time.perf_counter() - start, 2)}
+
+
+def main(argv):
+  del argv
+  f = flags.FLAGS
+  summary = train(f.input or "", f.languages, f.output, kind=f.kind,
+                  vocab_size=f.vocab_size, lowercase=f.lowercase, model_type=f.model_type,
+                  character_coverage=f.character_coverage, alpha=f.alpha, seed=f.seed,
+                  text_field=f.text_field)
+  print(" | ".join(f"{k} {v}" for k, v in summary.items()))
+
+
+if __name__ == "__main__":
+  # Defined only when run as a program, so importing the module defines no flags.
+  flags.DEFINE_string("input", None, "Corpus: file, glob, directory, tfds:NAME, embedded.")
+  flags.DEFINE_string("languages", "", "Instead of --input: 'en=SPEC,sw=SPEC,...'.")
+  flags.DEFINE_float("alpha", 0.3, "Language sampling exponent: q_i ~ p_i^alpha.")
+  flags.DEFINE_enum("kind", "wordpiece", ["wordpiece", "sentencepiece"], "Tokenizer kind.")
+  flags.DEFINE_enum("model_type", "unigram", ["unigram", "bpe"], "SentencePiece model.")
+  flags.DEFINE_integer("vocab_size", 30522, "Vocabulary size (special tokens included).")
+  flags.DEFINE_bool("lowercase", True, "Uncased (--nolowercase: cased).")
+  flags.DEFINE_float("character_coverage", 0.9995, "SentencePiece character coverage.")
+  flags.DEFINE_integer("seed", 0, "Seed of the language sampling.")
+  flags.DEFINE_string("text_field", "text", "JSON-lines / TFDS text key.")
+  flags.DEFINE_string("output", None, "Directory to write the tokenizer to.")
+  flags.mark_flags_as_required(["output"])
+  app.run(main)
