@@ -1,0 +1,90 @@
+"""Predictions of a fine-tuned model (any task of bertjax.tasks) on a file:
+
+  python -m bertjax.predict --checkpoint=/tmp/sst2 --input=test.tsv --output=preds.jsonl
+
+`--checkpoint` is a fine-tuning workdir (config.json, tokenizer/, task.json,
+checkpoints/); `--input` is in the format the task reads for training (GLUE TSV, CoNLL,
+SQuAD JSON, SWAG CSV, .jsonl or tfds:NAME), gold fields optional. Writes JSON lines,
+one per example: its input fields and `prediction` (a label or score, a tag per word,
+the answer text, the entity spans, or the chosen ending's index).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+from absl import app, flags, logging
+
+from bertjax.errors import BertjaxError, CheckpointError
+
+_CHECKPOINT = flags.DEFINE_string("checkpoint", None, "Fine-tuning workdir.", required=True)
+_INPUT = flags.DEFINE_string("input", None, "File (or tfds:NAME) to predict.", required=True)
+_OUTPUT = flags.DEFINE_string("output", "", "JSON lines out; default CHECKPOINT/predictions.jsonl.")
+_SPLIT = flags.DEFINE_string("split", "test", "Split of a tfds:NAME input.")
+
+# Gold fields of the readers' examples: not echoed next to the prediction.
+GOLD = ("label", "tags", "answers", "entities", "is_impossible")
+
+
+def predict(checkpoint: str, input_path: str, split: str = "test") -> list[dict[str, Any]]:
+  """One record per example of `input_path`: its input fields and `prediction`."""
+  import jax  # pylint: disable=g-import-not-at-top  (keeps --help fast)
+  from bertjax import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
+  from bertjax.data import tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
+  from bertjax.model import ModelConfig  # pylint: disable=g-import-not-at-top
+  from bertjax.tasks import get_task, loop  # pylint: disable=g-import-not-at-top
+
+  task_path = os.path.join(checkpoint, loop.TASK_FILE)
+  if not os.path.isfile(task_path):
+    raise CheckpointError(f"{checkpoint} has no {loop.TASK_FILE}: give a fine-tuning "
+                          "workdir (python -m bertjax.finetune --workdir=...).")
+  config = ckpt_lib.load_config(checkpoint)
+  with open(task_path) as f:
+    saved = json.load(f)
+  tokenizer = tok_lib.load_tokenizer(os.path.join(checkpoint, ckpt_lib.TOKENIZER_DIR))
+  task = get_task(config.task.name)(config.task, tokenizer, config.task.max_seq_length)
+  task.labels = saved["labels"]
+  examples = task.read(input_path, split)
+  if not examples:
+    raise CheckpointError(f"{input_path} holds no examples.")
+  features = task.featurize(examples, train=False)
+  model = ModelConfig.from_config(config.model)
+  runner = loop.Runner(config, task, model, loop.example_batch(features), saved["num_steps"])
+  checkpointer = ckpt_lib.Checkpointer(checkpoint, read_only=True)
+  step = checkpointer.latest_step()
+  if step is None:
+    raise CheckpointError(f"{checkpoint} has no checkpoint yet; finish (or resume) the "
+                          "fine-tuning run first.")
+  target = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                        runner.abstract, runner.state_shardings)
+  params = checkpointer.restore(step, target).params
+  checkpointer.close()
+  outputs, _ = runner.outputs(params, features, config.train.eval_batch_size)
+  predictions = task.decode(outputs, features, examples)
+  if isinstance(predictions, dict):  # SQuAD: {question id: answer}.
+    predictions = [predictions[e["id"]] for e in examples]
+  return [{**{k: v for k, v in e.items() if k not in GOLD}, "prediction": p}
+          for e, p in zip(examples, predictions)]
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  output = _OUTPUT.value or os.path.join(_CHECKPOINT.value, "predictions.jsonl")
+  try:
+    records = predict(_CHECKPOINT.value, _INPUT.value, _SPLIT.value)
+  except BertjaxError as e:
+    logging.flush()
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(2)
+  with open(output, "w", encoding="utf-8") as f:
+    for r in records:
+      f.write(json.dumps(r, ensure_ascii=False) + "\n")
+  print(f"wrote {len(records)} predictions to {output}")
+
+
+if __name__ == "__main__":
+  app.run(main)
