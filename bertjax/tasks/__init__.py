@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
-import importlib
-
 from bertjax.errors import ConfigError
+from bertjax.tasks.classification import Classification
+from bertjax.tasks.multiple_choice import MultipleChoice
+from bertjax.tasks.span_ner import SpanNER
+from bertjax.tasks.squad import SquadQA
+from bertjax.tasks.tagging import Tagging
 
-# config.task.name -> (module, class)
+# config.task.name -> Task class
 TASKS = {
-    "classification": ("classification", "Classification"),
-    "tagging": ("tagging", "Tagging"),
-    "squad": ("squad", "SquadQA"),
-    "span_ner": ("span_ner", "SpanNER"),
-    "multiple_choice": ("multiple_choice", "MultipleChoice"),
+    "classification": Classification,
+    "tagging": Tagging,
+    "squad": SquadQA,
+    "span_ner": SpanNER,
+    "multiple_choice": MultipleChoice,
 }
 
 
@@ -20,5 +23,4 @@ def get_task(name: str):
   """The Task class registered under `name`."""
   if name not in TASKS:
     raise ConfigError(f"config.task.name={name!r}: use one of {sorted(TASKS)}.")
-  module, cls = TASKS[name]
-  return getattr(importlib.import_module(f"bertjax.tasks.{module}"), cls)
+  return TASKS[name]

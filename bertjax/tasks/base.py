@@ -9,6 +9,7 @@ decoder from those outputs back to one prediction per example, and a scorer.
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 from typing import Any, Sequence
 
@@ -80,7 +81,7 @@ def masked_xent(logits: jax.Array, labels: jax.Array, weights: jax.Array
   return jnp.sum(xent * weights), jnp.sum(weights)
 
 
-class Task:
+class Task(abc.ABC):
   """Interface of a fine-tuning task (one subclass per module of bertjax/tasks)."""
 
   name = ""
@@ -93,37 +94,41 @@ class Task:
     self.labels: list[str] = []
 
   # Data.
+  @abc.abstractmethod
   def read(self, path: str, split: str) -> list[dict]:
-    raise NotImplementedError
+    """The examples of a file (native format or .jsonl) or tfds:NAME split."""
 
   def fit_labels(self, train: Sequence[dict]) -> list[str]:
     """The label vocabulary (from the config, else from the training examples)."""
     return []
 
+  @abc.abstractmethod
   def featurize(self, examples: Sequence[dict], train: bool) -> Features:
-    raise NotImplementedError
+    """Model rows (padded to max_seq_length) and the bookkeeping to decode them."""
 
   # Model.
+  @abc.abstractmethod
   def head(self, config: ModelConfig) -> nn.Module:
-    raise NotImplementedError
+    """The Flax head over the encoder's outputs (called as head(out, batch, det))."""
 
+  @abc.abstractmethod
   def loss(self, outputs: dict, batch: dict) -> tuple[jax.Array, jax.Array]:
     """(summed loss, number of loss terms) of a batch; rows with `example_weights` 0
     (padding of the last batch) contribute nothing."""
-    raise NotImplementedError
 
+  @abc.abstractmethod
   def predict_outputs(self, outputs: dict) -> dict:
     """The (small) arrays the decoder needs, computed on device: [B, ...] each."""
-    raise NotImplementedError
 
   # Host side.
+  @abc.abstractmethod
   def decode(self, outputs: dict[str, np.ndarray], features: Features,
              examples: Sequence[dict]) -> list[Any]:
     """One prediction per example (a label, a tag per word, an answer string...)."""
-    raise NotImplementedError
 
+  @abc.abstractmethod
   def score(self, predictions: Sequence[Any], examples: Sequence[dict]) -> dict[str, float]:
-    raise NotImplementedError
+    """The task's dev metrics of the decoded predictions against the gold examples."""
 
 
 def label_vocab(configured: Sequence[str], seen: Sequence[str], what: str) -> list[str]:
