@@ -12,10 +12,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import PartitionSpec as P
 
 from bertjax import checkpoint as ckpt_lib
 from bertjax.model import BertForPreTraining, ModelConfig, layers
 from bertjax.model.layout import scan_params, to_layout, unscan_params
+from bertjax.parallel import mesh as mesh_lib
 from bertjax.train import optimizer, state as state_lib
 from tests.helpers import synthetic_batch, tiny_config
 
@@ -183,3 +185,17 @@ def test_cudnn_attention_equals_xla_in_bf16(packed):
   cudnn = layers.SelfAttention(dataclasses.replace(cfg, attention_impl="cudnn")).apply(
       variables, x, mask, True)
   np.testing.assert_allclose(cudnn.astype(jnp.float32), xla.astype(jnp.float32), atol=2e-2)
+
+
+def test_scanned_parameters_shard_like_unscanned_ones(setup):
+  """The stacked [L] axis ('layers') is never sharded; the rest keeps its rules."""
+  config = setup[0].copy_and_resolve_references()
+  config.model.scan_layers = True
+  config.mesh.update(data=2, fsdp=2, tensor=2)
+  mesh = mesh_lib.create_mesh(config.mesh)
+  _, boxed = state_lib.abstract_state(config)
+  shardings = mesh_lib.logical_shardings(boxed, mesh, config.logical_axis_rules)
+  layers_ = shardings.params["encoder"]["layers"]
+  assert layers_["attention"]["query"]["kernel"].spec == P(None, "fsdp", "tensor", None)
+  assert layers_["intermediate"]["kernel"].spec == P(None, "fsdp", "tensor")
+  assert layers_["attention_norm"]["scale"].spec == P(None, "fsdp")
