@@ -14,11 +14,13 @@ import io
 import json
 import os
 import re
+import tempfile
 from typing import Iterable, Sequence
 
 import numpy as np
 import sentencepiece as spm
 import tokenizers
+from etils import epath
 from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
 
 from bertjax.errors import DataError
@@ -225,9 +227,41 @@ class Tokenizer:
     return self._backend.decode([int(i) for i in ids if int(i) not in drop])
 
   def save(self, directory: str) -> None:
-    """Writes files that `load_tokenizer(directory)` reads back."""
+    """Writes files that `load_tokenizer(directory)` reads back; `directory` may be a
+    remote path (gs://...), written through a local copy."""
+    if is_remote(directory):
+      with tempfile.TemporaryDirectory() as local:
+        self._backend.save(local)
+        _copy_files(epath.Path(local), epath.Path(directory))
+      return
     os.makedirs(directory, exist_ok=True)
     self._backend.save(directory)
+
+
+def is_remote(path) -> bool:
+  """A path of a remote file system (gs://, s3://...) rather than a local one."""
+  return "://" in os.fspath(path)
+
+
+def _copy_files(src: epath.Path, dst: epath.Path) -> None:
+  dst.mkdir(parents=True, exist_ok=True)
+  for f in src.iterdir():
+    if f.is_file():
+      (dst / f.name).write_bytes(f.read_bytes())
+
+
+def _local_copy(path: str) -> str:
+  """A local copy of a remote tokenizer file or directory (the libraries read local
+  files only); DataError when it does not exist."""
+  src = epath.Path(path)
+  if not src.exists():
+    raise DataError(f"tokenizer path {path} does not exist.")
+  local = epath.Path(tempfile.mkdtemp(prefix="bertjax-tokenizer-"))
+  if src.is_dir():
+    _copy_files(src, local)
+    return os.fspath(local)
+  (local / src.name).write_bytes(src.read_bytes())
+  return os.fspath(local / src.name)
 
 
 def truncate_longest_first(a: Sequence[int], b: Sequence[int], max_length: int
@@ -317,6 +351,8 @@ def load_tokenizer(path: str) -> Tokenizer:
   with tokenizer_config.json's do_lower_case, sentencepiece.bpe.model, or
   vocab.json + merges.txt)."""
   path = os.fspath(path)
+  if is_remote(path):
+    path = _local_copy(path)
   if not os.path.exists(path):
     raise DataError(f"tokenizer path {path} does not exist.")
   if os.path.isfile(path):

@@ -7,26 +7,40 @@ import os
 
 import jax
 from absl import logging
+from etils import epath
+
+from bertjax.data.tokenizer import is_remote
 
 
 class MetricLogger:
   """Writes scalars to the console, `WORKDIR/tensorboard` and `WORKDIR/metrics.jsonl`.
-  Every other process does nothing."""
+  Every other process does nothing. Object stores (gs://) cannot append, so for a
+  remote workdir metrics.jsonl is rewritten whole at each write (a line per log step)."""
 
   def __init__(self, workdir: str):
     self.active = jax.process_index() == 0
     if self.active:
       from tensorboardX import SummaryWriter  # TensorBoard events without TensorFlow.
       self.tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
-      self.jsonl = open(os.path.join(workdir, "metrics.jsonl"), "a")
+      self.path = epath.Path(workdir) / "metrics.jsonl"
+      self.remote_lines = None
+      if is_remote(workdir):
+        self.remote_lines = self.path.read_text() if self.path.exists() else ""
+      else:
+        self.jsonl = open(self.path, "a")
 
   def write(self, step: int, metrics: dict[str, float], prefix: str = "train") -> None:
     if not self.active:
       return
     for k, v in metrics.items():
       self.tb.add_scalar(f"{prefix}/{k}", v, step)
-    self.jsonl.write(json.dumps({"step": step, "split": prefix, **metrics}) + "\n")
-    self.jsonl.flush()
+    line = json.dumps({"step": step, "split": prefix, **metrics}) + "\n"
+    if self.remote_lines is not None:
+      self.remote_lines += line
+      self.path.write_text(self.remote_lines)
+    else:
+      self.jsonl.write(line)
+      self.jsonl.flush()
 
   def info(self, msg: str, *args) -> None:
     if self.active:
@@ -35,7 +49,8 @@ class MetricLogger:
   def close(self) -> None:
     if self.active:
       self.tb.close()
-      self.jsonl.close()
+      if self.remote_lines is None:
+        self.jsonl.close()
 
 
 def format_metrics(metrics: dict[str, float]) -> str:

@@ -12,6 +12,7 @@ from typing import Any
 import flax.linen as nn
 import jax
 import ml_collections
+from etils import epath
 import numpy as np
 from absl import logging
 from jax.experimental import multihost_utils
@@ -56,7 +57,7 @@ def get_tokenizer(config, workdir: str) -> tok_lib.Tokenizer:
   the corpus (saved into the workdir so the checkpoint carries it)."""
   saved = os.path.join(workdir, ckpt_lib.TOKENIZER_DIR)
   tcfg = config.data.tokenizer
-  resumed = os.path.isdir(saved)
+  resumed = epath.Path(saved).is_dir()  # The workdir may be remote (gs://).
   multihost = jax.process_count() > 1
   if multihost:  # Every process looks before process 0 writes one.
     multihost_utils.sync_global_devices("bertjax: tokenizer directory checked")
@@ -121,7 +122,7 @@ def _mean_metrics(host: list[dict[str, Any]]) -> dict[str, float]:
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   """Runs (or resumes) pretraining in `workdir`; returns the last eval metrics."""
   validate(config)
-  os.makedirs(workdir, exist_ok=True)
+  epath.Path(workdir).mkdir(parents=True, exist_ok=True)
   ckpt_lib.save_config(workdir, config)
   log = MetricLogger(workdir)
   rules = tuple(map(tuple, config.logical_axis_rules))
