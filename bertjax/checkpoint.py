@@ -19,6 +19,7 @@ from etils import epath
 from jax.experimental import multihost_utils
 
 from bertjax.errors import CheckpointError
+from bertjax.model.config import ModelConfig
 
 CONFIG_FILE = "config.json"
 TOKENIZER_DIR = "tokenizer"
@@ -84,10 +85,12 @@ def save_config(workdir: str, config: ml_collections.ConfigDict) -> None:
   """Writes config.json; on resume, checks that the model section is unchanged."""
   path = epath.Path(workdir) / CONFIG_FILE
   if path.exists():
-    old = json.loads(path.read_text())
-    new = json.loads(config.to_json())
-    if old.get("model") != new["model"]:
-      changed = sorted(k for k in new["model"] if old.get("model", {}).get(k) != new["model"][k])
+    old = json.loads(path.read_text()).get("model", {})
+    new = json.loads(config.to_json())["model"]
+    # A field added to bertjax after the run started counts at its default value.
+    defaults = ModelConfig().to_dict()
+    changed = sorted(k for k in new if old.get(k, defaults.get(k)) != new[k])
+    if changed:
       raise CheckpointError(
           f"{workdir} holds a run of another model (config.model fields {changed} differ); "
           "use a new --workdir or the original model config.")

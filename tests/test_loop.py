@@ -174,3 +174,16 @@ def test_fill_mask_on_the_trained_workdir(reference):
       timeout=120)
   assert proc.returncode == 0, proc.stderr
   assert proc.stdout.splitlines()[1].startswith("  mask 1: ")
+
+
+def test_workdir_from_before_a_new_model_field_still_resumes(reference, tmp_path):
+  """config.json written before a model field existed: that field counts at its default."""
+  workdir = str(tmp_path / "older")
+  shutil.copytree(reference[0], workdir)
+  path = os.path.join(workdir, "config.json")
+  with open(path) as f:
+    saved = json.load(f)
+  del saved["model"]["remat_policy"]
+  with open(path, "w") as f:
+    json.dump(saved, f)
+  loop.train_and_evaluate(e2e_config(), workdir)  # resumes at the last step: no error
