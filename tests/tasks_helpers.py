@@ -4,6 +4,7 @@ trained on the fixtures, and a tiny fine-tuning config."""
 from __future__ import annotations
 
 import os
+import shutil
 
 from bertjax.data import tokenizer as tok_lib
 from tests.helpers import tiny_config
@@ -15,22 +16,16 @@ def fixture(name: str) -> str:
   return os.path.join(FIXTURES, name)
 
 
-# The fixtures the test vocabulary is trained on: a fixed list, so that adding a
-# fixture does not change how the others tokenize.
-VOCAB_FIXTURES = ("conll_dev.txt", "conll_train.txt", "squad_v2.json", "sst2_dev.tsv",
-                  "sst2_train.tsv", "stsb_dev.tsv", "stsb_train.tsv",
-                  "wsd_semcor.gold.key.txt", "wsd_semcor.xml", "wsd_test.jsonl",
-                  "wsd_train.jsonl")
-
-
 def fixture_tokenizer(directory: str) -> str:
-  """Trains a small WordPiece vocabulary on the VOCAB_FIXTURES' text; returns its dir."""
-  texts = []
-  for name in VOCAB_FIXTURES:
-    with open(fixture(name), encoding="utf-8") as f:
-      texts += f.read().replace("\t", " ").replace(",", " , ").splitlines()
-  tok = tok_lib.train_tokenizer(texts, "wordpiece", vocab_size=400)
-  tok.save(directory)
+  """The fixtures' 400-id WordPiece tokenizer, copied to `directory`; returns it.
+
+  It is stored (tests/fixtures/tokenizer/) rather than trained per run: the
+  `tokenizers` WordPiece trainer breaks ties in hash order, so each process would get
+  a different vocabulary and the tests different numbers. It was trained with
+  `train_tokenizer(lines, 'wordpiece', vocab_size=400)` on the lines of the conll,
+  squad, sst2, stsb and wsd fixtures (tabs and commas spaced out).
+  """
+  shutil.copytree(fixture("tokenizer"), directory, dirs_exist_ok=True)
   return directory
 
 

@@ -120,7 +120,7 @@ def test_bad_pooling_is_a_config_error(vocab):
 
 
 def test_span_ner_finetuning_run_learns_nested_entities(vocab, tmp_path):
-  c = tiny_finetune(span_ner.get_config("attention"), vocab, num_epochs=16)
+  c = tiny_finetune(span_ner.get_config("attention"), vocab, num_epochs=30)
   c.task.max_span_length = 3
   c.data.train, c.data.dev = fixture("span_ner_train.jsonl"), fixture("span_ner_dev.jsonl")
   scores = loop.finetune(c, str(tmp_path))
