@@ -96,6 +96,9 @@ class Pretrained:
 
 def _load_workdir(path: str) -> tuple[ModelConfig, Any, Tokenizer]:
   from bertjax import checkpoint  # pylint: disable=g-import-not-at-top
+  if os.path.isfile(os.path.join(path, "task.json")):
+    raise CheckpointError(f"{path} is a fine-tuning workdir: predict with python -m "
+                          "bertjax.predict; give a pretraining workdir or a Hugging Face dir.")
   config, params = checkpoint.restore_params(path)
   tokenizer_dir = os.path.join(path, "tokenizer")
   if not os.path.isdir(tokenizer_dir):

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from bertjax import predict
+from bertjax import api, predict
 from bertjax.errors import CheckpointError
 from bertjax.tasks import loop
 from configs.finetune import glue, ner, squad
@@ -73,3 +73,6 @@ def test_cli_on_jsonl_without_gold(runs, tmp_path):
   assert len(record["prediction"]) == 3
   with pytest.raises(CheckpointError, match="task.json"):
     predict.predict(str(tmp_path), str(src))
+  # Loading it as a pretrained encoder (init_from, convert) says what it is.
+  with pytest.raises(CheckpointError, match="fine-tuning workdir"):
+    api.load_pretrained(workdir)
