@@ -1,7 +1,7 @@
 """GLUE fine-tuning: `configs/finetune/glue.py:TASK` for the nine GLUE tasks, each with
 its official metrics (the first selects the best sweep run). The files are GLUE's TSVs.
 
-  python -m bertjax.main --config=configs/finetune/glue.py:sst2 --workdir=/tmp/sst2 \
+  python -m bertjax.finetune --config=configs/finetune/glue.py:sst2 --workdir=/tmp/sst2 \
       --config.init_from=/path/to/bert-base-uncased \
       --config.data.train=glue_data/SST-2/train.tsv --config.data.dev=glue_data/SST-2/dev.tsv
   # The paper's selection: --config.sweep.learning_rates='(5e-5,4e-5,3e-5,2e-5)'
