@@ -130,3 +130,10 @@ def test_span_ner_finetuning_run_learns_nested_entities(vocab, tmp_path):
   with open(os.path.join(tmp_path, "dev_predictions.json")) as f:
     first = {(x["label"], x["start"], x["end"]) for x in json.load(f)[0]}
   assert {("ORG", 3, 5), ("LOC", 5, 5)} <= first  # Both of the nested pair.
+
+
+def test_conll_bio_files_become_entity_spans(task):
+  first = task.read(fixture("conll_train.txt"), "train")[0]  # John Smith lives in Paris .
+  assert first["words"][:2] == ["John", "Smith"]
+  assert first["entities"] == [{"start": 0, "end": 1, "label": "PER"},
+                               {"start": 4, "end": 4, "label": "LOC"}]
