@@ -17,10 +17,6 @@ import numpy as np
 from bertjax.api import Pretrained, load_pretrained
 from bertjax.errors import BertjaxError, DataError
 
-_CHECKPOINT = flags.DEFINE_string("checkpoint", None, "bertjax workdir or Hugging Face "
-                                  "model dir.", required=True)
-_TOP_K = flags.DEFINE_integer("top_k", 5, "How many fillers to print per mask.")
-
 
 def fill_mask(pretrained: Pretrained, text: str, top_k: int = 5
               ) -> list[list[tuple[str, float]]]:
@@ -46,15 +42,23 @@ def main(argv):
   if not texts:
     raise app.UsageError("give the text(s) to fill as positional arguments.")
   try:
-    pretrained = load_pretrained(_CHECKPOINT.value)
+    pretrained = load_pretrained(flags.FLAGS.checkpoint)
     for text in texts:
       print(text)
-      for k, fillers in enumerate(fill_mask(pretrained, text, _TOP_K.value)):
+      for k, fillers in enumerate(fill_mask(pretrained, text, flags.FLAGS.top_k)):
         print(f"  mask {k + 1}: " + "  ".join(f"{t} {p:.3f}" for t, p in fillers))
   except BertjaxError as e:
     print(f"error: {e}", file=sys.stderr)
     sys.exit(2)
 
 
+def define_flags() -> None:
+  """Defined only when run as a program (importing `fill_mask` defines no flags)."""
+  flags.DEFINE_string("checkpoint", None, "bertjax workdir or Hugging Face model dir.",
+                      required=True)
+  flags.DEFINE_integer("top_k", 5, "How many fillers to print per mask.")
+
+
 if __name__ == "__main__":
+  define_flags()
   app.run(main)

@@ -20,11 +20,6 @@ from absl import app, flags, logging
 
 from bertjax.errors import BertjaxError, CheckpointError
 
-_CHECKPOINT = flags.DEFINE_string("checkpoint", None, "Fine-tuning workdir.", required=True)
-_INPUT = flags.DEFINE_string("input", None, "File (or tfds:NAME) to predict.", required=True)
-_OUTPUT = flags.DEFINE_string("output", "", "JSON lines out; default CHECKPOINT/predictions.jsonl.")
-_SPLIT = flags.DEFINE_string("split", "test", "Split of a tfds:NAME input.")
-
 # Gold fields of the readers' examples: not echoed next to the prediction.
 GOLD = ("label", "tags", "answers", "entities", "is_impossible")
 
@@ -73,9 +68,10 @@ def predict(checkpoint: str, input_path: str, split: str = "test") -> list[dict[
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  output = _OUTPUT.value or os.path.join(_CHECKPOINT.value, "predictions.jsonl")
+  f = flags.FLAGS
+  output = f.output or os.path.join(f.checkpoint, "predictions.jsonl")
   try:
-    records = predict(_CHECKPOINT.value, _INPUT.value, _SPLIT.value)
+    records = predict(f.checkpoint, f.input, f.split)
   except BertjaxError as e:
     logging.flush()
     print(f"error: {e}", file=sys.stderr)
@@ -86,5 +82,15 @@ def main(argv):
   print(f"wrote {len(records)} predictions to {output}")
 
 
+def define_flags() -> None:
+  """The CLI's flags; defined only when run as a program, so that importing `predict`
+  next to other bertjax CLIs does not define `--checkpoint` twice."""
+  flags.DEFINE_string("checkpoint", None, "Fine-tuning workdir.", required=True)
+  flags.DEFINE_string("input", None, "File (or tfds:NAME) to predict.", required=True)
+  flags.DEFINE_string("output", "", "JSON lines out; default CHECKPOINT/predictions.jsonl.")
+  flags.DEFINE_string("split", "test", "Split of a tfds:NAME input.")
+
+
 if __name__ == "__main__":
+  define_flags()
   app.run(main)
