@@ -17,6 +17,10 @@ non-special token with `random_token_prob` (uniform over the vocabulary, or from
 corpus unigram frequencies), else stays. 'token' and 'whole_word' decide per token
 (as BERT does); 'span' decides once per merged span (SpanBERT's span-level 80/10/10).
 
+Randomness: every draw is `rng.random(shape)` with the rows first, so `rng` is either
+a numpy Generator (one stream for the whole batch) or `RowStreams` (one counter-based
+stream per row: a row's mask depends only on its key, not on the batch around it).
+
 Shapes: B batch, T length, P = max_predictions_per_seq.
 """
 
@@ -30,6 +34,45 @@ from bertjax.errors import ConfigError
 
 STRATEGIES = ("token", "whole_word", "span")
 RANDOM_DISTRIBUTIONS = ("uniform", "unigram")
+
+# SplitMix64 (Steele, Lea & Flood 2014; the seeder of numpy's and Java's generators).
+_GAMMA = np.uint64(0x9E3779B97F4A7C15)
+
+
+def _splitmix(x: np.ndarray) -> np.ndarray:
+  """SplitMix64's output function: a bijection of uint64 that mixes every bit."""
+  x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+  x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+  return x ^ (x >> np.uint64(31))
+
+
+class RowStreams:
+  """Independent random streams, one per row, keyed by (seed, index) and vectorised.
+
+  Row r's stream is SplitMix64 seeded with mix(seed, index[r]): its k-th number is a
+  pure function of (seed, index[r], k), so a row gets the same numbers in any batch,
+  and distinct indices give distinct keys. `random` has the Generator signature used
+  by `mask_tokens`.
+  """
+
+  def __init__(self, seed: int, index: np.ndarray):
+    """index [B]: non-negative element indices (e.g. positions in the epoch stream)."""
+    with np.errstate(over="ignore"):
+      base = _splitmix(np.array([seed], np.uint64))
+      self._keys = _splitmix(base + _GAMMA * (np.asarray(index, np.uint64) + np.uint64(1)))
+    self._drawn = 0
+
+  def random(self, shape) -> np.ndarray:
+    """[B, ...] uniform floats in [0, 1); row r from row r's stream."""
+    shape = (shape,) if isinstance(shape, int) else tuple(shape)
+    if shape[0] != len(self._keys):
+      raise ValueError(f"RowStreams has {len(self._keys)} rows, asked for {shape}")
+    n = int(np.prod(shape[1:], dtype=np.int64))
+    counters = np.arange(self._drawn + 1, self._drawn + n + 1, dtype=np.uint64)
+    self._drawn += n
+    with np.errstate(over="ignore"):
+      bits = _splitmix(self._keys[:, None] + _GAMMA * counters[None, :])
+    return ((bits >> np.uint64(11)) * 2.0**-53).reshape(shape)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -161,7 +204,7 @@ def _choose_spans(words: np.ndarray, candidates: np.ndarray, budget: np.ndarray,
                   rng: np.random.Generator, cfg: MaskingConfig) -> np.ndarray:
   """SpanBERT's span sampling, one span per row per round, all rows at once."""
   b, t = words.shape
-  probs = span_length_distribution(cfg.span_p, cfg.max_span_length)
+  cdf = np.cumsum(span_length_distribution(cfg.span_p, cfg.max_span_length))
   chosen = np.zeros((b, t), bool)
   remaining = budget.copy()
   rows = np.arange(b)
@@ -169,7 +212,8 @@ def _choose_spans(words: np.ndarray, candidates: np.ndarray, budget: np.ndarray,
     active = (remaining > 0) & (candidates & ~chosen).any(axis=1)
     if not active.any():
       return chosen
-    span_len = rng.choice(np.arange(1, cfg.max_span_length + 1), size=b, p=probs)
+    span_len = 1 + np.minimum(np.searchsorted(cdf, rng.random(b), side="right"),
+                              cfg.max_span_length - 1)
     # An anchor uniformly among the row's candidates: the k-th candidate token.
     n = candidates.sum(axis=1)
     k = np.floor(rng.random(b) * np.maximum(n, 1)).astype(np.int64)
@@ -194,14 +238,18 @@ def _run_bounds(chosen: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
   return start, (t - 1 - end_rev)[:, ::-1]
 
 
-def _random_tokens(rng: np.random.Generator, shape, cfg: MaskingConfig) -> np.ndarray:
+def _random_tokens(rng, shape, cfg: MaskingConfig) -> np.ndarray:
+  """[B, P] random replacement ids (uniform, or by the unigram `random_cdf`)."""
+  u = rng.random(shape)
   if cfg.random_cdf is None:
-    return cfg.random_ids[rng.integers(0, len(cfg.random_ids), shape)]
-  k = np.searchsorted(cfg.random_cdf, rng.random(shape), side="right")
+    k = (u * len(cfg.random_ids)).astype(np.int64)
+  else:
+    k = np.searchsorted(cfg.random_cdf, u, side="right")
   return cfg.random_ids[np.minimum(k, len(cfg.random_ids) - 1)]
 
 
-def mask_tokens(input_ids: np.ndarray, rng: np.random.Generator, cfg: MaskingConfig,
+def mask_tokens(input_ids: np.ndarray, rng: np.random.Generator | RowStreams,
+                cfg: MaskingConfig,
                 word_starts: np.ndarray | None = None) -> dict[str, np.ndarray]:
   """Chooses and corrupts tokens of one example [T] or a batch [B, T].
 

@@ -52,15 +52,17 @@ class Examples:
   def __len__(self) -> int:
     return len(self.lengths)
 
-  def __getitem__(self, i: int) -> dict[str, np.ndarray]:
-    """One example: input_ids, token_type_ids, attention_mask [T] int32 and
-    next_sentence_labels [] int32; segment_ids, position_ids [T] int32 when isolated."""
+  def __getitem__(self, i: int | np.ndarray) -> dict[str, np.ndarray]:
+    """One example (int i) or a batch (i [b]): input_ids, token_type_ids,
+    attention_mask [T] / [b, T] int32 and next_sentence_labels [] / [b] int32;
+    segment_ids, position_ids [T] / [b, T] int32 when isolated."""
     ids = self.input_ids[i]
     out = {
         "input_ids": ids,
-        "attention_mask": (np.arange(len(ids)) < self.lengths[i]).astype(np.int32),
+        "attention_mask": (np.arange(ids.shape[-1]) < self.lengths[i][..., None]
+                           ).astype(np.int32),
         "token_type_ids": self.token_type_ids[i].astype(np.int32),
-        "next_sentence_labels": np.int32(self.next_sentence_labels[i]),
+        "next_sentence_labels": self.next_sentence_labels[i].astype(np.int32),
     }
     if self.segment_ids is not None:
       out["segment_ids"] = self.segment_ids[i].astype(np.int32)
