@@ -184,3 +184,20 @@ def test_bad_settings_raise(tokenizer):
     _cfg(tokenizer, masking="words")
   with pytest.raises(ConfigError, match="random_token_distribution"):
     _cfg(tokenizer, random_token_distribution="zipf")
+
+
+@pytest.mark.parametrize("strategy", masking.STRATEGIES)
+def test_row_streams_mask_each_row_as_if_alone(tokenizer, batch, strategy):
+  """RowStreams: a row's mask depends on (seed, its index) only, not on its batch."""
+  cfg = _cfg(tokenizer, masking=strategy)
+  rows, index = batch[:16], np.arange(100, 116)
+  out = masking.mask_tokens(rows, masking.RowStreams(7, index), cfg)
+  for r in (0, 5, 15):
+    alone = masking.mask_tokens(rows[r:r + 1], masking.RowStreams(7, index[r:r + 1]), cfg)
+    for k, v in alone.items():
+      np.testing.assert_array_equal(v[0], out[k][r], err_msg=k)
+  for other in (masking.RowStreams(8, index), masking.RowStreams(7, index + 16)):
+    positions = masking.mask_tokens(rows, other, cfg)["masked_lm_positions"]
+    assert (positions != out["masked_lm_positions"]).any(1).mean() > 0.8
+  u = masking.RowStreams(0, np.arange(B)).random((B, T))
+  assert abs(u.mean() - 0.5) < 0.01 and abs(np.corrcoef(u[:, 0], u[:, 1])[0, 1]) < 0.05

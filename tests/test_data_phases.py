@@ -2,6 +2,9 @@
 resume in either phase) and multilingual sampling (q_i ~ p_i^alpha) in the pipeline,
 the tokenizer corpus and the loop."""
 
+import os
+import shutil
+
 import numpy as np
 import pytest
 
@@ -11,6 +14,7 @@ from bertjax.errors import ConfigError
 from bertjax.train import loop
 from configs import bert_tiny
 from tests.helpers import tiny_config
+from tests.test_loop import train_losses
 
 
 def _cfg(**kw):
@@ -110,13 +114,40 @@ def test_multilingual_mixing(tmp_path):
   assert abs(np.mean(zulus > alphas) - weights["small"]) < 0.05
 
 
-def test_loop_switches_phases(tmp_path):
-  c = tiny_config(num_steps=6, log_every=1, eval_every=6, checkpoint_every=3,
+def _phase_loop_config():
+  c = tiny_config(num_steps=6, log_every=1, eval_every=6, checkpoint_every=4,
                   eval_batches=1)
   c.model.vocab_size = c.data.tokenizer.vocab_size = 512
   c.data.max_seq_length = 32
   c.data.max_predictions_per_seq = 4
   c.data.dupe_factor = 1
   c.data.length_phases = ((0.5, 16), (0.5, 32))
-  metrics = loop.train_and_evaluate(c, str(tmp_path))
+  return c
+
+
+@pytest.fixture(scope="module")
+def phase_run(tmp_path_factory):
+  """6 steps straight: 3 at length 16, 3 at 32, a checkpoint at step 4 (phase two)."""
+  workdir = str(tmp_path_factory.mktemp("phases"))
+  return workdir, loop.train_and_evaluate(_phase_loop_config(), workdir)
+
+
+def test_loop_switches_phases(phase_run):
+  workdir, metrics = phase_run
   assert np.isfinite(metrics["mlm_loss"])
+  assert sorted(train_losses(workdir)) == list(range(1, 7))
+
+
+def test_loop_resume_inside_second_phase_is_bit_exact(phase_run, tmp_path):
+  """A restart from the step-4 checkpoint (second phase) gives steps 5-6 bit for bit."""
+  straight, _ = phase_run
+  workdir = str(tmp_path / "resumed")
+  shutil.copytree(straight, workdir)
+  for step in os.listdir(os.path.join(workdir, "checkpoints")):
+    if step != "4":
+      shutil.rmtree(os.path.join(workdir, "checkpoints", step))
+  os.remove(os.path.join(workdir, "metrics.jsonl"))
+  loop.train_and_evaluate(_phase_loop_config(), workdir)
+  resumed, expected = train_losses(workdir), train_losses(straight)
+  assert sorted(resumed) == [5, 6]
+  assert all(resumed[s] == expected[s] for s in resumed), (resumed, expected)

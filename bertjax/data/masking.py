@@ -238,9 +238,9 @@ def _run_bounds(chosen: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
   return start, (t - 1 - end_rev)[:, ::-1]
 
 
-def _random_tokens(rng, shape, cfg: MaskingConfig) -> np.ndarray:
-  """[B, P] random replacement ids (uniform, or by the unigram `random_cdf`)."""
-  u = rng.random(shape)
+def _random_tokens(u: np.ndarray, cfg: MaskingConfig) -> np.ndarray:
+  """[B, P] random replacement ids from uniforms u [B, P] (uniform over the pool, or
+  by the unigram `random_cdf`)."""
   if cfg.random_cdf is None:
     k = (u * len(cfg.random_ids)).astype(np.int64)
   else:
@@ -277,6 +277,11 @@ def mask_tokens(input_ids: np.ndarray, rng: np.random.Generator | RowStreams,
   budget = _budget(candidates, cfg)
 
   rows = np.arange(b)[:, None]
+  # The 80/10/10 draws come first (per slot, or per token for spans, used at each
+  # span's start): the span loop's round count depends on the whole batch, and with
+  # RowStreams a row's numbers must not.
+  u = rng.random((b, t if cfg.strategy == "span" else p))
+  random_ids = _random_tokens(rng.random((b, p)), cfg)
   if cfg.strategy == "token":
     # A uniform random order of the candidates: the first `budget` are chosen.
     keys = np.where(candidates, rng.random((b, t)), 2.0)
@@ -296,15 +301,12 @@ def mask_tokens(input_ids: np.ndarray, rng: np.random.Generator | RowStreams,
   positions = np.where(valid, first, 0).astype(np.int32)
   labels = np.where(valid, ids[rows, positions], 0).astype(np.int32)
 
-  u = rng.random((b, p))
   if cfg.strategy == "span":
     start, end = _run_bounds(chosen)
-    u_tokens = rng.random((b, t))[rows, start]  # one draw per span, at its start
-    u = u_tokens[rows, positions]
+    u = u[rows, start][rows, positions]  # one draw per span, at its start
   replacement = np.where(
       u < cfg.mask_token_prob, cfg.mask_id,
-      np.where(u < cfg.mask_token_prob + cfg.random_token_prob,
-               _random_tokens(rng, (b, p), cfg), labels))
+      np.where(u < cfg.mask_token_prob + cfg.random_token_prob, random_ids, labels))
   masked = ids.copy()
   masked[np.broadcast_to(rows, (b, p))[valid], positions[valid]] = replacement[valid]
   out = {
