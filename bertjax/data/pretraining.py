@@ -15,6 +15,7 @@ decision for decision, with a numpy Generator in place of Python's `random.Rando
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from typing import Sequence
 
 import numpy as np
@@ -22,6 +23,9 @@ import numpy as np
 from bertjax.errors import ConfigError
 
 Document = list[list[int]]  # sentences, each a list of token ids (no special tokens)
+# Sentences per batched tokenizer call: large enough to amortise the call, small
+# enough that a corpus's encodings are never all held at once.
+_TOKENIZE_CHUNK = 1 << 16
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -76,12 +80,14 @@ class Examples:
 
 
 def tokenize_documents(documents: Sequence[Sequence[str]], tokenizer) -> list[Document]:
-  """Tokenizes every sentence in one batched call; drops empty sentences and documents.
+  """Tokenizes the sentences in batched calls of `_TOKENIZE_CHUNK` (the library's
+  threads, bounded memory); drops empty sentences and documents.
 
   Returns documents aligned with the input except that empty ones are removed.
   """
   flat = [s for doc in documents for s in doc]
-  ids = tokenizer.tokenize_batch(flat)
+  ids = [x for i in range(0, len(flat), _TOKENIZE_CHUNK)
+         for x in tokenizer.tokenize_batch(flat[i:i + _TOKENIZE_CHUNK])]
   out, k = [], 0
   for doc in documents:
     sentences = [s for s in ids[k:k + len(doc)] if s]
@@ -228,7 +234,7 @@ def create_packed_examples(documents: Sequence[Document], tokenizer, *,
       spans[-1][1] += 1
       if len(current) == max_num_tokens:
         emit()
-    tokens = [t for sentence in document for t in sentence]
+    tokens = list(itertools.chain.from_iterable(document))
     pos = 0
     while pos < len(tokens):
       if not spans or spans[-1][0] != d:
