@@ -15,7 +15,7 @@ import pytest
 from bertjax import checkpoint as ckpt_lib
 from bertjax.errors import ConfigError
 from bertjax.parallel import mesh as mesh_lib
-from bertjax.train import optimizer, state as state_lib, step as step_lib
+from bertjax.train import state as state_lib
 from configs import bert_base
 from tests.helpers import synthetic_batch, tiny_config
 
@@ -35,19 +35,8 @@ def parallel_config(data, fsdp, tensor):
 
 def _compiled_step(config, devices=None):
   """(jitted step, state, batch sharding, mesh, rules) on the config's mesh."""
-  rules = tuple(map(tuple, config.logical_axis_rules))
-  mesh = mesh_lib.create_mesh(config.mesh, devices)
-  model, tx = state_lib.build_model(config), optimizer.create_optimizer(config.train)
-  _, boxed = state_lib.abstract_state(config)
-  shardings = mesh_lib.logical_shardings(boxed, mesh, rules)
-  bsh = mesh_lib.batch_sharding(mesh, rules)
-  state = state_lib.create_train_state(config, model, tx, shardings)
-  fn = step_lib.make_train_step(model, tx, optimizer.learning_rate_schedule(config.train),
-                                config.seed)
-  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    step = jax.jit(fn, in_shardings=(shardings, bsh), out_shardings=(shardings, None),
-                   donate_argnums=0)
-  return step, state, bsh, mesh, rules
+  t = state_lib.build_trainer(config, mesh_lib.create_mesh(config.mesh, devices))
+  return t.train_step, t.init_state(config), t.batch_sharding, t.mesh, t.rules
 
 
 def train_3_steps(config, devices=None):

@@ -2,7 +2,6 @@
 falls, gradient accumulation is exact, bf16 compute keeps fp32 master weights; the
 optimizer's schedule and decay mask follow BERT."""
 
-import chex
 import flax.linen as nn
 import jax
 import numpy as np
@@ -11,34 +10,20 @@ import pytest
 
 from bertjax.errors import ConfigError
 from bertjax.parallel import mesh as mesh_lib
-from bertjax.train import optimizer, state as state_lib, step as step_lib
+from bertjax.train import optimizer, state as state_lib
 from tests.helpers import synthetic_batch, tiny_config
 
 
-def _setup(config):
-  rules = tuple(map(tuple, config.logical_axis_rules))
-  mesh = mesh_lib.create_mesh(config.mesh)
-  model, tx = state_lib.build_model(config), optimizer.create_optimizer(config.train)
-  schedule = optimizer.learning_rate_schedule(config.train)
-  _, boxed = state_lib.abstract_state(config)
-  shardings = mesh_lib.logical_shardings(boxed, mesh, rules)
-  bsh = mesh_lib.batch_sharding(mesh, rules)
-  state = state_lib.create_train_state(config, model, tx, shardings)
-  fn = step_lib.make_train_step(model, tx, schedule, config.seed, config.train.grad_accum_steps)
-  return mesh, rules, shardings, bsh, state, fn
-
-
 def _run(config, batches, max_traces=None):
-  mesh, rules, shardings, bsh, state, fn = _setup(config)
-  if max_traces is not None:
-    fn = chex.assert_max_traces(fn, n=max_traces)
-  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    step = jax.jit(fn, in_shardings=(shardings, bsh), out_shardings=(shardings, None),
-                   donate_argnums=0)
+  t = state_lib.build_trainer(config)
+  state = t.init_state(config)
+  with jax.set_mesh(t.mesh), nn.logical_axis_rules(t.rules):
     losses = []
     for b in batches:
-      state, m = step(state, mesh_lib.put_batch(b, bsh))
+      state, m = t.train_step(state, mesh_lib.put_batch(b, t.batch_sharding))
       losses.append(float(m["loss"]))
+  if max_traces is not None:
+    assert t.train_step._cache_size() <= max_traces  # compiled once for all the steps
   return state, losses
 
 

@@ -71,24 +71,18 @@ def plan(config, layout: tuple[int, int, int], batch_size: int, time_steps: int 
          batch_sizes: tuple[int, ...] = ()) -> dict:
   """Per-device bytes of one layout (and the temporaries at extra `batch_sizes`)."""
   from bertjax.parallel import mesh as mesh_lib
-  from bertjax.train import optimizer, state as state_lib, step as step_lib
+  from bertjax.train import state as state_lib
 
   config = config.copy_and_resolve_references()
   with config.unlocked():
     config.mesh.data, config.mesh.fsdp, config.mesh.tensor = layout
-  rules = tuple(map(tuple, config.logical_axis_rules))
-  mesh = mesh_lib.create_mesh(config.mesh, jax.devices()[:int(np.prod(layout))])
-  model, tx = state_lib.build_model(config), optimizer.create_optimizer(config.train)
-  abstract, boxed = state_lib.abstract_state(config)
-  shardings = mesh_lib.logical_shardings(boxed, mesh, rules)
-  bsh = mesh_lib.batch_sharding(mesh, rules)
-  fn = step_lib.make_train_step(model, tx, optimizer.learning_rate_schedule(config.train),
-                                config.seed, config.train.grad_accum_steps)
+  trainer = state_lib.build_trainer(
+      config, mesh_lib.create_mesh(config.mesh, jax.devices()[:int(np.prod(layout))]))
+  abstract, shardings, bsh = trainer.abstract, trainer.shardings, trainer.batch_sharding
+  step = trainer.train_step
   result = {"params": _shard_bytes(abstract.params, shardings.params),
             "opt_state": _shard_bytes(abstract.opt_state, shardings.opt_state)}
-  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    step = jax.jit(fn, in_shardings=(shardings, bsh), out_shardings=(shardings, None),
-                   donate_argnums=0)
+  with jax.set_mesh(trainer.mesh), nn.logical_axis_rules(trainer.rules):
     state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                          abstract, shardings)
     temps = {}
@@ -106,7 +100,7 @@ def plan(config, layout: tuple[int, int, int], batch_size: int, time_steps: int 
       temps[b] = compiled.memory_analysis().temp_size_in_bytes
     result["temp_by_batch"] = temps
     if time_steps:
-      live = state_lib.create_train_state(config, model, tx, shardings)
+      live = trainer.init_state(config)
       batch = mesh_lib.put_batch(_random_batch(config, batch_size), bsh)
       live, _ = step(live, batch)  # Compile and warm up.
       jax.block_until_ready(live)

@@ -31,7 +31,7 @@ from ml_collections import config_flags
 from bertjax import flops as flops_lib
 from bertjax.errors import ConfigError
 from bertjax.parallel import mesh as mesh_lib
-from bertjax.train import optimizer, state as state_lib, step as step_lib
+from bertjax.train import state as state_lib
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Recipe file, e.g. configs/bert_base.py.", lock_config=True)
@@ -100,22 +100,13 @@ def bench_bertjax(config, batch: int, seq: int, predictions: int):
   """Compiles our train step on all local devices (data parallel). Returns (step,
   finish): `step()` runs one step to completion; `finish()` the compile, FLOP and
   memory figures."""
-  rules = tuple(map(tuple, config.logical_axis_rules))
-  mesh = mesh_lib.create_mesh(config.mesh)
-  model, tx = state_lib.build_model(config), optimizer.create_optimizer(config.train)
-  schedule = optimizer.learning_rate_schedule(config.train)
-  _, boxed = state_lib.abstract_state(config)
-  shardings = mesh_lib.logical_shardings(boxed, mesh, rules)
-  batch_sharding = mesh_lib.batch_sharding(mesh, rules)
+  trainer = state_lib.build_trainer(config)
   host = synthetic_batch(config, batch, seq, predictions, config.model.nsp)
-  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    state = state_lib.create_train_state(config, model, tx, shardings)
-    data = mesh_lib.put_batch(host, batch_sharding)
-    jitted = jax.jit(step_lib.make_train_step(model, tx, schedule, config.seed),
-                     in_shardings=(shardings, batch_sharding),
-                     out_shardings=(shardings, None), donate_argnums=0)
+  with jax.set_mesh(trainer.mesh), nn.logical_axis_rules(trainer.rules):
+    state = trainer.init_state(config)
+    data = mesh_lib.put_batch(host, trainer.batch_sharding)
     start = time.perf_counter()
-    lowered = jitted.lower(state, data)
+    lowered = trainer.train_step.lower(state, data)
     trace_s = time.perf_counter() - start
     compiled = lowered.compile()
     compile_s = time.perf_counter() - start

@@ -23,7 +23,7 @@ from bertjax.data import pipeline
 from bertjax.data import tokenizer as tok_lib
 from bertjax.errors import ConfigError, TrainingError
 from bertjax.parallel import mesh as mesh_lib
-from bertjax.train import optimizer, state as state_lib, step as step_lib
+from bertjax.train import state as state_lib, step as step_lib
 from bertjax.train.logger import MetricLogger, format_metrics
 
 
@@ -143,22 +143,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       num_steps=config.train.num_steps)
   log.info("Data: %s", data.stats)
 
-  model = state_lib.build_model(config)
-  tx = optimizer.create_optimizer(config.train)
-  schedule = optimizer.learning_rate_schedule(config.train)
-  abstract, boxed = state_lib.abstract_state(config)
-  state_shardings = mesh_lib.logical_shardings(boxed, mesh, rules)
-  batch_sharding = mesh_lib.batch_sharding(mesh, rules)
+  trainer = state_lib.build_trainer(config, mesh)
+  abstract, state_shardings = trainer.abstract, trainer.shardings
+  batch_sharding, train_step = trainer.batch_sharding, trainer.train_step
   log.info("Model: %s parameters; mesh %s.", f"{state_lib.param_count(abstract.params):,}",
            dict(mesh.shape))
-
-  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    train_step = jax.jit(
-        step_lib.make_train_step(model, tx, schedule, config.seed, accum),
-        in_shardings=(state_shardings, batch_sharding),
-        out_shardings=(state_shardings, None), donate_argnums=0)
-    eval_step = jax.jit(step_lib.make_eval_step(model),
-                        in_shardings=(state_shardings.params, batch_sharding))
+  eval_step = jax.jit(step_lib.make_eval_step(trainer.model),
+                      in_shardings=(state_shardings.params, batch_sharding))
 
   checkpointer = ckpt_lib.Checkpointer(workdir, config.train.max_to_keep)
   train_iter = iter(data.train)
@@ -168,7 +159,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
                                  train_iter)
     log.info("Resumed from step %d in %s.", start, checkpointer.directory)
   else:
-    state = state_lib.create_train_state(config, model, tx, state_shardings)
+    state = trainer.init_state(config)
 
   def evaluate(params) -> dict[str, float]:
     totals: dict[str, float] = {}
