@@ -22,8 +22,8 @@ from typing import Iterator
 
 from absl import app, flags
 import numpy as np
-import tqdm
 
+from bertjax import progress as progress_lib
 from bertjax.data import sources
 from bertjax.data import tokenizer as tok_lib
 from bertjax.errors import DataError
@@ -124,8 +124,8 @@ def prepare(input_spec: str, tokenizer_path: str, output: str, workers: int = 1,
     bar.update(counts["documents"])
 
   ctx = multiprocessing.get_context("spawn")
-  with ctx.Pool(max(1, workers), _init_worker, (tokenizer_path,)) as pool, tqdm.tqdm(
-      unit=" docs", disable=not progress) as bar:
+  with ctx.Pool(max(1, workers), _init_worker, (tokenizer_path,)) as pool, \
+      progress_lib.Progress("prepare", unit="docs", enable=progress) as bar:
     pending = []
     for k, chunk in enumerate(_chunks(input_spec, chunk_documents, text_field)):
       path = os.path.join(output, f"part-{k:05d}.array_record")

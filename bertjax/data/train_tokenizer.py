@@ -20,6 +20,7 @@ import time
 from absl import app, flags
 import ml_collections
 
+from bertjax import progress
 from bertjax.data import multilingual
 from bertjax.data import tokenizer as tok_lib
 
@@ -32,7 +33,8 @@ def train(input_spec: str, languages: str, output: str, *, kind: str, vocab_size
   data_cfg = ml_collections.ConfigDict({"corpus": input_spec, "languages": languages,
                                         "language_alpha": alpha, "text_field": text_field})
   sentences = multilingual.tokenizer_sentences(data_cfg, seed)
-  tok = tok_lib.train_tokenizer(sentences, kind=kind, vocab_size=vocab_size,
+  counted = progress.Progress("tokenizer", len(sentences), "sentences").wrap(sentences)
+  tok = tok_lib.train_tokenizer(counted, kind=kind, vocab_size=vocab_size,
                                 lowercase=lowercase, model_type=model_type,
                                 character_coverage=character_coverage)
   tok.save(output)

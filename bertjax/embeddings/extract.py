@@ -26,10 +26,10 @@ from typing import Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-import tqdm
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from bertjax.api import Pretrained
+from bertjax.progress import Progress
 from bertjax.errors import ConfigError, DataError
 from bertjax.model.bert import BertForPreTraining
 
@@ -168,7 +168,7 @@ class Embedder:
     order = sorted(range(len(rows)), key=lambda r: rows[r][2] - rows[r][1])
     outputs: list[np.ndarray] = [None] * len(rows)
     batches = range(0, len(order), self.batch_size)
-    for b in tqdm.tqdm(batches, disable=not self.progress, unit="batch", desc="embed"):
+    for b in Progress("embed", len(batches), "batches", enable=self.progress).wrap(batches):
       chunk = order[b:b + self.batch_size]
       inputs = [self.tokenizer.build_inputs(id_lists[rows[r][0]][rows[r][1]:rows[r][2]])[0]
                 for r in chunk]

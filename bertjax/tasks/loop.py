@@ -25,7 +25,7 @@ import ml_collections
 import numpy as np
 import optax
 
-from bertjax import api, checkpoint as ckpt_lib
+from bertjax import api, checkpoint as ckpt_lib, progress
 from bertjax.data import tokenizer as tok_lib
 from bertjax.errors import CheckpointError, ConfigError, TrainingError
 from bertjax.model import ModelConfig
@@ -206,8 +206,9 @@ class Runner:
     n = len(features)
     batch_size = -(-batch_size // self.dp) * self.dp
     parts, loss, count = [], 0.0, 0.0
+    starts = range(0, n, batch_size)
     with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
-      for lo in range(0, n, batch_size):
+      for lo in progress.Progress("eval", len(starts), "batches").wrap(starts):
         idx = np.arange(lo, lo + batch_size)
         batch = rows(features, np.minimum(idx, n - 1), idx < n)
         out = jax.device_get(self.eval_step(params, self.put(batch)))
@@ -324,6 +325,8 @@ def finetune(config: ml_collections.ConfigDict, workdir: str, start: Start | Non
     state = runner.init_state(start.encoder_params)
   step = int(jax.device_get(state.step))
   preemption = _Preemption(checkpointer)
+  # A bar on a terminal; elsewhere the step lines below carry its rate and ETA.
+  bar = progress.Progress("train", num_steps, "steps", initial=step, interval=None)
   try:
     with jax.set_mesh(runner.mesh), nn.logical_axis_rules(runner.rules):
       while step < num_steps:
@@ -332,6 +335,7 @@ def finetune(config: ml_collections.ConfigDict, workdir: str, start: Start | Non
         state, m = runner.train_step(state, runner.put(rows(train, np.maximum(order, 0),
                                                             order >= 0)))
         step += 1
+        bar.update()
         done = step == num_steps
         if step % config.train.log_every == 0 or done:
           m = {k: float(v) for k, v in jax.device_get(m).items()}
@@ -339,7 +343,7 @@ def finetune(config: ml_collections.ConfigDict, workdir: str, start: Start | Non
             raise TrainingError(f"non-finite loss at step {step}; lower "
                                 "config.train.learning_rate or check the data.")
           log.write(step, m)
-          log.info("step %d/%d | %s", step, num_steps, format_metrics(m))
+          log.info("step %d/%d | %s | %s", step, num_steps, format_metrics(m), bar.status())
         stop = preemption.reached(step)
         if step % config.train.checkpoint_every == 0 or done or stop:
           checkpointer.save(step, state, None, force=True)
@@ -347,6 +351,7 @@ def finetune(config: ml_collections.ConfigDict, workdir: str, start: Start | Non
           log.info("SIGTERM: saved step %d; exiting. Rerun the same command to resume.", step)
           return {}
   finally:
+    bar.close()
     preemption.restore()
     checkpointer.wait()
     checkpointer.close()

@@ -18,6 +18,7 @@ from absl import logging
 from jax.experimental import multihost_utils
 
 from bertjax import checkpoint as ckpt_lib
+from bertjax import progress
 from bertjax.data import multilingual
 from bertjax.data import pipeline
 from bertjax.data import tokenizer as tok_lib
@@ -71,7 +72,8 @@ def get_tokenizer(config, workdir: str) -> tok_lib.Tokenizer:
       logging.info("Training a %s tokenizer (%d tokens) on %d sentences.", tcfg.kind,
                    tcfg.vocab_size, len(sentences))
       tokenizer = tok_lib.train_tokenizer(
-          sentences, kind=tcfg.kind, vocab_size=tcfg.vocab_size, lowercase=tcfg.lowercase)
+          progress.Progress("tokenizer", len(sentences), "sentences").wrap(sentences),
+          kind=tcfg.kind, vocab_size=tcfg.vocab_size, lowercase=tcfg.lowercase)
     if jax.process_index() == 0:
       tokenizer.save(saved)
     if multihost and not tcfg.path:  # The others read process 0's trained tokenizer.
@@ -166,7 +168,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     baseline = 0.0
     batches = data.eval_batches[:config.train.eval_batches or None]
     with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-      for batch in batches:
+      for batch in progress.Progress("eval", len(batches), "batches", leave=False).wrap(
+          batches):
         sums = jax.device_get(eval_step(params, mesh_lib.put_batch(batch, batch_sharding)))
         for k, v in sums.items():
           totals[k] = totals.get(k, 0.0) + float(v)
@@ -184,6 +187,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   step = int(jax.device_get(state.step))
   last_good = start
   t0, tokens = time.perf_counter(), 0
+  # A bar on a terminal; elsewhere the step lines below carry its rate and ETA.
+  bar = progress.Progress("train", config.train.num_steps, "steps", initial=step,
+                          interval=None)
 
   def flush(step: int) -> None:
     nonlocal t0, tokens
@@ -202,7 +208,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     elapsed = time.perf_counter() - t0
     metrics["tokens_per_s"] = tokens / max(elapsed, 1e-9)
     log.write(step, metrics)
-    log.info("step %d/%d | %s", step, config.train.num_steps, format_metrics(metrics))
+    log.info("step %d/%d | %s | %s", step, config.train.num_steps,
+             format_metrics(metrics), bar.status())
     t0, tokens = time.perf_counter(), 0
 
   try:
@@ -212,6 +219,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         tokens += int(batch["attention_mask"].sum()) * jax.process_count()
         state, metrics = train_step(state, mesh_lib.put_batch(batch, batch_sharding))
         step += 1
+        bar.update()
         pending.append(metrics)
         done = step == config.train.num_steps
         preempted = preemption.reached(step)
@@ -229,6 +237,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
           log.info("SIGTERM: saved step %d; exiting. Rerun the same command to resume.", step)
           break
   finally:
+    bar.close()
     preemption.restore()
     checkpointer.wait()
     checkpointer.close()
