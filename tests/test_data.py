@@ -321,3 +321,16 @@ def test_packing_removes_padding(data, data_cfg, tokenizer):
                                            nsp=False)
   packed_pad, nsp_pad = packed.stats["padding_fraction"], data.stats["padding_fraction"]
   assert 0 <= packed_pad < min(nsp_pad, 0.2), (packed_pad, nsp_pad)
+
+
+def test_shuffled_rows_permute_each_epoch_and_pickle():
+  """Each epoch visits every row of the source once, in a new order; a copy pickled
+  into a grain worker (without its cached permutations) gives the same order."""
+  import pickle
+  rows = pipeline.ShuffledRows(offset=100, n=50, seed=7)
+  epochs = [[rows(g) for g in range(e * 50, (e + 1) * 50)] for e in range(3)]
+  for epoch in epochs:
+    assert sorted(epoch) == list(range(100, 150))
+  assert epochs[0] != epochs[1] != epochs[2]
+  copy = pickle.loads(pickle.dumps(rows))
+  assert [copy(g) for g in range(100, 150)] == epochs[2]

@@ -81,6 +81,32 @@ def test_wordpiece_matches_hf(wordpiece_dir, lower):
   assert ours.tokenize("x [MASK] y")[1] == ours.mask_id == hf.mask_token_id
 
 
+# Whitespace of every kind (Python's and Rust's sets differ), control and zero-width
+# characters, combining marks, CJK, long words, added tokens inside words.
+TRICKY = [
+    "the\vcat", "the\fcat", "the\x1ccat", "the\x1dcat", "the\x1ecat", "the\x1fcat",
+    "the\x85cat", "x\u2028y\u2029z \u3000w\xa0v\u2003u",
+    "zero\u200bwidth soft\xadhyphen joiner\u200d \ufffd\x00nul", " \u0301accent e\u0301",
+    "中文字符和English混合", "emoji 🤗🙂 and 𝔘𝔫𝔦𝔠𝔬𝔡𝔢", "x" * 150 + " " + "ab" * 60,
+    "turn[MASK]homework [SEP][CLS] in", "\t\n\r  ", "", "ÀCCÉNTS naïve café", "İstanbul ß ﬁ",
+]
+
+
+@pytest.mark.parametrize("lower", [True, False])
+def test_word_cache_gives_the_same_ids_as_whole_texts(wordpiece_dir, lower):
+  """`encode_batch` tokenizes each distinct word once; the ids equal the library's on
+  whole texts, for the tricky strings and the embedded corpus, twice (warm cache)."""
+  from bertjax.data import corpus
+  tok = tokenizer_lib.load_tokenizer(os.path.join(wordpiece_dir, "vocab.txt"))
+  backend = tok._backend  # pylint: disable=protected-access
+  backend.tok.normalizer = tokenizer_lib.normalizers.BertNormalizer(lowercase=lower)
+  texts = TRICKY + [s for d in corpus.load_documents("embedded")[:40] for s in d]
+  whole = [e.ids for e in backend.tok.encode_batch(texts, add_special_tokens=False)]
+  assert backend._words is not None  # pylint: disable=protected-access
+  assert tok.tokenize_batch(texts) == whole
+  assert tok.tokenize_batch(texts[::-1]) == whole[::-1]
+
+
 def test_wordpiece_dir_reads_do_lower_case(wordpiece_dir, tmp_path):
   import shutil
   shutil.copy(os.path.join(wordpiece_dir, "vocab.txt"), tmp_path / "vocab.txt")
