@@ -65,7 +65,8 @@ class _HFBackend:
     tok.no_padding()
     self.tok = tok
     self.vocab_size = tok.get_vocab_size(with_added_tokens=True)
-    self._words: dict[str, list[int]] | None = {} if _splits_at_whitespace(tok) else None
+    self._words: dict[str, tuple[int, ...]] | None = (
+        {} if _splits_at_whitespace(tok) else None)
 
   def _encode(self, texts: list[str]) -> list[list[int]]:
     return [e.ids for e in self.tok.encode_batch_fast(texts, add_special_tokens=False)]
@@ -80,7 +81,7 @@ class _HFBackend:
     new = list(set(itertools.chain.from_iterable(words)).difference(cache))
     if len(cache) + len(new) > _WORD_CACHE_SIZE:
       cache.clear()
-    cache.update(zip(new, self._encode(new)))
+    cache.update(zip(new, map(tuple, self._encode(new))))  # Tuples: no GC tracking.
     get = cache.__getitem__
     out = [list(itertools.chain.from_iterable(map(get, w))) for w in words]
     for i, ids in zip(whole, self._encode([texts[i] for i in whole])):
