@@ -15,10 +15,11 @@ import grain
 import jax
 import ml_collections
 import orbax.checkpoint as ocp
+from absl import logging
 from etils import epath
 from jax.experimental import multihost_utils
 
-from bertjax.errors import CheckpointError
+from bertjax.errors import CheckpointError, ConfigError
 from bertjax.model.config import ModelConfig
 
 CONFIG_FILE = "config.json"
@@ -26,10 +27,31 @@ TOKENIZER_DIR = "tokenizer"
 CHECKPOINT_DIR = "checkpoints"
 
 
-class Checkpointer:
-  """Saves asynchronously every `save` and restores the newest step of the workdir."""
+ON_CORRUPT = ("error", "previous")
+CORRUPT_DIR = "corrupt_checkpoints"
+# Substrings of OS and TensorStore errors that mean the disk cannot take the checkpoint.
+_WRITE_FAILURES = ("No space left on device", "Read-only file system", "Permission denied",
+                   "Disk quota exceeded")
 
-  def __init__(self, workdir: str, max_to_keep: int = 3, read_only: bool = False):
+
+class Checkpointer:
+  """Saves asynchronously every `save` and restores the newest step of the workdir.
+
+  A step is complete once orbax renames its temporary directory
+  (`N.orbax-checkpoint-tmp*`) to `N`; a process killed mid-save leaves only the
+  temporary directory, which is never listed, restored, nor counted in `max_to_keep`.
+  `on_corrupt` says what `restore_latest` does with a step that cannot be read: 'error'
+  stops with a CheckpointError naming it; 'previous' moves it aside to
+  WORKDIR/corrupt_checkpoints/N (never deleted) and tries the step before.
+  """
+
+  def __init__(self, workdir: str, max_to_keep: int = 3, read_only: bool = False,
+               on_corrupt: str = "error"):
+    if on_corrupt not in ON_CORRUPT:
+      raise ConfigError(f"config.checkpoint.on_corrupt={on_corrupt!r}: use 'error' or "
+                        "'previous'.")
+    self.on_corrupt = on_corrupt
+    self.workdir = epath.Path(workdir)
     self.directory = epath.Path(workdir) / CHECKPOINT_DIR
     options = ocp.CheckpointManagerOptions(
         max_to_keep=max_to_keep, create=not read_only, read_only=read_only,
@@ -44,7 +66,25 @@ class Checkpointer:
     items = {"state": ocp.args.StandardSave(state)}
     if data_iterator is not None:
       items["data"] = grain.checkpoint.CheckpointSave(data_iterator)
-    self.manager.save(step, args=ocp.args.Composite(**items), force=force)
+    try:  # An asynchronous save's failure surfaces at the next save or wait.
+      self.manager.save(step, args=ocp.args.Composite(**items), force=force)
+    except Exception as e:  # orbax/TensorStore raise ValueError, OSError, ...
+      raise self._write_error(e) from e
+
+  def _write_error(self, e: Exception) -> Exception:
+    """One line for a failed save; errors that are not about the disk pass through."""
+    text = str(e)
+    reason = next((r for r in _WRITE_FAILURES if r in text), None)
+    if reason is None:
+      return e
+    return CheckpointError(
+        f"cannot write a checkpoint to {self.directory}: {reason}. The run stopped; the "
+        f"complete checkpoints (steps {self.complete_steps()}) are intact. Free space or "
+        "make the directory writable, then rerun the same command to resume.")
+
+  def complete_steps(self) -> list[int]:
+    """The steps on disk whose save finished (temporary directories excluded)."""
+    return sorted(ocp.utils.checkpoint_steps(self.directory))
 
   def restore(self, step: int, abstract_state: Any, data_iterator: Any = None) -> Any:
     """Restores `state` (onto the shardings of `abstract_state`'s leaves) and, when an
@@ -66,8 +106,52 @@ class Checkpointer:
     any of them (JAX's preemption service; always False in a single process)."""
     return self.manager.reached_preemption(step)
 
+  def restore_latest(self, abstract_state: Any, data_iterator: Any = None
+                     ) -> tuple[int, Any] | None:
+    """(step, state) of the newest step that restores, None when there is none yet.
+
+    A step that fails raises a CheckpointError naming it (on_corrupt='error') or is moved
+    aside and the step before is tried (on_corrupt='previous'); when steps exist but
+    none restores this raises instead of letting training start over from step 0."""
+    tried = []
+    for step in sorted(self.manager.all_steps(), reverse=True):
+      try:
+        return step, self.restore(step, abstract_state, data_iterator)
+      except CheckpointError as e:
+        if self.on_corrupt == "error":
+          raise CheckpointError(f"{e} To resume from the step before instead, rerun with "
+                                "--config.checkpoint.on_corrupt=previous.") from e
+        logging.warning("Skipping checkpoint step %d: %s", step, e)
+        tried.append(f"{step} -> {self._move_aside(step)}")
+    if tried:
+      raise CheckpointError(
+          f"no checkpoint in {self.directory} can be restored (moved aside: "
+          f"{'; '.join(tried)}); refusing to start over from step 0. Inspect them, or "
+          "use a new --workdir to start afresh.")
+    return None
+
+  def _move_aside(self, step: int) -> str:
+    """Moves step `step` to WORKDIR/corrupt_checkpoints/ (process 0; all wait)."""
+    target = self.workdir / CORRUPT_DIR / str(step)
+    n = 0
+    while target.exists():  # The same step can go bad twice.
+      n += 1
+      target = self.workdir / CORRUPT_DIR / f"{step}.{n}"
+    if jax.process_count() > 1:  # Every process has seen the step fail.
+      multihost_utils.sync_global_devices(f"bertjax: checkpoint {step} found corrupt")
+    if jax.process_index() == 0:
+      target.parent.mkdir(parents=True, exist_ok=True)
+      (self.directory / str(step)).rename(target)
+    if jax.process_count() > 1:
+      multihost_utils.sync_global_devices(f"bertjax: checkpoint {step} moved aside")
+    self.manager.reload()
+    return str(target)
+
   def wait(self) -> None:
-    self.manager.wait_until_finished()
+    try:
+      self.manager.wait_until_finished()
+    except Exception as e:
+      raise self._write_error(e) from e
 
   def close(self) -> None:
     self.manager.close()

@@ -111,6 +111,12 @@ def get_config(arg=None):
   c.train.checkpoint_every = 10_000  # Steps between checkpoints.
   c.train.max_to_keep = 3  # Checkpoints kept in the workdir.
 
+  c.checkpoint = ml_collections.ConfigDict()
+  # A checkpoint that cannot be restored: 'error' stops naming its step; 'previous'
+  # moves it to WORKDIR/corrupt_checkpoints/ (kept, never deleted) and resumes from the
+  # step before. Either way a workdir whose checkpoints all fail never restarts at 0.
+  c.checkpoint.on_corrupt = "error"
+
   c.mesh = ml_collections.ConfigDict()
   c.mesh.data = -1  # Data-parallel size; -1 fills the devices left over.
   c.mesh.fsdp = 1  # Parameter / optimizer-state sharding size.

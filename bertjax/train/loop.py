@@ -3,6 +3,7 @@ checkpoint, stop cleanly on SIGTERM or a non-finite loss."""
 
 from __future__ import annotations
 
+import errno
 import math
 import os
 import signal
@@ -117,6 +118,10 @@ class _Preemption:
       signal.signal(signal.SIGTERM, self._previous)
 
 
+# errno values of a write that failed because of the disk (full, quota, read-only, mode).
+_WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM)
+
+
 def _mean_metrics(host: list[dict[str, Any]]) -> dict[str, float]:
   return {k: float(np.mean([m[k] for m in host])) for k in host[0]}
 
@@ -153,12 +158,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   eval_step = jax.jit(step_lib.make_eval_step(trainer.model),
                       in_shardings=(state_shardings.params, batch_sharding))
 
-  checkpointer = ckpt_lib.Checkpointer(workdir, config.train.max_to_keep)
+  checkpointer = ckpt_lib.Checkpointer(workdir, config.train.max_to_keep,
+                                      on_corrupt=config.checkpoint.on_corrupt)
   train_iter = iter(data.train)
-  start = checkpointer.latest_step()
-  if start is not None:
-    state = checkpointer.restore(start, ckpt_lib.abstract_on(abstract, state_shardings),
-                                 train_iter)
+  restored = checkpointer.restore_latest(
+      ckpt_lib.abstract_on(abstract, state_shardings), train_iter)
+  start = None
+  if restored is not None:
+    start, state = restored
     log.info("Resumed from step %d in %s.", start, checkpointer.directory)
   else:
     state = trainer.init_state(config)
@@ -236,10 +243,21 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         if preempted:
           log.info("SIGTERM: saved step %d; exiting. Rerun the same command to resume.", step)
           break
+    checkpointer.wait()  # The last asynchronous save's error, if any, surfaces here.
+  except OSError as e:  # metrics.jsonl and TensorBoard writes on a full/read-only disk.
+    if e.errno not in _WRITE_ERRNOS:
+      raise
+    raise TrainingError(
+        f"cannot write to {workdir}: {e.strerror} ({e.filename or 'a log file'}). The run "
+        f"stopped at step {step}; the complete checkpoints (steps "
+        f"{checkpointer.complete_steps()}) are intact. Free space or make the workdir "
+        "writable, then rerun the same command to resume.") from e
   finally:
-    bar.close()
     preemption.restore()
-    checkpointer.wait()
-    checkpointer.close()
-    log.close()
+    # After a failure these may fail again (a full disk); the first error is the one raised.
+    for close in (bar.close, checkpointer.wait, checkpointer.close, log.close):
+      try:
+        close()
+      except Exception as e:  # pylint: disable=broad-except
+        logging.warning("While stopping: %s", str(e).splitlines()[0][:300])
   return eval_result

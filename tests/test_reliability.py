@@ -1,0 +1,164 @@
+"""Fault injection on the pretraining loop (in-process, a tiny model on 8 CPU devices):
+preemption ten times in one run, corrupt checkpoints, a full or read-only disk, a NaN or
+a spike in the loss. Every faulty run is compared with one uninterrupted reference run
+of the same config: losses and final parameters bit for bit. The kill -9 during an
+asynchronous save is in tests/test_reliability_kill.py (a real process death)."""
+
+import glob
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+
+import jax
+import numpy as np
+import pytest
+
+from bertjax import checkpoint as ckpt_lib
+from bertjax.errors import CheckpointError
+from bertjax.parallel import mesh as mesh_lib
+from bertjax.train import loop
+from tests.helpers import tiny_config
+
+STEPS = 20
+TOKENIZER = os.path.join(os.path.dirname(__file__), "fixtures", "tokenizer")
+
+
+def rel_config(**train):
+  """20 steps of a tiny model on the embedded corpus with the stored 400-id tokenizer
+  (a trained one would differ between processes); a checkpoint every 5 steps."""
+  c = tiny_config(num_steps=STEPS, log_every=1, eval_every=STEPS, checkpoint_every=5,
+                  eval_batches=1, max_to_keep=3)
+  c.model.vocab_size = c.data.tokenizer.vocab_size = 400
+  c.data.tokenizer.path = TOKENIZER
+  c.data.dupe_factor = 1
+  for k, v in train.items():
+    setattr(c.train, k, v)
+  return c
+
+
+def train_rows(workdir) -> dict[int, dict]:
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    rows = [json.loads(line) for line in f]
+  return {r["step"]: r for r in rows if r["split"] == "train"}
+
+
+def losses(workdir) -> dict[int, float]:
+  return {s: r["loss"] for s, r in train_rows(workdir).items()}
+
+
+def final_params(workdir, step=None):
+  return ckpt_lib.restore_params(workdir, step)[1]
+
+
+def assert_same_params(a, b):
+  jax.tree.map(lambda x, y: np.testing.assert_array_equal(np.asarray(x), np.asarray(y)), a, b)
+
+
+@pytest.fixture
+def on_train_batch(monkeypatch):
+  """`on_train_batch(fn)`: fn(n) runs before the n-th training batch (1-based) of
+  each run goes to the devices, i.e. just before step n of a fresh run."""
+  put_batch = mesh_lib.put_batch
+
+  def install(fn):
+    count = [0]
+
+    def hooked(batch, sharding):
+      if "example_weights" not in batch:  # Training batches (eval batches carry it).
+        count[0] += 1
+        fn(count[0])
+      return put_batch(batch, sharding)
+
+    monkeypatch.setattr(mesh_lib, "put_batch", hooked)
+    return count
+
+  return install
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+  """One uninterrupted run: checkpoints at 10, 15 and 20 remain (max_to_keep=3)."""
+  workdir = str(tmp_path_factory.mktemp("reference"))
+  loop.train_and_evaluate(rel_config(), workdir)
+  return workdir
+
+
+def test_reference_run_keeps_max_to_keep_checkpoints(reference):
+  assert sorted(losses(reference)) == list(range(1, STEPS + 1))
+  assert ckpt_lib.Checkpointer(reference, read_only=True).complete_steps() == [10, 15, 20]
+
+
+def test_sigterm_ten_times_in_one_run_is_bit_exact(reference, tmp_path, on_train_batch):
+  """SIGTERM (to this process) before 10 random steps; each time the loop saves at the
+  end of that step and returns, and calling it again resumes. Losses and the final
+  parameters equal the uninterrupted run's bit for bit."""
+  kill_at = sorted(np.random.default_rng(8).choice(np.arange(1, STEPS), 10, replace=False))
+  workdir, stops = str(tmp_path / "preempted"), []
+  done = 0
+  for _ in range(len(kill_at) + 1):
+    pending = [s - done for s in kill_at if s > done]
+    on_train_batch(lambda n, first=pending[:1]: n in first and os.kill(os.getpid(),
+                                                                       signal.SIGTERM))
+    loop.train_and_evaluate(rel_config(), workdir)
+    done = max(losses(workdir))
+    stops.append(done)
+  assert stops == [*kill_at, STEPS]
+  assert losses(workdir) == losses(reference)
+  assert_same_params(final_params(workdir), final_params(reference))
+
+
+def _truncate_largest_array_file(step_dir):
+  path = max(glob.glob(os.path.join(step_dir, "state", "**", "d", "*"), recursive=True),
+             key=os.path.getsize)
+  with open(path, "r+b") as f:
+    f.truncate(100)
+
+
+def test_corrupt_checkpoint_is_named_and_previous_step_used_on_request(reference, tmp_path,
+                                                                       caplog):
+  """Step 20 with a truncated array file, step 15 without its array metadata: by default
+  a one-line CheckpointError names step 20 and nothing is touched; with
+  on_corrupt=previous both are moved to corrupt_checkpoints/ and the run resumes from
+  step 10 with the reference's losses."""
+  workdir = str(tmp_path / "corrupt")
+  shutil.copytree(reference, workdir)
+  os.remove(os.path.join(workdir, "metrics.jsonl"))
+  ckpts = os.path.join(workdir, "checkpoints")
+  _truncate_largest_array_file(os.path.join(ckpts, "20"))
+  os.remove(os.path.join(ckpts, "15", "state", "_METADATA"))
+
+  with pytest.raises(CheckpointError, match=r"checkpoint step 20 in .* cannot be restored.*"
+                     r"--config.checkpoint.on_corrupt=previous") as info:
+    loop.train_and_evaluate(rel_config(), workdir)
+  assert "\n" not in str(info.value)
+  assert sorted(os.listdir(ckpts)) == ["10", "15", "20"]
+
+  config = rel_config()
+  config.checkpoint.on_corrupt = "previous"
+  with caplog.at_level("WARNING"):
+    loop.train_and_evaluate(config, workdir)
+  assert "Skipping checkpoint step 20" in caplog.text
+  assert "Skipping checkpoint step 15" in caplog.text
+  assert sorted(os.listdir(os.path.join(workdir, "corrupt_checkpoints"))) == ["15", "20"]
+  resumed, expected = losses(workdir), losses(reference)
+  assert sorted(resumed) == list(range(11, STEPS + 1))
+  assert all(resumed[s] == expected[s] for s in resumed)
+  assert_same_params(final_params(workdir), final_params(reference))
+
+
+def test_all_checkpoints_corrupt_never_restarts_from_step_0(reference, tmp_path):
+  workdir = str(tmp_path / "all_corrupt")
+  shutil.copytree(reference, workdir)
+  for step in ("10", "15", "20"):
+    _truncate_largest_array_file(os.path.join(workdir, "checkpoints", step))
+  before = losses(workdir)
+  config = rel_config()
+  config.checkpoint.on_corrupt = "previous"
+  with pytest.raises(CheckpointError, match="refusing to start over from step 0") as info:
+    loop.train_and_evaluate(config, workdir)
+  assert "\n" not in str(info.value)
+  assert losses(workdir) == before  # Not a single step trained.
+  assert sorted(os.listdir(os.path.join(workdir, "corrupt_checkpoints"))) == ["10", "15", "20"]
