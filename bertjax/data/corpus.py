@@ -37,6 +37,14 @@ _EMPHASIS = re.compile(r"\*{1,2}([^*\s][^*]*?)\*{1,2}")
 _LITERAL = re.compile(r'"([^"\s]{1,40})"')
 _MIN_SENTENCE_CHARS = 12
 _MIN_DOCUMENT_SENTENCES = 2
+# Lone UTF-16 surrogates: a Python str may hold them (JSON "\ud800" escapes) but they
+# are not Unicode text and the tokenizer libraries refuse them.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def repair_unicode(text: str) -> str:
+  """`text` with each lone surrogate replaced by U+FFFD (as invalid UTF-8 bytes are)."""
+  return _SURROGATE.sub("\ufffd", text)
 
 
 def split_sentences(text: str) -> list[str]:

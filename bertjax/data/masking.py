@@ -263,7 +263,7 @@ def mask_tokens(input_ids: np.ndarray, rng: np.random.Generator | RowStreams,
     masked_lm_weights [B, P] float32: 1 for real predictions, 0 for unused slots.
   With strategy 'span', also (for the span-boundary objective), per prediction slot:
     span_left_positions, span_right_positions [B, P] int32: the tokens just outside
-      the prediction's span (s - 1 and e + 1).
+      the prediction's span (s - 1 and e + 1, clipped to the row).
     span_relative_positions [B, P] int32: its offset inside the span (i - s).
   """
   ids = np.asarray(input_ids, np.int32)
@@ -317,7 +317,7 @@ def mask_tokens(input_ids: np.ndarray, rng: np.random.Generator | RowStreams,
   }
   if cfg.strategy == "span":
     s, e = start[rows, positions], end[rows, positions]
-    out["span_left_positions"] = np.where(valid, s - 1, 0).astype(np.int32)
+    out["span_left_positions"] = np.where(valid, np.maximum(s - 1, 0), 0).astype(np.int32)
     out["span_right_positions"] = np.where(valid, np.minimum(e + 1, t - 1), 0).astype(np.int32)
     out["span_relative_positions"] = np.where(valid, positions - s, 0).astype(np.int32)
   if single:

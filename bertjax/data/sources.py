@@ -13,8 +13,9 @@
 
 Paragraph lines are split into sentences with `corpus.split_sentences`. Bad input
 raises `DataError` before any document of that file is yielded (binary file) or is
-repaired (invalid UTF-8 bytes become U+FFFD; a line longer than `MAX_LINE_CHARS` is
-cut into pieces), so a long preparation never dies midway.
+repaired (invalid UTF-8 bytes and lone surrogates of JSON escapes become U+FFFD; a
+text line longer than `MAX_LINE_CHARS` is cut into pieces, a JSON line is read whole),
+so a long preparation never dies midway.
 """
 
 from __future__ import annotations
@@ -51,8 +52,9 @@ def iter_documents(spec: str, text_field: str = "text", data_dir: str | None = N
       yield from _text_documents(path)
 
 
-def _open_lines(path: str) -> Iterator[str]:
-  """Lines of a (gzipped) UTF-8 file, streamed; binary files rejected up front."""
+def _open_lines(path: str, max_chars: int | None = None) -> Iterator[str]:
+  """Lines of a (gzipped) UTF-8 file, streamed, each cut into pieces of at most
+  `max_chars` (None: whole lines); binary files rejected up front."""
   try:
     raw = gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
     sample = raw.read(_BINARY_SAMPLE)
@@ -70,7 +72,7 @@ def _open_lines(path: str) -> Iterator[str]:
   with io.TextIOWrapper(raw, encoding="utf-8", errors="replace") as f:
     try:
       while True:
-        line = f.readline(MAX_LINE_CHARS)
+        line = f.readline(-1 if max_chars is None else max_chars)
         if not line:
           return
         yield line
@@ -80,12 +82,13 @@ def _open_lines(path: str) -> Iterator[str]:
 
 
 def _paragraph_sentences(text: str) -> list[str]:
+  text = corpus.repair_unicode(text)  # JSON may escape lone surrogates ("\ud800")
   return [s for line in text.splitlines() for s in corpus.split_sentences(line)]
 
 
 def _text_documents(path: str) -> Iterator[list[str]]:
   current: list[str] = []
-  for line in _open_lines(path):
+  for line in _open_lines(path, MAX_LINE_CHARS):
     if line.strip():
       current.extend(corpus.split_sentences(line))
     elif current:
@@ -101,9 +104,10 @@ def _jsonl_documents(path: str, text_field: str) -> Iterator[list[str]]:
       continue
     try:
       record = json.loads(line)
-    except json.JSONDecodeError:
-      raise DataError(f"{path}:{number} is not a JSON object: give one JSON object a "
-                      "line (JSON lines)") from None
+    except (json.JSONDecodeError, RecursionError) as e:  # RecursionError: [[[[...
+      why = e.msg if isinstance(e, json.JSONDecodeError) else "nested too deeply"
+      raise DataError(f"{path}:{number} is not a JSON object ({why}): give one JSON "
+                      "object a line (JSON lines)") from None
     if not isinstance(record, dict) or not isinstance(record.get(text_field), str):
       raise DataError(f"{path}:{number} has no string field {text_field!r}: set "
                       "--text_field (config.data.text_field) to the text's key")

@@ -24,7 +24,8 @@ import tokenizers
 from etils import epath
 from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
 
-from bertjax.errors import DataError
+from bertjax.data import corpus
+from bertjax.errors import ConfigError, DataError
 
 _BERT_SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")  # pad unk cls sep mask
 _ROBERTA_SPECIALS = ("<pad>", "<unk>", "<s>", "</s>", "<mask>")
@@ -190,11 +191,19 @@ class Tokenizer:
 
   def tokenize(self, text: str) -> list[int]:
     """Ids of `text`, without special tokens."""
-    return self._backend.encode_batch([text])[0]
+    return self.tokenize_batch([text])[0]
 
   def tokenize_batch(self, texts: Sequence[str]) -> list[list[int]]:
-    """Ids of each text (batched in the library), without special tokens."""
-    return self._backend.encode_batch(texts)
+    """Ids of each text (batched in the library), without special tokens. Lone
+    surrogates (which the libraries refuse) are read as U+FFFD."""
+    texts = list(texts)
+    try:
+      return self._backend.encode_batch(texts)
+    except TypeError:  # not a str, or a str that is not valid Unicode
+      bad = [type(t).__name__ for t in texts if not isinstance(t, str)]
+      if bad:
+        raise DataError(f"the tokenizer takes text (str), got {bad[0]}.") from None
+      return self._backend.encode_batch([corpus.repair_unicode(t) for t in texts])
 
   def num_special(self, pair: bool) -> int:
     """How many special tokens `build_inputs` adds to a single text or a pair."""
@@ -223,10 +232,14 @@ class Tokenizer:
       texts = [texts]
     if isinstance(text_pairs, str):
       text_pairs = [text_pairs]
+    special = self.num_special(text_pairs is not None)
+    if max_length < special + 1:
+      raise ConfigError(f"max_length={max_length} leaves no room for text next to the "
+                        f"{special} special tokens; use at least {special + 1}.")
     ids_a = self.tokenize_batch(texts)
     if text_pairs is None:
       budget = max_length - self.num_special(False)
-      rows = [self.build_inputs(a[:max(budget, 0)]) for a in ids_a]
+      rows = [self.build_inputs(a[:budget]) for a in ids_a]
     else:
       if len(text_pairs) != len(texts):
         raise DataError(f"got {len(texts)} texts but {len(text_pairs)} text pairs.")
