@@ -19,6 +19,7 @@ from absl import logging
 from jax.experimental import multihost_utils
 
 from bertjax import checkpoint as ckpt_lib
+from bertjax import plot
 from bertjax import progress
 from bertjax.data import multilingual
 from bertjax.data import pipeline
@@ -260,4 +261,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         close()
       except Exception as e:  # pylint: disable=broad-except
         logging.warning("While stopping: %s", str(e).splitlines()[0][:300])
+  if jax.process_index() == 0:  # WORKDIR/training.png; a failure only warns.
+    plot.plot_after_run(workdir)
   return eval_result
