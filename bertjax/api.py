@@ -94,21 +94,20 @@ class Pretrained:
     return result
 
 
-def _load_workdir(path: str) -> tuple[ModelConfig, Any, Tokenizer]:
-  from bertjax import checkpoint  # pylint: disable=g-import-not-at-top
+def _workdir_tokenizer(path: str) -> Tokenizer:
   if os.path.isfile(os.path.join(path, "task.json")):
     raise CheckpointError(f"{path} is a fine-tuning workdir: predict with python -m "
                           "bertjax.predict; give a pretraining workdir or a Hugging Face dir.")
-  config, params = checkpoint.restore_params(path)
   tokenizer_dir = os.path.join(path, "tokenizer")
   if not os.path.isdir(tokenizer_dir):
     raise CheckpointError(f"{path} has no tokenizer/ directory (Tokenizer.save writes it).")
-  return ModelConfig.from_config(config.model), params, load_tokenizer(tokenizer_dir)
+  return load_tokenizer(tokenizer_dir)
 
 
-def _load_hf(path: str) -> tuple[ModelConfig, Any, Tokenizer]:
-  config, params = convert.load_hf(path)
-  return config, params, load_tokenizer(path)
+def _load_workdir(path: str) -> tuple[ModelConfig, Any]:
+  from bertjax import checkpoint  # pylint: disable=g-import-not-at-top
+  config, params = checkpoint.restore_params(path)
+  return ModelConfig.from_config(config.model), params
 
 
 def load_pretrained(path: str, dtype: str = "float32") -> Pretrained:
@@ -126,15 +125,20 @@ def load_pretrained(path: str, dtype: str = "float32") -> Pretrained:
   with open(config_path) as f:
     raw = json.load(f)
   if "model_type" in raw:
-    config, params, tokenizer = _load_hf(path)
+    convert.check_supported(raw)
+    tokenizer, vocab_size, load = load_tokenizer(path), raw.get("vocab_size"), convert.load_hf
   elif isinstance(raw.get("model"), dict):
-    config, params, tokenizer = _load_workdir(path)
+    tokenizer, vocab_size, load = (_workdir_tokenizer(path), raw["model"].get("vocab_size"),
+                                   _load_workdir)
   else:
     raise CheckpointError(f"{config_path} is neither a Hugging Face config (model_type) "
                           "nor a bertjax config (a model section).")
-  if tokenizer.vocab_size > config.vocab_size:
-    raise CheckpointError(f"the tokenizer has {tokenizer.vocab_size} ids but the "
-                          f"checkpoint's vocabulary only {config.vocab_size}.")
+  if vocab_size is not None and tokenizer.vocab_size > vocab_size:  # before the weights
+    raise CheckpointError(
+        f"{path}: the tokenizer has {tokenizer.vocab_size} ids but the checkpoint's "
+        f"vocabulary only {vocab_size}: these tokenizer files do not belong to these "
+        "weights; put the tokenizer the model was trained with next to them.")
+  config, params = load(path)
   config = dataclasses.replace(config, dtype=_DTYPES[dtype], param_dtype=_DTYPES[dtype])
   params = jax.tree.map(lambda x: jnp.asarray(x, _DTYPES[dtype]), params)
   return Pretrained(config, params, tokenizer, BertForPreTraining(config))

@@ -173,11 +173,12 @@ def save_config(workdir: str, config: ml_collections.ConfigDict) -> None:
     new = json.loads(config.to_json())["model"]
     # A field added to bertjax after the run started counts at its default value.
     defaults = ModelConfig().to_dict()
-    changed = sorted(k for k in new if old.get(k, defaults.get(k)) != new[k])
+    changed = [f"config.model.{k}={new[k]!r} (the run's: {old.get(k, defaults.get(k))!r})"
+               for k in sorted(new) if old.get(k, defaults.get(k)) != new[k]]
     if changed:
       raise CheckpointError(
-          f"{workdir} holds a run of another model (config.model fields {changed} differ); "
-          "use a new --workdir or the original model config.")
+          f"{workdir} holds a run of another model: {', '.join(changed)}; use a new "
+          "--workdir or the run's model config.")
   if jax.process_count() > 1:  # Every process reads before process 0 writes.
     multihost_utils.sync_global_devices("bertjax: config.json checked")
   if jax.process_index() == 0:

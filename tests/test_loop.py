@@ -141,7 +141,8 @@ def test_model_change_in_existing_workdir_is_refused(reference, tmp_path):
   shutil.copytree(reference[0], workdir)
   config = e2e_config()
   config.model.hidden_size = 64
-  with pytest.raises(BertjaxError, match=r"another model \(config.model fields \['hidden_size'\]"):
+  with pytest.raises(BertjaxError,
+                     match=r"another model: config.model.hidden_size=64 \(the run's: \d+\);"):
     loop.train_and_evaluate(config, workdir)
 
 

@@ -8,6 +8,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from bertjax.errors import ConfigError
+
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 # Rematerialisation: what each block saves for the backward pass ('none': everything,
@@ -55,18 +57,35 @@ class ModelConfig:
   param_dtype: Any = jnp.float32  # master weights
 
   def __post_init__(self):
+    """Every field in range, or a one-line ConfigError naming it."""
+    for name in ("vocab_size", "hidden_size", "num_layers", "num_heads",
+                 "intermediate_size", "max_position_embeddings", "type_vocab_size",
+                 "sbo_max_positions"):
+      if not getattr(self, name) >= 1:
+        raise ConfigError(f"config.model.{name}={getattr(self, name)} must be >= 1.")
     if self.hidden_size % self.num_heads:
-      raise ValueError(
+      raise ConfigError(
           f"config.model.hidden_size={self.hidden_size} is not divisible by "
           f"config.model.num_heads={self.num_heads}; pick sizes that divide.")
+    if not 0 <= self.pad_token_id < self.vocab_size:
+      raise ConfigError(f"config.model.pad_token_id={self.pad_token_id} must lie in "
+                        f"[0, config.model.vocab_size={self.vocab_size}).")
+    if not self.position_offset >= 0:
+      raise ConfigError(f"config.model.position_offset={self.position_offset} must be >= 0.")
+    for name in ("dropout_rate", "attention_dropout_rate"):
+      if not 0 <= getattr(self, name) < 1:
+        raise ConfigError(f"config.model.{name}={getattr(self, name)} must lie in [0, 1).")
+    for name in ("layer_norm_eps", "initializer_range"):
+      if not getattr(self, name) > 0:
+        raise ConfigError(f"config.model.{name}={getattr(self, name)} must be positive.")
     if self.attention_impl not in (None, "xla", "cudnn"):
-      raise ValueError(f"config.model.attention_impl={self.attention_impl!r}: use "
+      raise ConfigError(f"config.model.attention_impl={self.attention_impl!r}: use "
                        "None, 'xla' or 'cudnn'.")
     if self.remat_policy not in REMAT_POLICIES:
-      raise ValueError(f"config.model.remat_policy={self.remat_policy!r}: use one of "
+      raise ConfigError(f"config.model.remat_policy={self.remat_policy!r}: use one of "
                        f"{sorted(REMAT_POLICIES)}.")
     if self.nsp and not self.pooler:
-      raise ValueError("config.model.nsp=True needs config.model.pooler=True.")
+      raise ConfigError("config.model.nsp=True needs config.model.pooler=True.")
 
   @property
   def head_dim(self) -> int:
@@ -79,11 +98,11 @@ class ModelConfig:
     fields = {f.name for f in dataclasses.fields(cls)}
     unknown = set(d) - fields
     if unknown:
-      raise ValueError(f"Unknown config.model fields {sorted(unknown)}; known: {sorted(fields)}.")
+      raise ConfigError(f"Unknown config.model fields {sorted(unknown)}; known: {sorted(fields)}.")
     for key in ("dtype", "param_dtype"):
       if isinstance(d.get(key), str):
         if d[key] not in _DTYPES:
-          raise ValueError(f"config.model.{key}={d[key]!r}: use one of {sorted(_DTYPES)}.")
+          raise ConfigError(f"config.model.{key}={d[key]!r}: use one of {sorted(_DTYPES)}.")
         d[key] = _DTYPES[d[key]]
     if d.get("attention_impl") in ("", "none", "None"):
       d["attention_impl"] = None

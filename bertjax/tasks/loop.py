@@ -25,7 +25,7 @@ import ml_collections
 import numpy as np
 import optax
 
-from bertjax import api, checkpoint as ckpt_lib, progress
+from bertjax import api, checkpoint as ckpt_lib, config_checks, progress
 from bertjax.data import tokenizer as tok_lib
 from bertjax.errors import CheckpointError, ConfigError, TrainingError
 from bertjax.model import ModelConfig
@@ -55,6 +55,7 @@ def load_start(config: ml_collections.ConfigDict) -> Start:
   dtype = config.model.dtype
   if config.init_from:
     pretrained = api.load_pretrained(config.init_from)
+    _refuse_other_tokenizer(config, pretrained.tokenizer, f"config.init_from={config.init_from}")
     model = dataclasses.replace(pretrained.config, dtype=jnp.dtype(dtype))
     return Start(model, pretrained.params["encoder"], pretrained.tokenizer)
   if not config.tokenizer:
@@ -66,6 +67,20 @@ def load_start(config: ml_collections.ConfigDict) -> Start:
     raise ConfigError(f"config.model.vocab_size={model.vocab_size} is smaller than the "
                       f"tokenizer's {tokenizer.vocab_size}; raise it.")
   return Start(model, None, tokenizer)
+
+
+def _refuse_other_tokenizer(config, tokenizer: tok_lib.Tokenizer, source: str) -> None:
+  """ConfigError when `config.tokenizer` is set to a tokenizer of another size than
+  `tokenizer`, the one `source` (a checkpoint) was trained with and that is used."""
+  if not config.tokenizer:
+    return
+  given = tok_lib.load_tokenizer(config.tokenizer)
+  if given.vocab_size != tokenizer.vocab_size:
+    raise ConfigError(
+        f"config.tokenizer={config.tokenizer} has {given.vocab_size} tokens but "
+        f"{source} was trained with a {tokenizer.vocab_size}-token tokenizer (the one "
+        "used): set config.tokenizer to that one or leave it empty, or use a new "
+        "--workdir.")
 
 
 def _with_model(config, model: ModelConfig) -> ml_collections.ConfigDict:
@@ -256,31 +271,25 @@ def evaluate(runner: Runner, params, task: base.Task, features: base.Features,
 
 
 def _check(config, model: ModelConfig) -> None:
-  t = config.train
-  checks = [
-      (t.batch_size > 0 and t.eval_batch_size > 0, "config.train.batch_size and "
-       "eval_batch_size must be positive"),
-      (t.num_epochs > 0, "config.train.num_epochs must be positive"),
-      (0 <= t.warmup_fraction < 1, "config.train.warmup_fraction must be in [0, 1)"),
-      (config.task.max_seq_length + model.position_offset <= model.max_position_embeddings,
-       f"config.task.max_seq_length={config.task.max_seq_length} exceeds the model's "
-       f"{model.max_position_embeddings - model.position_offset} positions"),
-  ]
-  for ok, msg in checks:
-    if not ok:
-      raise ConfigError(msg + ".")
+  """The checks that need the encoder (the rest: `config_checks.finetuning`)."""
+  if config.task.max_seq_length + model.position_offset > model.max_position_embeddings:
+    raise ConfigError(f"config.task.max_seq_length={config.task.max_seq_length} exceeds "
+                      f"the model's {model.max_position_embeddings - model.position_offset} "
+                      "positions.")
 
 
 def finetune(config: ml_collections.ConfigDict, workdir: str, start: Start | None = None
              ) -> dict[str, float]:
   """Runs (or resumes) one fine-tuning run in `workdir`; returns the dev metrics.
   `start` (the loaded pretrained encoder) lets a sweep load it once."""
+  config_checks.finetuning(config)
   os.makedirs(workdir, exist_ok=True)
   task_path = os.path.join(workdir, TASK_FILE)
   resuming = os.path.isfile(task_path)
   if resuming:
     saved = ckpt_lib.load_config(workdir)
     tokenizer = tok_lib.load_tokenizer(os.path.join(workdir, ckpt_lib.TOKENIZER_DIR))
+    _refuse_other_tokenizer(config, tokenizer, f"the run being resumed in {workdir}")
     start = Start(ModelConfig.from_config(saved.model), None, tokenizer)
   elif start is None:
     start = load_start(config)

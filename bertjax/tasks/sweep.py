@@ -10,6 +10,7 @@ import os
 
 import ml_collections
 
+from bertjax import config_checks
 from bertjax.tasks import get_task, loop
 
 
@@ -40,6 +41,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   """One run in `workdir` when the sweep is empty; else every grid point in
   `workdir/lr{LR}_seed{SEED}` (each resumable) and the table. Returns
   {'best': row, 'runs': [rows]} with rows {learning_rate, seed, workdir, dev}."""
+  config_checks.finetuning(config)  # before the pretrained weights are read
   points = grid(config)
   if len(points) == 1 and not config.sweep.learning_rates and not config.sweep.seeds:
     dev = loop.finetune(config, workdir)

@@ -19,40 +19,16 @@ from absl import logging
 from jax.experimental import multihost_utils
 
 from bertjax import checkpoint as ckpt_lib
+from bertjax import config_checks
 from bertjax import plot
 from bertjax import progress
 from bertjax.data import multilingual
 from bertjax.data import pipeline
 from bertjax.data import tokenizer as tok_lib
-from bertjax.errors import ConfigError, TrainingError
+from bertjax.errors import ConfigError, DataError, TrainingError
 from bertjax.parallel import mesh as mesh_lib
 from bertjax.train import state as state_lib, step as step_lib
 from bertjax.train.logger import MetricLogger, format_metrics
-
-
-def validate(config: ml_collections.ConfigDict) -> None:
-  """Start-up checks of values no library checks for us; each names its field."""
-  t, d = config.train, config.data
-  checks = [
-      (t.num_steps > 0, "config.train.num_steps must be positive"),
-      (t.batch_size > 0, "config.train.batch_size must be positive"),
-      (t.grad_accum_steps > 0, "config.train.grad_accum_steps must be positive"),
-      (t.learning_rate > 0, "config.train.learning_rate must be positive"),
-      (t.warmup_steps >= 0, "config.train.warmup_steps must be >= 0"),
-      (min(t.log_every, t.eval_every, t.checkpoint_every) > 0,
-       "config.train.log_every, eval_every and checkpoint_every must be positive"),
-      (0 < d.masked_lm_prob < 1, "config.data.masked_lm_prob must be in (0, 1)"),
-      (0 <= d.mask_token_prob + d.random_token_prob <= 1,
-       "config.data.mask_token_prob + random_token_prob must be in [0, 1]"),
-      (d.max_seq_length + config.model.position_offset <= config.model.max_position_embeddings,
-       f"config.data.max_seq_length={d.max_seq_length} + config.model.position_offset "
-       f"exceeds config.model.max_position_embeddings={config.model.max_position_embeddings}"),
-      (0 < d.max_predictions_per_seq <= d.max_seq_length,
-       "config.data.max_predictions_per_seq must be in [1, max_seq_length]"),
-  ]
-  for ok, msg in checks:
-    if not ok:
-      raise ConfigError(msg + ".")
 
 
 def get_tokenizer(config, workdir: str) -> tok_lib.Tokenizer:
@@ -66,6 +42,8 @@ def get_tokenizer(config, workdir: str) -> tok_lib.Tokenizer:
     multihost_utils.sync_global_devices("bertjax: tokenizer directory checked")
   if resumed:
     tokenizer = tok_lib.load_tokenizer(saved)
+    if tcfg.path:  # The checkpoint was trained with the saved one: refuse another.
+      _check_same_tokenizer(tok_lib.load_tokenizer(tcfg.path), tokenizer, tcfg.path, saved)
   else:
     if tcfg.path:
       tokenizer = tok_lib.load_tokenizer(tcfg.path)
@@ -87,6 +65,31 @@ def get_tokenizer(config, workdir: str) -> tok_lib.Tokenizer:
         f"{tokenizer.vocab_size} tokens; set --config.model.vocab_size="
         f"{tokenizer.vocab_size}.")
   return tokenizer
+
+
+def _check_same_tokenizer(given, saved, given_path: str, saved_path: str) -> None:
+  """ConfigError unless `given` (config.data.tokenizer.path) has the vocabulary of the
+  resumed run's own tokenizer `saved`."""
+  fix = ("drop --config.data.tokenizer.path to resume with the run's own tokenizer, or "
+         "use a new --workdir to train with this one")
+  if given.vocab_size != saved.vocab_size:
+    raise ConfigError(
+        f"config.data.tokenizer.path={given_path} has {given.vocab_size} tokens but the "
+        f"checkpoints being resumed were trained with the {saved.vocab_size}-token "
+        f"tokenizer in {saved_path}: {fix}.")
+
+  def token(tok, i):
+    try:
+      return tok.id_to_token(i)
+    except DataError:  # an id without a token (a gap in a tokenizer.json)
+      return None
+
+  for i in range(saved.vocab_size):
+    if token(given, i) != token(saved, i):
+      raise ConfigError(
+          f"config.data.tokenizer.path={given_path} differs from the resumed run's "
+          f"tokenizer in {saved_path} (id {i}: {token(given, i)!r} vs "
+          f"{token(saved, i)!r}): {fix}.")
 
 
 class _Preemption:
@@ -129,7 +132,7 @@ def _mean_metrics(host: list[dict[str, Any]]) -> dict[str, float]:
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   """Runs (or resumes) pretraining in `workdir`; returns the last eval metrics."""
-  validate(config)
+  config_checks.pretraining(config)
   epath.Path(workdir).mkdir(parents=True, exist_ok=True)
   ckpt_lib.save_config(workdir, config)
   log = MetricLogger(workdir)

@@ -1,0 +1,260 @@
+"""Config values out of range fail at start-up with one line naming the field: every
+field of the pretraining and fine-tuning recipes, the model's sizes, the mesh against
+the device count, and a resumed run's vocabulary against the tokenizer given now."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+from bertjax import api, checkpoint as ckpt_lib, config_checks
+from bertjax.data import tokenizer as tok_lib
+from bertjax.errors import CheckpointError, ConfigError
+from bertjax.model.config import ModelConfig
+from bertjax.parallel import mesh as mesh_lib
+from bertjax.tasks import loop as task_loop
+from bertjax.train import loop
+from configs import bert_tiny
+from configs.finetune import glue
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FIXTURES = os.path.join(REPO, "tests", "fixtures")
+WORDPIECE = os.path.join(FIXTURES, "tokenizer")  # 400 tokens
+BPE = os.path.join(FIXTURES, "bpe")  # 600 tokens
+
+# (field, bad value, substrings the message must hold) on configs/bert_tiny.py.
+PRETRAINING = [
+    ("seed", -1, ["config.seed=-1"]),
+    ("model.vocab_size", 0, ["config.model.vocab_size=0"]),
+    ("model.num_layers", 0, ["config.model.num_layers=0"]),
+    ("model.num_heads", 0, ["config.model.num_heads=0"]),
+    ("model.hidden_size", 129, ["config.model.hidden_size=129", "config.model.num_heads=2"]),
+    ("model.intermediate_size", -5, ["config.model.intermediate_size=-5"]),
+    ("model.max_position_embeddings", 0, ["config.model.max_position_embeddings=0"]),
+    ("model.type_vocab_size", 0, ["config.model.type_vocab_size=0"]),
+    ("model.pad_token_id", 4096, ["config.model.pad_token_id=4096"]),
+    ("model.position_offset", -1, ["config.model.position_offset=-1"]),
+    ("model.dropout_rate", 1.0, ["config.model.dropout_rate=1.0"]),
+    ("model.attention_dropout_rate", -0.1, ["config.model.attention_dropout_rate=-0.1"]),
+    ("model.layer_norm_eps", 0.0, ["config.model.layer_norm_eps=0.0"]),
+    ("model.initializer_range", -0.02, ["config.model.initializer_range=-0.02"]),
+    ("model.attention_impl", "flash", ["config.model.attention_impl='flash'"]),
+    ("model.remat_policy", "most", ["config.model.remat_policy='most'"]),
+    ("model.dtype", "int8", ["config.model.dtype='int8'"]),
+    ("model.pooler", False, ["config.model.pooler"]),
+    ("data.max_seq_length", 4, ["config.data.max_seq_length=4"]),
+    ("data.max_seq_length", 512, ["config.data.max_seq_length=512",
+                                  "config.model.max_position_embeddings=128"]),
+    ("data.max_predictions_per_seq", 0, ["config.data.max_predictions_per_seq=0"]),
+    ("data.max_predictions_per_seq", 200, ["config.data.max_predictions_per_seq=200"]),
+    ("data.masked_lm_prob", 1.5, ["config.data.masked_lm_prob=1.5"]),
+    ("data.masked_lm_prob", 0.0, ["config.data.masked_lm_prob=0.0"]),
+    ("data.mask_token_prob", -0.1, ["config.data.mask_token_prob=-0.1"]),
+    ("data.random_token_prob", 1.2, ["config.data.random_token_prob=1.2"]),
+    ("data.mask_token_prob", 0.95, ["config.data.mask_token_prob=0.95",
+                                    "random_token_prob=0.1"]),
+    ("data.masking", "words", ["config.data.masking='words'"]),
+    ("data.random_token_distribution", "zipf", ["config.data.random_token_distribution"]),
+    ("data.span_geometric_p", 0.0, ["config.data.span_geometric_p=0.0"]),
+    ("data.max_span_length", 0, ["config.data.max_span_length=0"]),
+    ("data.short_seq_prob", 2.0, ["config.data.short_seq_prob=2.0"]),
+    ("data.dupe_factor", 0, ["config.data.dupe_factor=0"]),
+    ("data.packing", "docs", ["config.data.packing='docs'"]),
+    ("data.isolate_documents", True, ["config.data.isolate_documents"]),
+    ("data.length_phases", ((0.5, 64),), ["config.data.length_phases"]),
+    ("data.language_alpha", -1.0, ["config.data.language_alpha=-1.0"]),
+    ("data.eval_fraction", 0.0, ["config.data.eval_fraction=0.0"]),
+    ("data.worker_count", -1, ["config.data.worker_count=-1"]),
+    ("data.tokenizer.kind", "bpe", ["config.data.tokenizer.kind='bpe'"]),
+    ("data.tokenizer.vocab_size", 1000, ["config.data.tokenizer.vocab_size=1000",
+                                         "config.model.vocab_size=4096"]),
+    ("train.num_steps", -1, ["config.train.num_steps=-1"]),
+    ("train.batch_size", 0, ["config.train.batch_size=0"]),
+    ("train.grad_accum_steps", 0, ["config.train.grad_accum_steps=0"]),
+    ("train.warmup_steps", -1, ["config.train.warmup_steps=-1"]),
+    ("train.warmup_steps", 1500, ["config.train.warmup_steps=1500",
+                                  "config.train.num_steps=1500"]),
+    ("train.learning_rate", 0.0, ["config.train.learning_rate=0.0"]),
+    ("train.learning_rate", math.nan, ["config.train.learning_rate=nan"]),
+    ("train.optimizer", "sgd", ["config.train.optimizer='sgd'"]),
+    ("train.weight_decay", -0.01, ["config.train.weight_decay=-0.01"]),
+    ("train.b1", 1.0, ["config.train.b1=1.0"]),
+    ("train.b2", -0.1, ["config.train.b2=-0.1"]),
+    ("train.eps", 0.0, ["config.train.eps=0.0"]),
+    ("train.max_grad_norm", -1.0, ["config.train.max_grad_norm=-1.0"]),
+    ("train.log_every", 0, ["config.train.log_every=0"]),
+    ("train.eval_every", 0, ["config.train.eval_every=0"]),
+    ("train.checkpoint_every", 0, ["config.train.checkpoint_every=0"]),
+    ("train.eval_batches", -1, ["config.train.eval_batches=-1"]),
+    ("train.max_to_keep", 0, ["config.train.max_to_keep=0"]),
+]
+
+# The same on configs/finetune/glue.py (a random-init model: config.model is used).
+FINETUNING = [
+    ("seed", -3, ["config.seed=-3"]),
+    ("model.dtype", "fp8", ["config.model.dtype='fp8'"]),
+    ("model.num_heads", 5, ["config.model.hidden_size=768", "config.model.num_heads=5"]),
+    ("model.dropout_rate", 1.5, ["config.model.dropout_rate=1.5"]),
+    ("train.batch_size", 0, ["config.train.batch_size=0"]),
+    ("train.eval_batch_size", 0, ["config.train.eval_batch_size=0"]),
+    ("train.num_epochs", 0, ["config.train.num_epochs=0"]),
+    ("train.warmup_fraction", 1.0, ["config.train.warmup_fraction=1.0"]),
+    ("train.learning_rate", -2e-5, ["config.train.learning_rate=-2e-05"]),
+    ("train.optimizer", "sgd", ["config.train.optimizer='sgd'"]),
+    ("train.b2", 1.5, ["config.train.b2=1.5"]),
+    ("train.eps", -1e-6, ["config.train.eps=-1e-06"]),
+    ("train.max_grad_norm", -1.0, ["config.train.max_grad_norm=-1.0"]),
+    ("train.log_every", 0, ["config.train.log_every=0"]),
+    ("train.checkpoint_every", 0, ["config.train.checkpoint_every=0"]),
+    ("train.max_to_keep", 0, ["config.train.max_to_keep=0"]),
+    ("task.max_seq_length", 4, ["config.task.max_seq_length=4"]),
+    ("freeze.top_k_layers", -2, ["config.freeze.top_k_layers=-2"]),
+    ("sweep.learning_rates", (3e-5, -1.0), ["config.sweep.learning_rates"]),
+    ("sweep.seeds", (0, -1), ["config.sweep.seeds"]),
+]
+
+
+def _set(config, field: str, value) -> None:
+  *parents, name = field.split(".")
+  for p in parents:
+    config = config[p]
+  config[name] = value
+
+
+def _one_line_naming(error: Exception, substrings: list[str]) -> None:
+  message = str(error)
+  assert "\n" not in message, message
+  for s in substrings:
+    assert s in message, (s, message)
+
+
+@pytest.mark.parametrize("field,value,names", PRETRAINING,
+                         ids=[f"{f}={v}" for f, v, _ in PRETRAINING])
+def test_pretraining_field_out_of_range(field, value, names):
+  config = bert_tiny.get_config()
+  config_checks.pretraining(config)  # the recipe itself passes
+  _set(config, field, value)
+  with pytest.raises(ConfigError) as e:
+    config_checks.pretraining(config)
+  _one_line_naming(e.value, names)
+
+
+@pytest.mark.parametrize("field,value,names", FINETUNING,
+                         ids=[f"{f}={v}" for f, v, _ in FINETUNING])
+def test_finetuning_field_out_of_range(field, value, names):
+  config = glue.get_config("sst2")
+  config_checks.finetuning(config)
+  _set(config, field, value)
+  with pytest.raises(ConfigError) as e:
+    config_checks.finetuning(config)
+  _one_line_naming(e.value, names)
+
+
+@pytest.mark.parametrize("recipe", ["bert_base", "bert_large", "bert_tiny", "roberta_base",
+                                    "spanbert_base", "xlmr_base", "xlmr_large"])
+def test_every_pretraining_recipe_passes(recipe):
+  config_checks.pretraining(importlib.import_module(f"configs.{recipe}").get_config())
+
+
+@pytest.mark.parametrize("recipe,arg", [("glue", "mnli"), ("glue", "stsb"), ("ner", "ner"),
+                                        ("span_ner", "attention"), ("squad", "v2"),
+                                        ("swag", None)])
+def test_every_finetuning_recipe_passes(recipe, arg):
+  module = importlib.import_module(f"configs.finetune.{recipe}")
+  config_checks.finetuning(module.get_config() if arg is None else module.get_config(arg))
+
+
+def test_model_config_is_checked_where_it_is_built():
+  with pytest.raises(ConfigError, match=r"config.model.hidden_size=30 is not divisible by "
+                     r"config.model.num_heads=4"):
+    ModelConfig(hidden_size=30, num_heads=4)
+  with pytest.raises(ConfigError, match=r"config.model.num_heads=0 must be >= 1"):
+    ModelConfig(num_heads=0)  # not a ZeroDivisionError
+
+
+def test_mesh_that_does_not_match_the_devices():
+  config = bert_tiny.get_config()
+  config.mesh.data = 3  # 8 CPU devices in the tests
+  with pytest.raises(ConfigError) as e:
+    mesh_lib.create_mesh(config.mesh)
+  _one_line_naming(e.value, ["config.mesh=", "'data': 3", "needs 3 devices but 8"])
+
+
+def _workdir_with_tokenizer(path, tokenizer_dir: str, vocab_size: int) -> str:
+  """A workdir's config.json and tokenizer/ (no checkpoint)."""
+  config = bert_tiny.get_config()
+  config.model.vocab_size = vocab_size
+  ckpt_lib.save_config(str(path), config)
+  tok_lib.load_tokenizer(tokenizer_dir).save(str(path / ckpt_lib.TOKENIZER_DIR))
+  return str(path)
+
+
+def test_resumed_run_refuses_another_tokenizer(tmp_path):
+  workdir = _workdir_with_tokenizer(tmp_path, WORDPIECE, 400)
+  config = bert_tiny.get_config()
+  config.model.vocab_size = 400
+  config.data.tokenizer.path = BPE
+  with pytest.raises(ConfigError) as e:
+    loop.get_tokenizer(config, workdir)
+  _one_line_naming(e.value, ["config.data.tokenizer.path=", "600 tokens", "400-token",
+                             "drop --config.data.tokenizer.path"])
+  # Same size, other tokens: id 7 and 8 swapped.
+  tokens = [tok_lib.load_tokenizer(WORDPIECE).id_to_token(i) for i in range(400)]
+  tokens[7], tokens[8] = tokens[8], tokens[7]
+  (tmp_path / "vocab.txt").write_text("\n".join(tokens) + "\n", encoding="utf-8")
+  config.data.tokenizer.path = str(tmp_path / "vocab.txt")
+  with pytest.raises(ConfigError, match=r"differs from the resumed run's tokenizer .*id 7"):
+    loop.get_tokenizer(config, workdir)
+  config.data.tokenizer.path = WORDPIECE  # the run's own tokenizer: fine
+  assert loop.get_tokenizer(config, workdir).vocab_size == 400
+
+
+def test_resumed_run_refuses_another_vocab_size(tmp_path):
+  workdir = _workdir_with_tokenizer(tmp_path, WORDPIECE, 400)
+  config = bert_tiny.get_config()
+  config.model.vocab_size = 500
+  with pytest.raises(CheckpointError) as e:
+    ckpt_lib.save_config(workdir, config)
+  _one_line_naming(e.value, ["config.model.vocab_size=500 (the run's: 400)"])
+
+
+def test_checkpoint_with_a_larger_tokenizer_is_refused_before_the_weights(tmp_path):
+  workdir = _workdir_with_tokenizer(tmp_path / "w", WORDPIECE, 300)
+  hf = tmp_path / "hf"
+  hf.mkdir()
+  (hf / "config.json").write_text(json.dumps({"model_type": "bert", "vocab_size": 300}))
+  tok_lib.load_tokenizer(WORDPIECE).save(str(hf))
+  for path in (workdir, str(hf)):  # neither has weights: the check comes first
+    with pytest.raises(CheckpointError) as e:
+      api.load_pretrained(path)
+    _one_line_naming(e.value, ["tokenizer has 400 ids", "vocabulary only 300"])
+
+
+def test_finetune_resume_refuses_another_tokenizer(tmp_path):
+  workdir = _workdir_with_tokenizer(tmp_path, WORDPIECE, 400)
+  (tmp_path / task_loop.TASK_FILE).write_text(json.dumps({"labels": ["0", "1"]}))
+  config = glue.get_config("sst2")
+  config.tokenizer = BPE
+  with pytest.raises(ConfigError) as e:
+    task_loop.finetune(config, workdir)
+  _one_line_naming(e.value, ["config.tokenizer=", "600 tokens", "400-token"])
+
+
+@pytest.mark.parametrize("flag,message", [
+    ("--config.model.dropout_rate=1.5", "error: config.model.dropout_rate=1.5 must lie in [0, 1)."),
+    ("--config.mesh.data=3", "error: config.mesh={'data': 3, 'fsdp': 1, 'tensor': 1} needs 3 "
+     "devices but 8 are available; set one size to -1."),
+])
+def test_main_exits_with_one_line(tmp_path, flag, message):
+  proc = subprocess.run(
+      [sys.executable, "-m", "bertjax.main", "--config=configs/bert_tiny.py",
+       f"--workdir={tmp_path}", flag],
+      cwd=REPO, capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 2
+  assert proc.stderr.strip() == message
