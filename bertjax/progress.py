@@ -141,7 +141,7 @@ class Progress:
         f"{self.n:,}/{self.total:,} {self.unit} "
         f"({math.floor(100 * self.n / max(self.total, 1))}%)")
     if self.total is None:
-      count += f" {self.unit}"
+      count += f" {self.unit},"
     elapsed = _clock() - self._t0
     if final:
       rate = (self.n - self._n0) / max(elapsed, 1e-9)

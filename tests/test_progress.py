@@ -67,8 +67,8 @@ def test_unknown_total_and_no_final_line_when_not_left(clock, lines):
   with progress.Progress("prepare", unit="docs", interval=10, terminal=False) as bar:
     clock.t += 12
     bar.update(2400)
-  assert lines == ["prepare: 2,400 docs 200 docs/s, 12s elapsed",
-                   "prepare: 2,400 docs 200 docs/s, 12s"]
+  assert lines == ["prepare: 2,400 docs, 200 docs/s, 12s elapsed",
+                   "prepare: 2,400 docs, 200 docs/s, 12s"]
   lines.clear()
   for _ in progress.Progress("eval", 3, "batches", leave=False, terminal=False).wrap(range(3)):
     clock.t += 1

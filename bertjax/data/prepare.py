@@ -24,6 +24,7 @@ from absl import app, flags
 import numpy as np
 
 from bertjax import progress as progress_lib
+from bertjax.data import corpus
 from bertjax.data import sources
 from bertjax.data import tokenizer as tok_lib
 from bertjax.errors import DataError
@@ -98,7 +99,9 @@ def _write_shard(args: tuple[str, list[list[str]]]) -> dict[str, int]:
 
 def _chunks(spec: str, size: int, text_field: str) -> Iterator[list[list[str]]]:
   chunk = []
-  for doc in sources.iter_documents(spec, text_field):
+  documents = (corpus.load_documents(spec) if spec == corpus.EMBEDDED
+               else sources.iter_documents(spec, text_field))
+  for doc in documents:
     chunk.append(doc)
     if len(chunk) == size:
       yield chunk
@@ -155,7 +158,7 @@ def main(argv):
 
 if __name__ == "__main__":
   # Defined only when run as a program, so importing the module defines no flags.
-  flags.DEFINE_string("input", None, "Corpus: file, glob, directory or tfds:NAME.")
+  flags.DEFINE_string("input", None, "Corpus: file, glob, directory, tfds:NAME, embedded.")
   flags.DEFINE_string("tokenizer", None, "vocab.txt, .model, tokenizer.json or dir.")
   flags.DEFINE_string("output", None, "Directory for the ArrayRecord shards.")
   flags.DEFINE_integer("workers", os.cpu_count() or 1, "Tokenizer processes.")
