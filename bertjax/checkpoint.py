@@ -90,7 +90,8 @@ class Checkpointer:
     """Restores `state` (onto the shardings of `abstract_state`'s leaves) and, when an
     iterator is given, sets its position. Returns the state."""
     items = {"state": ocp.args.StandardRestore(abstract_state)}
-    if data_iterator is not None:
+    other_count = data_iterator is not None and self._data_files(step)
+    if data_iterator is not None and not other_count:
       items["data"] = grain.checkpoint.CheckpointRestore(data_iterator)
     try:
       restored = self.manager.restore(step, args=ocp.args.Composite(**items))
@@ -99,7 +100,40 @@ class Checkpointer:
           f"checkpoint step {step} in {self.directory} cannot be restored "
           f"({type(e).__name__}: {str(e).splitlines()[0][:200]}); it is corrupt or from "
           "another model: move it aside or use a new --workdir.") from e
+    if other_count:
+      self._restore_data_position(step, other_count, data_iterator)
     return restored["state"]
+
+  def _data_files(self, step: int) -> list[epath.Path]:
+    """The iterator files of step `step` when another number of processes wrote them
+    (grain names them process_I-of-N.json); [] when this process's own file is there."""
+    data = self.directory / str(step) / "data"
+    own = data / f"process_{jax.process_index()}-of-{jax.process_count()}.json"
+    if own.exists() or not data.exists():
+      return []
+    return sorted(data.glob("process_*-of-*.json"))
+
+  def _restore_data_position(self, step: int, files: list[epath.Path],
+                             data_iterator: Any) -> None:
+    """Continues the data stream of a checkpoint written by another process count.
+
+    Process p of P reads elements p, p + P, ... of one global stream in batches of B / P,
+    so after k batches the processes together have read exactly the first k * B
+    elements, whatever P is: every process of the new count resumes at its batch k
+    (the same global batch size B is assumed). Rows are dealt to processes, and masked,
+    differently from an unchanged count, so the run is not bit-exact across the change.
+    """
+    states = [json.loads(f.read_text()) for f in files]
+    positions = {json.dumps(st, sort_keys=True) for st in states}
+    if any(set(st) != {"next_index"} for st in states) or len(positions) != 1:
+      raise ConfigError(  # Not a corrupt step: on_corrupt must not move it aside.
+          f"checkpoint step {step} was written by {len(files)} processes and its data "
+          f"position ({states[0]}) cannot be moved to {jax.process_count()} (grain worker "
+          f"processes, or processes out of step); resume with {len(files)} processes.")
+    data_iterator.set_state(states[0])
+    logging.warning("Checkpoint step %d was written by %d processes, resuming on %d: the "
+                    "data stream continues at batch %d of the same global stream.", step,
+                    len(files), jax.process_count(), states[0]["next_index"])
 
   def reached_preemption(self, step: int) -> bool:
     """True on every process at the step they agreed to save at after a SIGTERM to

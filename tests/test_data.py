@@ -1,6 +1,7 @@
 """Tests of the pretraining data path: corpus, NSP / packing builders, masking, grain."""
 
 import gzip
+import json
 
 import grain
 import numpy as np
@@ -9,7 +10,7 @@ import pytest
 
 from bertjax.data import corpus, masking, pipeline, pretraining
 from bertjax.data.tokenizer import train_tokenizer
-from bertjax.errors import DataError
+from bertjax.errors import ConfigError, DataError
 from configs import bert_tiny
 
 MAX_LEN = 128
@@ -334,3 +335,43 @@ def test_shuffled_rows_permute_each_epoch_and_pickle():
   assert epochs[0] != epochs[1] != epochs[2]
   copy = pickle.loads(pickle.dumps(rows))
   assert [copy(g) for g in range(100, 150)] == epochs[2]
+
+
+def test_restore_onto_another_process_count(data_cfg, tokenizer, tmp_path, monkeypatch):
+  """A checkpoint written by 2 processes resumes on 1: the next global batch holds
+  exactly the rows the 2 processes would have read next (the global stream goes on)."""
+  import jax
+  from grain._src.python.checkpoint import handler
+  from bertjax import checkpoint as ckpt_lib
+  n, length, b, k = 48, 24, 4, 7  # per-process batch b; 7 batches cross an epoch
+  examples = _indexed_examples(n, length)
+  cfg = masking.MaskingConfig.create(data_cfg, tokenizer)
+
+  def stream(process, count, batch):
+    return iter(pipeline.make_train_dataset(examples, cfg, batch_size=batch, seed=3,
+                                            nsp=False, process_index=process,
+                                            process_count=count))
+
+  its = [stream(p, 2, b) for p in (0, 1)]
+  for it in its:
+    _take(it, k)
+  state = {"w": jax.numpy.arange(3.0)}
+  ckpt = ckpt_lib.Checkpointer(str(tmp_path))
+  with monkeypatch.context() as m:  # Process 0 of 2 writes; process 1's file beside it.
+    m.setattr(handler.sharding, "get_process_index_and_count", lambda: (0, 2))
+    ckpt.save(k, state, its[0], force=True)
+    ckpt.wait()
+  data = tmp_path / ckpt_lib.CHECKPOINT_DIR / str(k) / "data"
+  (data / "process_1-of-2.json").write_text(json.dumps(its[1].get_state()))
+  expected = sorted(np.concatenate([_example_index(next(it)) for it in its]))
+
+  single = stream(0, 1, 2 * b)
+  abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), state)
+  restored = ckpt.restore(k, abstract, single)
+  np.testing.assert_array_equal(restored["w"], state["w"])
+  assert sorted(_example_index(next(single))) == expected
+
+  (data / "process_1-of-2.json").write_text(json.dumps({"next_index": k + 1}))
+  with pytest.raises(ConfigError, match="written by 2 processes"):
+    ckpt.restore(k, abstract, stream(0, 1, 2 * b))
+  ckpt.close()
