@@ -184,11 +184,17 @@ class Runner:
       if jax.tree.structure(encoder_params) != want:
         raise CheckpointError("the pretrained encoder's parameters do not match the "
                               "model built from its config.")
+      # A copy (may_alias=False): the train step donates the state, and on one device
+      # an aliased `encoder_params` would be deleted before the next run from the same
+      # start (a sweep's next point, another task).
       params = dict(params, encoder=jax.device_put(
           jax.tree.map(lambda x, a: jnp.asarray(x, a.dtype), encoder_params,
-                       self.abstract.params["encoder"]), self.params_shardings["encoder"]))
+                       self.abstract.params["encoder"]), self.params_shardings["encoder"],
+          may_alias=False))
     opt_state = jax.jit(self.tx.init, out_shardings=self.state_shardings.opt_state)(params)
-    return TrainState(jnp.zeros((), jnp.int32), params, opt_state)
+    # Placed like the step's output: an unplaced step would retrace the step once.
+    step = jax.device_put(jnp.zeros((), jnp.int32), self.state_shardings.step)
+    return TrainState(step, params, opt_state)
 
   def _train_step(self, state: TrainState, batch: dict):
     rng = jax.random.fold_in(jax.random.key(self.config.seed), state.step)
