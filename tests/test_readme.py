@@ -1,0 +1,296 @@
+"""The documentation runs: every ```bash block of README.md, docs/*.md and
+launch/README.md is executed on this CPU machine, in order, one shell per file
+(variables carry from block to block), with /tmp/ rewritten to a temporary directory. A comment line directly under a command
+is that command's output and must be printed (numbers may differ); an output starting
+with `error:` means the command must fail. Blocks that cannot run here say why in an
+HTML comment just above them, and a block may declare how the test shortens it:
+
+  <!-- not run: REASON -->                 the block is not executed
+  <!-- test: skip "PREFIX" ... (REASON) -->  commands (or `&&` parts) starting with a
+                                              PREFIX are left out (pip, pytest)
+  <!-- test: append ARGS to "TEXT" -->      ARGS are added to the commands holding TEXT
+                                              (later flags win: fewer steps, texts)
+
+Every command, run or not, also has its flags, repository paths and `--config.*`
+fields checked against the code, so a renamed flag fails here even in a command that
+needs a TPU pod.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import importlib.util
+import os
+import re
+import shlex
+import subprocess
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DOCS = ["README.md"] + sorted(os.path.relpath(p, REPO) for p in glob.glob(
+    os.path.join(REPO, "docs", "*.md"))) + ["launch/README.md"]
+NUMBER = r"\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?"
+MARKER = "@@readme-test@@"
+
+
+@dataclasses.dataclass
+class Command:
+  text: str  # One logical command (continuation lines joined as written).
+  outputs: list[str]  # The comment lines directly under it, '# ' removed.
+
+
+@dataclasses.dataclass
+class Block:
+  doc: str
+  line: int
+  commands: list[Command]
+  not_run: str | None
+  skips: list[str]
+  appends: list[tuple[str, str]]  # (ARGS, TEXT)
+
+
+def _complete(text: str) -> bool:
+  if text.endswith("\\"):
+    return False
+  try:
+    shlex.split(text, comments=False)
+  except ValueError:  # An open quote: the command goes on on the next line.
+    return False
+  return True
+
+
+def parse_commands(lines: list[str]) -> list[Command]:
+  commands: list[Command] = []
+  current: list[str] = []
+  attached = False  # The previous line ended a command (no blank line since).
+  for line in lines:
+    if current:
+      current.append(line)
+      if _complete("\n".join(current)):
+        commands.append(Command("\n".join(current), []))
+        current, attached = [], True
+      continue
+    stripped = line.strip()
+    if not stripped:
+      attached = False
+    elif stripped.startswith("#"):
+      if attached:
+        commands[-1].outputs.append(re.sub(r"^# ?", "", stripped))
+    else:
+      current = [line]
+      if _complete(line):
+        commands.append(Command(line, []))
+        current, attached = [], True
+  assert not current, f"unfinished command: {current}"
+  return commands
+
+
+def parse(doc: str) -> list[Block]:
+  with open(os.path.join(REPO, doc)) as f:
+    lines = f.read().splitlines()
+  blocks, i = [], 0
+  while i < len(lines):
+    if lines[i].strip() != "```bash":
+      i += 1
+      continue
+    start = i
+    end = lines.index("```", i + 1)
+    directives, k = [], start - 1
+    while k >= 0 and lines[k].startswith("<!--"):
+      directives.append(lines[k])
+      k -= 1
+    block = Block(doc, start + 1, parse_commands(lines[start + 1:end]), None, [], [])
+    for d in directives:
+      m = re.fullmatch(r"<!-- (not run|test): (.*) -->", d.strip())
+      assert m, f"{doc}:{start}: unknown directive {d!r}"
+      if m.group(1) == "not run":
+        block.not_run = m.group(2)
+      elif m.group(2).startswith("skip "):
+        block.skips += re.findall(r'"([^"]+)"', m.group(2))
+      else:
+        a = re.fullmatch(r'append (.+) to "([^"]+)"(?: \(.*\))?', m.group(2))
+        assert a, f"{doc}:{start}: unknown directive {d!r}"
+        block.appends.append((a.group(1), a.group(2)))
+    blocks.append(block)
+    i = end + 1
+  return blocks
+
+
+def runnable(block: Block) -> list[tuple[Command, str]]:
+  """The block's commands as the test runs them: skipped parts left out, arguments
+  appended, /tmp/ kept (rewritten later). Checks that every directive applies."""
+  out, used = [], set()
+  for cmd in block.commands:
+    parts = [p for p in re.split(r" && ", cmd.text)]
+    kept = []
+    for p in parts:
+      prefix = next((s for s in block.skips if p.strip().startswith(s)), None)
+      if prefix:
+        used.add(prefix)
+      else:
+        kept.append(p)
+    if not kept:
+      continue
+    text = " && ".join(kept)
+    for args, where in block.appends:
+      if where in text:
+        text = f"{text} {args}"
+        used.add(where)
+    out.append((cmd, text))
+  stale = set(block.skips) | {w for _, w in block.appends}
+  assert stale <= used, f"{block.doc}:{block.line}: directives match nothing: {stale - used}"
+  return out
+
+
+def expected_pattern(output: str, tmp: str) -> re.Pattern:
+  """A shown output line as a regex: its numbers may differ, runs of spaces too."""
+  text = " ".join(output.replace("/tmp/", f"{tmp}/").split())
+  pieces = re.split(NUMBER, text)
+  return re.compile(NUMBER.join(re.escape(p) for p in pieces))
+
+
+# Static checks: flags, paths and config fields of every command, run or not.
+
+def _module_files(words: list[str]) -> list[str]:
+  """The source files that may define the flags of `python -m bertjax.X [subcommand]`:
+  the module (a benchmark's own file) and the bertjax modules it imports."""
+  module = words[words.index("-m") + 1]
+  if module == "bertjax.benchmark":
+    module = f"bertjax.benchmarks.{words[words.index('-m') + 2]}"
+  path = os.path.join(REPO, *module.split(".")) + ".py"
+  files = [path]
+  for m in re.finditer(r"^from (bertjax[\w.]*) import (\w+)", open(path).read(), re.M):
+    for candidate in (f"{m.group(1)}.{m.group(2)}", m.group(1)):
+      f = os.path.join(REPO, *candidate.split(".")) + ".py"
+      if os.path.isfile(f):
+        files.append(f)
+        break
+  return files
+
+
+def _defines(files: list[str], flag: str) -> bool:
+  """Whether `--flag` is defined (absl DEFINE_*, or argparse); an f-string name's
+  `{k}` stands for a number (`sentence{k}`: --sentence1, --sentence2)."""
+  source = "".join(open(f).read() for f in files)
+  names = re.findall(r'DEFINE_\w+\(\s*f?"([^"]+)"|add_argument\(\s*"--([^"]+)"', source)
+  patterns = [re.sub(r"\\\{\w+\\\}", r"\\d+", re.escape(a or b)) for a, b in names]
+  wanted = {flag, flag[2:]} if flag.startswith("no") else {flag}
+  return any(re.fullmatch(p, w) for p in patterns for w in wanted)
+
+
+def _config(path_arg: str):
+  path, _, arg = path_arg.partition(":")
+  spec = importlib.util.spec_from_file_location("readme_config", os.path.join(REPO, path))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(arg) if arg else module.get_config()
+
+
+def check_static(cmd: str) -> list[str]:
+  """Problems with `cmd`'s flags, repository paths and config fields."""
+  problems = []
+  try:
+    words = shlex.split(cmd.replace("\\\n", " "), comments=False)
+  except ValueError as e:
+    return [f"cannot split: {e}"]
+  for w in words:  # Repository paths, as a flag value or an argument.
+    value = w.split("=", 1)[-1].split(":", 1)[0]
+    if re.match(r"(configs|tests|launch|bertjax|docs)/", value) and not glob.glob(
+        os.path.join(REPO, value)):
+      problems.append(f"no such path {value}")
+  config_file = next((w.split("=", 1)[-1] for w in words if re.match(
+      r"(--config=)?configs/.*\.py(:\w+)?$", w)), None)
+  config = _config(config_file) if config_file else None
+  for w in words:
+    m = re.match(r"--config\.([\w.]+)=", w)
+    if m:
+      node = config
+      for key in m.group(1).split("."):
+        if node is None or key not in node:
+          problems.append(f"no config field {m.group(1)} in {config_file}")
+          break
+        node = node[key]
+  if "-m" in words and words[words.index("-m") + 1].startswith("bertjax"):
+    files = _module_files(words)
+    for w in words:
+      m = re.match(r"--(\w+)(=|$)", w)
+      if m and not w.startswith("--config.") and not _defines(files, m.group(1)):
+        problems.append(f"{words[words.index('-m') + 1]} has no flag --{m.group(1)}")
+  return problems
+
+
+def test_every_command_names_real_flags_paths_and_config_fields():
+  problems, count = [], 0
+  for doc in DOCS:
+    variables = {}  # NAME="..." set by an earlier command of the file
+    for block in parse(doc):
+      for cmd in block.commands:
+        count += 1
+        text = re.sub(r"\$(\w+)", lambda m: variables.get(m.group(1), m.group(0)), cmd.text)
+        assignment = re.fullmatch(r'(\w+)="([^"]*)"', text, re.S)
+        if assignment:
+          variables[assignment.group(1)] = assignment.group(2)
+        if not (cmd.outputs and cmd.outputs[0].startswith("error:")):  # meant to fail
+          problems += [f"{doc}:{block.line}: {p}" for p in check_static(text)]
+  assert count > 20 and not problems, problems
+
+
+def test_the_parser_reads_commands_outputs_and_directives():
+  blocks = parse("README.md")
+  first = blocks[0]
+  assert first.commands[0].text.startswith("pip install -e . && python -m bertjax.main")
+  assert [c.text for c in first.commands][-1] == 'pip install -e ".[test]" && python -m pytest -q'
+  assert "pip install" in first.skips and "python -m pytest" in first.skips
+  assert not any("pytest" in text for _, text in runnable(first))
+  with open(os.path.join(REPO, ".ci", "run")) as f:  # CI runs the README's test command
+    assert f.read().splitlines()[-1] == first.commands[-1].text
+  assert all(b.not_run or runnable(b) for doc in DOCS for b in parse(doc))
+  lines = ["python -m x --a=1 \\", '  --b="two', '  lines"', "# out 1", "", "# narrative",
+           "echo hi", "# hi"]
+  cmds = parse_commands(lines)
+  assert [c.outputs for c in cmds] == [["out 1"], ["hi"]]
+  assert expected_pattern("wrote /tmp/a.npz: 164 vectors of size 384", "/x").fullmatch(
+      "wrote /x/a.npz: 12 vectors of size 384")
+  assert check_static("python -m bertjax.embed similarity --sentence1=a --word2=b") == []
+  assert check_static("python -m bertjax.embed --sentences=a --config=configs/bert_tiny.py "
+                      "--config.train.nope=1 --input=tests/fixtures/missing.txt") == [
+                          "no such path tests/fixtures/missing.txt",
+                          "no config field train.nope in configs/bert_tiny.py",
+                          "bertjax.embed has no flag --sentences",
+                          "bertjax.embed has no flag --config"]
+
+
+@pytest.fixture(scope="module")
+def tmp(tmp_path_factory):
+  return str(tmp_path_factory.mktemp("readme"))
+
+
+def _to_run(doc: str) -> list[tuple[Command, str]]:
+  return [pair for b in parse(doc) if not b.not_run for pair in runnable(b)]
+
+
+@pytest.mark.parametrize("doc", [d for d in DOCS if _to_run(d)])  # README.md first
+def test_documented_commands_run(doc, tmp):
+  """Runs the file's runnable blocks in one shell, in order, and checks each command's
+  exit status and shown outputs."""
+  commands = _to_run(doc)
+  assert not any(re.search(r"\bpytest\b", text) for _, text in commands)  # no recursion
+  script = ["exec 2>&1", f"cd {shlex.quote(REPO)}"]
+  for k, (_, text) in enumerate(commands):
+    script += [f"echo {MARKER} {k}", text.replace("/tmp/", f"{tmp}/"),
+               f"echo {MARKER} rc $?"]
+  result = subprocess.run(["bash", "-c", "\n".join(script)], capture_output=True,
+                          text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+  sections = re.split(rf"^{MARKER} (\d+)\n", result.stdout, flags=re.M)[1:]
+  assert len(sections) == 2 * len(commands), result.stdout[-3000:]
+  for (cmd, text), output in zip(commands, sections[1::2]):
+    body, rc = re.match(rf"(.*){MARKER} rc (\d+)\n?$", output, re.S).groups()
+    fails = bool(cmd.outputs) and cmd.outputs[0].startswith("error:")
+    assert (int(rc) != 0) == fails, f"{doc}: `{text}` exited {rc}:\n{body[-3000:]}"
+    lines = [" ".join(line.split()) for line in body.splitlines()]
+    for shown in cmd.outputs:
+      pattern = expected_pattern(shown, tmp)
+      assert any(pattern.search(line) for line in lines), (
+          f"{doc}: `{text}` did not print `{shown}`:\n{body[-3000:]}")
