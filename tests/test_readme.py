@@ -18,6 +18,7 @@ needs a TPU pod.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import glob
 import importlib.util
@@ -235,6 +236,23 @@ def test_every_command_names_real_flags_paths_and_config_fields():
         if not (cmd.outputs and cmd.outputs[0].startswith("error:")):  # meant to fail
           problems += [f"{doc}:{block.line}: {p}" for p in check_static(text)]
   assert count > 20 and not problems, problems
+
+
+def test_config_docstring_commands_name_real_flags_and_fields():
+  """Each recipe's docstring shows its launch command: its flags and fields are real."""
+  problems, count = [], 0
+  for path in sorted(glob.glob(os.path.join(REPO, "configs", "**", "*.py"), recursive=True)):
+    with open(path) as f:
+      doc = ast.get_docstring(ast.parse(f.read())) or ""
+    lines = [line.strip() for line in doc.splitlines()]
+    for k, line in enumerate(lines):
+      if line.startswith("python -m bertjax"):
+        cmd = [line]
+        while cmd[-1].endswith("\\") and k + len(cmd) < len(lines):
+          cmd.append(lines[k + len(cmd)])
+        count += 1
+        problems += [f"{os.path.relpath(path, REPO)}: {p}" for p in check_static("\n".join(cmd))]
+  assert count >= 12 and not problems, problems
 
 
 def test_the_parser_reads_commands_outputs_and_directives():
