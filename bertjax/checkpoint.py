@@ -55,7 +55,11 @@ class Checkpointer:
     self.directory = epath.Path(workdir) / CHECKPOINT_DIR
     options = ocp.CheckpointManagerOptions(
         max_to_keep=max_to_keep, create=not read_only, read_only=read_only,
-        enable_async_checkpointing=not read_only)
+        enable_async_checkpointing=not read_only,
+        # The step's temporary directory is made before `save` returns: a read-only or
+        # full disk then raises at once (made in orbax's background thread, the failure
+        # left `save` waiting 300 s for a signal that never came).
+        async_options=ocp.AsyncOptions(create_directories_asynchronously=False))
     self.manager = ocp.CheckpointManager(self.directory, options=options,
                                          item_names=("state", "data"))
 
@@ -78,13 +82,20 @@ class Checkpointer:
     if reason is None:
       return e
     return CheckpointError(
-        f"cannot write a checkpoint to {self.directory}: {reason}. The run stopped; the "
-        f"complete checkpoints (steps {self.complete_steps()}) are intact. Free space or "
-        "make the directory writable, then rerun the same command to resume.")
+        f"cannot write a checkpoint to {self.directory}: {reason}. The run stopped; "
+        f"{self.intact()}. Free space or make the directory writable, then rerun the "
+        "same command to resume.")
 
   def complete_steps(self) -> list[int]:
     """The steps on disk whose save finished (temporary directories excluded)."""
     return sorted(ocp.utils.checkpoint_steps(self.directory))
+
+  def intact(self) -> str:
+    """'the complete checkpoints (steps 5, 10) are intact', for error messages."""
+    steps = self.complete_steps()
+    if not steps:
+      return "no checkpoint had been completed yet"
+    return f"the complete checkpoints (steps {', '.join(map(str, steps))}) are intact"
 
   def restore(self, step: int, abstract_state: Any, data_iterator: Any = None) -> Any:
     """Restores `state` (onto the shardings of `abstract_state`'s leaves) and, when an

@@ -10,14 +10,14 @@ import os
 import shutil
 import signal
 import subprocess
-import tempfile
+import time
 
 import jax
 import numpy as np
 import pytest
 
 from bertjax import checkpoint as ckpt_lib
-from bertjax.errors import CheckpointError
+from bertjax.errors import BertjaxError, CheckpointError
 from bertjax.parallel import mesh as mesh_lib
 from bertjax.train import loop
 from tests.helpers import tiny_config
@@ -162,3 +162,76 @@ def test_all_checkpoints_corrupt_never_restarts_from_step_0(reference, tmp_path)
   assert "\n" not in str(info.value)
   assert losses(workdir) == before  # Not a single step trained.
   assert sorted(os.listdir(os.path.join(workdir, "corrupt_checkpoints"))) == ["10", "15", "20"]
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+  """A real 32 MiB tmpfs (needs mount rights, i.e. root; skipped elsewhere)."""
+  disk = tmp_path / "disk"
+  disk.mkdir()
+  mounts = [disk]
+  try:
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32m", "tmpfs", str(disk)],
+                   check=True, capture_output=True)
+  except (OSError, subprocess.CalledProcessError) as e:
+    pytest.skip(f"a real full / read-only disk needs mount rights (root): {e}")
+  yield disk, mounts
+  for path in reversed(mounts):
+    subprocess.run(["umount", "-l", str(path)], capture_output=True)
+
+
+def _fill(disk):
+  with open(disk / "filler", "wb") as f:
+    try:
+      while True:
+        f.write(b"\0" * (1 << 20))
+        f.flush()
+    except OSError:
+      pass
+
+
+@pytest.mark.parametrize("fault", ["disk_full", "read_only"])
+def test_disk_full_or_read_only_stops_in_one_line_and_keeps_checkpoints(
+    reference, small_disk, on_train_batch, fault):
+  """Not simulated: the workdir is a 32 MiB tmpfs that a file fills up before step 8
+  ('disk_full'), or its checkpoints/ is bind-mounted read-only then ('read_only').
+  The run stops with one line naming the cause and the intact steps; every checkpoint
+  left restores; once the disk is fixed, rerunning finishes like the reference."""
+  disk, mounts = small_disk
+  workdir = disk / "wd"
+  ckpts = workdir / "checkpoints"
+
+  def inject(n):
+    if n != 8:
+      return
+    deadline = time.time() + 60  # Step 5's asynchronous save completes first.
+    while not (ckpts / "5").exists() and time.time() < deadline:
+      time.sleep(0.05)
+    if fault == "disk_full":
+      _fill(disk)
+    else:
+      subprocess.run(["mount", "--bind", str(ckpts), str(ckpts)], check=True)
+      mounts.append(ckpts)
+      subprocess.run(["mount", "-o", "remount,bind,ro", str(ckpts)], check=True)
+
+  on_train_batch(inject)
+  cause = "No space left on device" if fault == "disk_full" else "Read-only file system"
+  with pytest.raises(BertjaxError, match=f"cannot write .*{cause}.*steps 5.* are intact"
+                     ) as info:
+    loop.train_and_evaluate(rel_config(), str(workdir))
+  assert "\n" not in str(info.value)
+  assert max(losses(workdir)) <= 10  # It stopped at the first save after the fault.
+
+  if fault == "disk_full":
+    os.remove(disk / "filler")
+  else:
+    subprocess.run(["umount", str(ckpts)], check=True)
+    mounts.remove(ckpts)
+  kept = ckpt_lib.Checkpointer(str(workdir), read_only=True).complete_steps()
+  assert 5 in kept and max(kept) < 10, kept
+  for step in kept:
+    final_params(str(workdir), step)  # Restores.
+  loop.train_and_evaluate(rel_config(), str(workdir))
+  resumed, expected = losses(workdir), losses(reference)
+  assert all(resumed[s] == expected[s] for s in range(max(kept) + 1, STEPS + 1))
+  assert_same_params(final_params(str(workdir)), final_params(reference))

@@ -32,8 +32,6 @@ class MetricLogger:
   def write(self, step: int, metrics: dict[str, float], prefix: str = "train") -> None:
     if not self.active:
       return
-    for k, v in metrics.items():
-      self.tb.add_scalar(f"{prefix}/{k}", v, step)
     line = json.dumps({"step": step, "split": prefix, **metrics}) + "\n"
     if self.remote_lines is not None:
       self.remote_lines += line
@@ -41,6 +39,11 @@ class MetricLogger:
     else:
       self.jsonl.write(line)
       self.jsonl.flush()
+    for k, v in metrics.items():
+      self.tb.add_scalar(f"{prefix}/{k}", v, step)
+    # A full or read-only disk raises here, in this thread: tensorboardX's writer thread
+    # would die silently on it and the next add_scalar block forever on its full queue.
+    self.tb.flush()
 
   def info(self, msg: str, *args) -> None:
     if self.active:

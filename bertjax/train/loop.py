@@ -253,8 +253,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       raise
     raise TrainingError(
         f"cannot write to {workdir}: {e.strerror} ({e.filename or 'a log file'}). The run "
-        f"stopped at step {step}; the complete checkpoints (steps "
-        f"{checkpointer.complete_steps()}) are intact. Free space or make the workdir "
+        f"stopped at step {step}; {checkpointer.intact()}. Free space or make the workdir "
         "writable, then rerun the same command to resume.") from e
   finally:
     preemption.restore()
