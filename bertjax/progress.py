@@ -5,7 +5,7 @@
       ...
       bar.update()
 
-On a terminal (stderr is a TTY) or in a notebook a tqdm bar shows the count, rate and ETA, and absl log
+On a terminal (stderr is a TTY) a tqdm bar shows the count, rate and ETA, and absl log
 lines are printed above it instead of through it. Elsewhere (CI, pods, log files) a
 line like `train: 300/1500 steps (20%) 5.1 steps/s, ETA 3m55s` is logged every
 `interval` seconds, and a last one with the total time at the end. Only process 0
@@ -27,9 +27,8 @@ _clock = time.perf_counter  # Seconds; tests substitute a fake clock.
 
 
 def is_terminal() -> bool:
-  """Whether progress is watched live — stderr is a TTY, or a Jupyter / Colab kernel
-  shows it — so a bar; else (CI, pods, log files) log lines."""
-  return sys.stderr.isatty() or "ipykernel" in sys.modules
+  """Whether progress goes to a terminal (stderr is a TTY): a bar, else log lines."""
+  return sys.stderr.isatty()
 
 
 def _process_zero() -> bool:

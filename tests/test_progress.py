@@ -97,17 +97,6 @@ def test_terminal_shows_a_bar_and_logs_above_it(capsys, lines, monkeypatch):
   assert not lines  # no plain lines next to the bar
 
 
-def test_a_bar_on_a_terminal_or_in_a_notebook(monkeypatch):
-  monkeypatch.setattr(sys.stderr, "isatty", lambda: False, raising=False)
-  monkeypatch.delitem(sys.modules, "ipykernel", raising=False)
-  assert not progress.is_terminal()
-  monkeypatch.setitem(sys.modules, "ipykernel", object())
-  assert progress.is_terminal()
-  monkeypatch.delitem(sys.modules, "ipykernel")
-  monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
-  assert progress.is_terminal()
-
-
 def test_only_process_zero_shows_progress(monkeypatch, lines):
   import jax  # pylint: disable=g-import-not-at-top
   monkeypatch.setattr(jax, "process_index", lambda: 1)
