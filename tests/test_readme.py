@@ -1,6 +1,7 @@
-"""The documentation runs: every ```bash block of README.md, docs/*.md and
-launch/README.md is executed on this CPU machine, in order, one shell per file
-(variables carry from block to block), with /tmp/ rewritten to a temporary directory. A comment line directly under a command
+"""The documentation runs: every ```bash (and ```python) block of README.md, docs/*.md
+and launch/README.md is executed on this CPU machine, in order, one shell per file
+(variables carry from block to block; a python block runs in one interpreter), with
+/tmp/ rewritten to a temporary directory. A comment line directly under a command
 is that command's output and must be printed (numbers may differ); an output starting
 with `error:` means the command must fail. Blocks that cannot run here say why in an
 HTML comment just above them, and a block may declare how the test shortens it:
@@ -34,6 +35,7 @@ DOCS = ["README.md"] + sorted(os.path.relpath(p, REPO) for p in glob.glob(
     os.path.join(REPO, "docs", "*.md"))) + ["launch/README.md"]
 NUMBER = r"\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?"
 MARKER = "@@readme-test@@"
+PYTHON_END = "END_OF_PYTHON_BLOCK"
 
 
 @dataclasses.dataclass
@@ -93,7 +95,7 @@ def parse(doc: str) -> list[Block]:
     lines = f.read().splitlines()
   blocks, i = [], 0
   while i < len(lines):
-    if lines[i].strip() != "```bash":
+    if lines[i].strip() not in ("```bash", "```python"):
       i += 1
       continue
     start = i
@@ -102,7 +104,12 @@ def parse(doc: str) -> list[Block]:
     while k >= 0 and lines[k].startswith("<!--"):
       directives.append(lines[k])
       k -= 1
-    block = Block(doc, start + 1, parse_commands(lines[start + 1:end]), None, [], [])
+    if lines[start].strip() == "```python":  # The whole block, one interpreter.
+      source = "\n".join(lines[start + 1:end])
+      commands = [Command(f"python - <<'{PYTHON_END}'\n{source}\n{PYTHON_END}", [])]
+    else:
+      commands = parse_commands(lines[start + 1:end])
+    block = Block(doc, start + 1, commands, None, [], [])
     for d in directives:
       m = re.fullmatch(r"<!-- (not run|test): (.*) -->", d.strip())
       assert m, f"{doc}:{start}: unknown directive {d!r}"
@@ -233,6 +240,8 @@ def test_every_command_names_real_flags_paths_and_config_fields():
         assignment = re.fullmatch(r'(\w+)="([^"]*)"', text, re.S)
         if assignment:
           variables[assignment.group(1)] = assignment.group(2)
+        if cmd.text.startswith("python - <<"):  # a ```python block: run, not parsed
+          continue
         if not (cmd.outputs and cmd.outputs[0].startswith("error:")):  # meant to fail
           problems += [f"{doc}:{block.line}: {p}" for p in check_static(text)]
   assert count > 20 and not problems, problems
