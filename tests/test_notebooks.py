@@ -3,7 +3,8 @@ small settings in place of their parameter cell, and every notebook in the repos
 is committed without outputs.
 
 The kernels run on one CPU device (a notebook on Colab sees the runtime's devices, not
-the suite's 8 fake ones) and share the suite's compilation cache."""
+the suite's 8 fake ones) and inherit the suite's JAX_COMPILATION_CACHE_DIR
+(tests/conftest.py), so a second run of the suite compiles little."""
 
 import ast
 import glob
@@ -69,8 +70,7 @@ def execute(name: str, tmp_path) -> tuple[str, list]:
   cells). A cell that raises fails the test (nbclient raises CellExecutionError)."""
   nb = with_parameters(nbformat.read(os.path.join(COLAB, name), as_version=4),
                        CI_PARAMETERS[name](tmp_path))
-  env = dict(os.environ, JAX_NUM_CPU_DEVICES="1", JAX_PLATFORMS="cpu",
-             MPLBACKEND="Agg")
+  env = dict(os.environ, JAX_NUM_CPU_DEVICES="1", JAX_PLATFORMS="cpu")
   client = nbclient.NotebookClient(nb, timeout=300, kernel_name="python3",
                                    resources={"metadata": {"path": COLAB}})
   client.execute(env=env)
