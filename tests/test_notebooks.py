@@ -66,8 +66,9 @@ def cell_text(cell) -> str:
 
 
 def execute(name: str, tmp_path) -> tuple[str, list]:
-  """Runs notebook `name` with its CI parameters; returns (stdout of all cells, the
-  cells). A cell that raises fails the test (nbclient raises CellExecutionError)."""
+  """Runs notebook `name` with its CI parameters; returns (the text its code cells
+  printed, stderr and displayed values included, and those cells). A cell that raises
+  fails the test (nbclient raises CellExecutionError)."""
   nb = with_parameters(nbformat.read(os.path.join(COLAB, name), as_version=4),
                        CI_PARAMETERS[name](tmp_path))
   env = dict(os.environ, JAX_NUM_CPU_DEVICES="1", JAX_PLATFORMS="cpu")
