@@ -110,6 +110,14 @@ def get_config(arg=None):
   c.train.eval_batches = 50  # Held-out batches per evaluation (0: all).
   c.train.checkpoint_every = 10_000  # Steps between checkpoints.
   c.train.max_to_keep = 3  # Checkpoints kept in the workdir.
+  # Skip the update (parameters and optimizer state, its step count included, stay as
+  # they were) of a step whose loss or gradient norm is non-finite or exceeds the mean
+  # + spike_sigma * std of the last spike_window accepted steps (only non-finite ones
+  # until that many were accepted); counted as the metric skipped_steps. False: a
+  # non-finite loss stops the run naming the last good checkpoint.
+  c.train.skip_step_on_spikes = False
+  c.train.spike_window = 100  # Accepted steps in the rolling statistics.
+  c.train.spike_sigma = 6.0  # k: a loss above mean + k * std is a spike.
 
   c.checkpoint = ml_collections.ConfigDict()
   # A checkpoint that cannot be restored: 'error' stops naming its step; 'previous'

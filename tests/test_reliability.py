@@ -13,13 +13,15 @@ import subprocess
 import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from bertjax import checkpoint as ckpt_lib
-from bertjax.errors import BertjaxError, CheckpointError
+from bertjax.errors import BertjaxError, CheckpointError, TrainingError
 from bertjax.parallel import mesh as mesh_lib
-from bertjax.train import loop
+from bertjax.train import loop, spikes
 from tests.helpers import tiny_config
 
 STEPS = 20
@@ -59,8 +61,9 @@ def assert_same_params(a, b):
 
 @pytest.fixture
 def on_train_batch(monkeypatch):
-  """`on_train_batch(fn)`: fn(n) runs before the n-th training batch (1-based) of
-  each run goes to the devices, i.e. just before step n of a fresh run."""
+  """`on_train_batch(fn)`: fn(n, batch) runs before the n-th training batch (1-based)
+  of each run goes to the devices, i.e. just before step n of a fresh run; a dict it
+  returns replaces the batch."""
   put_batch = mesh_lib.put_batch
 
   def install(fn):
@@ -69,7 +72,7 @@ def on_train_batch(monkeypatch):
     def hooked(batch, sharding):
       if "example_weights" not in batch:  # Training batches (eval batches carry it).
         count[0] += 1
-        fn(count[0])
+        batch = fn(count[0], batch) or batch
       return put_batch(batch, sharding)
 
     monkeypatch.setattr(mesh_lib, "put_batch", hooked)
@@ -100,8 +103,8 @@ def test_sigterm_ten_times_in_one_run_is_bit_exact(reference, tmp_path, on_train
   done = 0
   for _ in range(len(kill_at) + 1):
     pending = [s - done for s in kill_at if s > done]
-    on_train_batch(lambda n, first=pending[:1]: n in first and os.kill(os.getpid(),
-                                                                       signal.SIGTERM))
+    on_train_batch(lambda n, _, first=pending[:1]: n in first and os.kill(os.getpid(),
+                                                                          signal.SIGTERM))
     loop.train_and_evaluate(rel_config(), workdir)
     done = max(losses(workdir))
     stops.append(done)
@@ -201,7 +204,7 @@ def test_disk_full_or_read_only_stops_in_one_line_and_keeps_checkpoints(
   workdir = disk / "wd"
   ckpts = workdir / "checkpoints"
 
-  def inject(n):
+  def inject(n, _):
     if n != 8:
       return
     deadline = time.time() + 60  # Step 5's asynchronous save completes first.
@@ -235,3 +238,77 @@ def test_disk_full_or_read_only_stops_in_one_line_and_keeps_checkpoints(
   resumed, expected = losses(workdir), losses(reference)
   assert all(resumed[s] == expected[s] for s in range(max(kept) + 1, STEPS + 1))
   assert_same_params(final_params(str(workdir)), final_params(reference))
+
+
+def _nan_batch(batch):
+  """One masked-token weight NaN: the loss and every gradient become NaN."""
+  batch = dict(batch, masked_lm_weights=batch["masked_lm_weights"].copy())
+  batch["masked_lm_weights"][0, 0] = np.nan
+  return batch
+
+
+def _spike_batch(batch):
+  """Every masked position labelled [PAD] (id 0), a token never a target in training:
+  at step 14 the loss is still ~log V but the gradient norm jumps to ~2.4x the recent
+  ones (6.3 vs 2.4-2.9), far above mean + 6 std."""
+  return dict(batch, masked_lm_ids=np.zeros_like(batch["masked_lm_ids"]))
+
+
+def test_nan_loss_stops_naming_the_step_and_the_last_good_checkpoint(tmp_path,
+                                                                      on_train_batch):
+  on_train_batch(lambda n, batch: _nan_batch(batch) if n == 8 else None)
+  workdir = str(tmp_path / "nan")
+  with pytest.raises(TrainingError, match=r"non-finite loss, grad_norm, param_norm at or "
+                     r"before step 8; the last good checkpoint is step 5 in") as info:
+    loop.train_and_evaluate(rel_config(), workdir)
+  assert "\n" not in str(info.value)
+  assert max(losses(workdir)) == 7
+  assert ckpt_lib.Checkpointer(workdir, read_only=True).complete_steps() == [5]
+
+
+def test_skip_step_on_spikes_drops_nan_and_spike_updates(reference, tmp_path,
+                                                         on_train_batch, caplog):
+  """A NaN batch at step 8 and a spike at step 14 (window 5, k = 6): both updates are
+  dropped, logged and counted, the schedule does not advance; the run finishes."""
+  on_train_batch(lambda n, batch: {8: _nan_batch, 14: _spike_batch}.get(
+      n, lambda b: None)(batch))
+  workdir = str(tmp_path / "skip")
+  with caplog.at_level("WARNING"):
+    loop.train_and_evaluate(rel_config(skip_step_on_spikes=True, spike_window=5,
+                                       spike_sigma=6.0), workdir)
+  rows, expected = train_rows(workdir), train_rows(reference)
+  assert "Skipped step 8 (update dropped, 1 so far)" in caplog.text
+  assert "Skipped step 14 (update dropped, 2 so far)" in caplog.text
+  assert [rows[s]["skipped_steps"] for s in (7, 8, 13, 14, STEPS)] == [0, 1, 1, 2, 2]
+  # Up to float reassociation (the wrapper changes XLA's fusion of the update).
+  np.testing.assert_allclose([rows[s]["loss"] for s in range(1, 8)],
+                             [expected[s]["loss"] for s in range(1, 8)], rtol=1e-5)
+  assert rows[9]["learning_rate"] == expected[8]["learning_rate"]  # One step behind.
+  assert rows[15]["learning_rate"] == expected[13]["learning_rate"]  # Two.
+
+
+def test_skipped_update_leaves_parameters_and_optimizer_state_unchanged():
+  """The wrapper on its own, exact: before `window` accepted steps only non-finite
+  values skip; then a loss or a gradient norm above mean + k std skips too. A skipped
+  step returns zero updates and the inner state (Adam moments and count) as it was."""
+  tx = spikes.skip_spikes(optax.adam(0.1), window=4, sigma=6.0)
+  params = {"w": jnp.ones(3)}
+  state = tx.init(params)
+
+  def step(state, loss, grad):
+    updates, new = jax.jit(tx.update)({"w": jnp.full(3, grad, jnp.float32)}, state, params,
+                                      loss=loss)
+    return updates, new
+
+  for loss in (50.0, 1.0, 1.1, 0.9):  # A large first loss: the window is not full yet.
+    updates, state = step(state, loss, 1.0)
+    assert not state.last_skipped and np.any(updates["w"] != 0)
+  for loss, grad in ((np.nan, 1.0), (1.0, np.inf), (200.0, 1.0), (1.0, 50.0)):
+    updates, new = step(state, loss, grad)
+    assert new.last_skipped and np.all(updates["w"] == 0)
+    assert new.skipped == state.skipped + 1 and new.accepted == state.accepted
+    assert_same_params(new.inner, state.inner)
+    state = new
+  assert optax.tree.get(state.inner, "count") == 4 and state.skipped == 4
+  updates, state = step(state, 30.0, 1.0)  # mean 13.25, std 21.1: within 6 std.
+  assert not state.last_skipped and optax.tree.get(state.inner, "count") == 5

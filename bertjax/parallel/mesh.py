@@ -96,7 +96,7 @@ def logical_shardings(boxed_tree: Any, mesh: Mesh, rules) -> Any:
   fitted = jax.tree.map(lambda s, x: _fit(s, x.shape), shardings, nn.unbox(boxed_tree))
   uneven = {(x.shape, tuple(s.spec)) for s, f, x in zip(
       jax.tree.leaves(shardings), jax.tree.leaves(fitted), jax.tree.leaves(nn.unbox(boxed_tree)))
-            if s.spec != f.spec}
+            if tuple(s.spec) + (None,) * (len(x.shape) - len(s.spec)) != tuple(f.spec)}
   for shape, spec in sorted(uneven, key=str):
     logging.warning("Mesh %s does not divide a %s parameter as %s; it is replicated over "
                     "the axes that do not divide it.", dict(mesh.shape), list(shape), spec)

@@ -197,19 +197,36 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   eval_result: dict[str, float] = {}
   step = int(jax.device_get(state.step))
   last_good = start
+  consecutive_skips = 0  # skip_step_on_spikes: stops the run at spike_window in a row.
   t0, tokens = time.perf_counter(), 0
   # A bar on a terminal; elsewhere the step lines below carry its rate and ETA.
   bar = progress.Progress("train", config.train.num_steps, "steps", initial=step,
                           interval=None)
 
   def flush(step: int) -> None:
-    nonlocal t0, tokens
+    nonlocal t0, tokens, consecutive_skips
     if not pending:
       return
     host = jax.device_get(pending)
     pending.clear()
-    metrics = _mean_metrics(host)
-    for m in host:  # The loss, the gradients and the updated parameters.
+    for i, m in enumerate(host):  # skip_step_on_spikes: skipped steps are only logged.
+      if m.get("skipped") and log.active:
+        logging.warning("Skipped step %d (update dropped, %d so far): loss %.4g, grad "
+                        "norm %.4g.", step - len(host) + 1 + i, m["skipped_steps"],
+                        m["loss"], m["grad_norm"])
+      consecutive_skips = consecutive_skips + 1 if m.get("skipped") else 0
+      if consecutive_skips >= config.train.spike_window:
+        raise TrainingError(
+            f"{consecutive_skips} steps in a row up to step {step} were skipped as spikes; "
+            f"the last good checkpoint is step {last_good} in {checkpointer.directory}. "
+            "Lower config.train.learning_rate or raise config.train.spike_sigma, then "
+            "rerun to resume.")
+    kept = [m for m in host if not m.get("skipped")]
+    metrics = _mean_metrics(kept or host)
+    metrics.pop("skipped", None)
+    if "skipped_steps" in host[-1]:
+      metrics["skipped_steps"] = float(host[-1]["skipped_steps"])
+    for m in kept:  # The loss, the gradients and the updated parameters.
       bad = [k for k in ("loss", "grad_norm", "param_norm") if not math.isfinite(m[k])]
       if bad:
         raise TrainingError(

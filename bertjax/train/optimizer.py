@@ -6,6 +6,7 @@ import flax
 import optax
 
 from bertjax.errors import ConfigError
+from bertjax.train import spikes
 
 
 def learning_rate_schedule(train_cfg) -> optax.Schedule:
@@ -31,7 +32,8 @@ def decay_mask(params):
 
 
 def create_optimizer(train_cfg) -> optax.GradientTransformation:
-  """Global-norm clipping, then AdamW or LAMB with the schedule and the decay mask."""
+  """Global-norm clipping, then AdamW or LAMB with the schedule and the decay mask; all of
+  it wrapped in `spikes.skip_spikes` with `skip_step_on_spikes`."""
   schedule = learning_rate_schedule(train_cfg)
   kwargs = dict(learning_rate=schedule, b1=train_cfg.b1, b2=train_cfg.b2, eps=train_cfg.eps,
                 weight_decay=train_cfg.weight_decay, mask=decay_mask)
@@ -42,5 +44,7 @@ def create_optimizer(train_cfg) -> optax.GradientTransformation:
   else:
     raise ConfigError(f"config.train.optimizer={train_cfg.optimizer!r}: use 'adamw' or 'lamb'.")
   if train_cfg.max_grad_norm > 0:
-    return optax.chain(optax.clip_by_global_norm(train_cfg.max_grad_norm), opt)
+    opt = optax.chain(optax.clip_by_global_norm(train_cfg.max_grad_norm), opt)
+  if train_cfg.get("skip_step_on_spikes", False):
+    opt = spikes.skip_spikes(opt, train_cfg.spike_window, train_cfg.spike_sigma)
   return opt

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import optax
 
 from bertjax.model import BertForPreTraining
+from bertjax.train import spikes
 
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids", "masked_lm_positions",
                 "position_ids", "segment_ids", "span_left_positions",
@@ -25,7 +26,7 @@ MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids", "masked_lm_posi
 
 @flax.struct.dataclass
 class TrainState:
-  step: jax.Array  # [] int32, optimizer steps taken
+  step: jax.Array  # [] int32, steps taken (batches consumed; skipped spikes included)
   params: Any
   opt_state: Any
 
@@ -106,13 +107,21 @@ def make_train_step(model: BertForPreTraining, tx: optax.GradientTransformation,
       (grads, sums), _ = jax.lax.scan(
           body, zeros, (jnp.arange(grad_accum_steps), micro))
 
-    updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
+    loss = _objective(sums, counts)
     metrics = _metrics(sums, counts)
-    metrics["loss"] = _objective(sums, counts)
+    optimizer_steps = state.step  # Steps the optimizer took: the schedule's position.
+    if isinstance(state.opt_state, spikes.SpikeState):  # skip_step_on_spikes
+      updates, opt_state = tx.update(grads, state.opt_state, state.params, loss=loss)
+      optimizer_steps = state.step - state.opt_state.skipped
+      metrics["skipped"] = opt_state.last_skipped.astype(jnp.float32)
+      metrics["skipped_steps"] = opt_state.skipped.astype(jnp.float32)
+    else:
+      updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    metrics["loss"] = loss
     metrics["grad_norm"] = optax.tree.norm(grads)
     metrics["param_norm"] = optax.tree.norm(params)
-    metrics["learning_rate"] = schedule(state.step)
+    metrics["learning_rate"] = schedule(optimizer_steps)
     return TrainState(state.step + 1, params, opt_state), metrics
 
   return train_step
