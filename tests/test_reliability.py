@@ -2,7 +2,8 @@
 preemption ten times in one run, corrupt checkpoints, a full or read-only disk, a NaN or
 a spike in the loss. Every faulty run is compared with one uninterrupted reference run
 of the same config: losses and final parameters bit for bit. The kill -9 during an
-asynchronous save is in tests/test_reliability_kill.py (a real process death)."""
+asynchronous save is a real process death: run as `python -m tests.test_reliability
+ARGS` this file is `bertjax.main` with that save held open (the worker)."""
 
 import glob
 import json
@@ -10,6 +11,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 
 import jax
@@ -312,3 +314,69 @@ def test_skipped_update_leaves_parameters_and_optimizer_state_unchanged():
   assert optax.tree.get(state.inner, "count") == 4 and state.skipped == 4
   updates, state = step(state, 30.0, 1.0)  # mean 13.25, std 21.1: within 6 std.
   assert not state.last_skipped and optax.tree.get(state.inner, "count") == 5
+
+
+def _worker_main() -> None:
+  """bertjax.main whose asynchronous save of step $BERTJAX_TEST_HOLD_STEP stops just
+  before orbax commits it (renames N.orbax-checkpoint-tmp to N), touches
+  $BERTJAX_TEST_MARKER and waits there to be killed."""
+  import time as time_lib
+
+  from absl import app
+  from orbax.checkpoint._src.path import atomicity
+
+  from bertjax import main
+
+  finalize = atomicity.AtomicRenameTemporaryPath.finalize
+
+  async def held_finalize(self, *args, **kwargs):
+    if self.get_final().name == os.environ["BERTJAX_TEST_HOLD_STEP"]:
+      open(os.environ["BERTJAX_TEST_MARKER"], "w").close()
+      time_lib.sleep(600)
+    return await finalize(self, *args, **kwargs)
+
+  atomicity.AtomicRenameTemporaryPath.finalize = held_finalize
+  app.run(main.main, flags_parser=main._parse_flags)
+
+
+def test_kill_9_during_an_asynchronous_save_resumes_from_the_last_complete_step(
+    reference, tmp_path):
+  """The trainer process is SIGKILLed while step 10's checkpoint is written (its files
+  are on disk, orbax's commit, the rename, is not): step 10 is never listed nor read,
+  the restart resumes from step 5 and trains to the reference's losses and parameters."""
+  from tests.test_loop import overrides
+  workdir, marker = tmp_path / "killed", tmp_path / "saving"
+  config = rel_config()
+  env = dict(os.environ, BERTJAX_TEST_HOLD_STEP="10", BERTJAX_TEST_MARKER=str(marker))
+  proc = subprocess.Popen(
+      [sys.executable, "-m", "tests.test_reliability", "--config=configs/bert_tiny.py",
+       f"--workdir={workdir}", *overrides(config),
+       f"--config.data.tokenizer.path={TOKENIZER}"],
+      cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), env=env,
+      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  try:
+    deadline = time.time() + 180
+    while not marker.exists() and proc.poll() is None and time.time() < deadline:
+      time.sleep(0.05)
+    assert marker.exists(), proc.communicate(timeout=10)[0][-3000:] if proc.poll() else ""
+    proc.kill()
+    proc.wait(timeout=30)
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+  ckpts = workdir / "checkpoints"
+  partial = [p.name for p in ckpts.iterdir() if p.name.startswith("10.")]
+  assert partial and glob.glob(str(ckpts / partial[0] / "state" / "**" / "d" / "*"),
+                               recursive=True)  # Half-written: data files, no commit.
+  assert ckpt_lib.Checkpointer(str(workdir), read_only=True).complete_steps() == [5]
+  os.remove(workdir / "metrics.jsonl")
+  loop.train_and_evaluate(config, str(workdir))
+  resumed, expected = losses(workdir), losses(reference)
+  assert sorted(resumed) == list(range(6, STEPS + 1))
+  assert all(resumed[s] == expected[s] for s in resumed)
+  assert_same_params(final_params(str(workdir)), final_params(reference))
+  assert ckpt_lib.Checkpointer(str(workdir), read_only=True).complete_steps() == [10, 15, 20]
+
+
+if __name__ == "__main__":
+  _worker_main()
