@@ -58,8 +58,10 @@ def main(argv):
   from bertjax.parallel import distributed
   from bertjax.train import loop
   try:
+    timeouts = _CONFIG.value.distributed
     distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
-                           auto=_MULTIHOST.value)
+                           auto=_MULTIHOST.value, timeout_s=timeouts.initialization_timeout_s,
+                           heartbeat_timeout_s=timeouts.heartbeat_timeout_s)
     metrics = loop.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
   except BertjaxError as e:
     logging.flush()

@@ -125,6 +125,12 @@ def get_config(arg=None):
   # step before. Either way a workdir whose checkpoints all fail never restarts at 0.
   c.checkpoint.on_corrupt = "error"
 
+  c.distributed = ml_collections.ConfigDict()  # Multi-process jobs only.
+  c.distributed.initialization_timeout_s = 300  # Wait for every process to join.
+  # A process silent this long (killed, host lost) ends every other process with an
+  # error naming it, rather than leaving them blocked in a collective forever.
+  c.distributed.heartbeat_timeout_s = 100
+
   c.mesh = ml_collections.ConfigDict()
   c.mesh.data = -1  # Data-parallel size; -1 fills the devices left over.
   c.mesh.fsdp = 1  # Parameter / optimizer-state sharding size.

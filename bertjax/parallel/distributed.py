@@ -15,11 +15,15 @@ from bertjax.errors import ConfigError
 
 
 def initialize(coordinator_address: str = "", num_processes: int = 0, process_id: int = -1,
-               auto: bool = False, timeout_s: int = 300) -> None:
+               auto: bool = False, timeout_s: int = 300, heartbeat_timeout_s: int = 100
+               ) -> None:
   """Joins the job's processes. With `coordinator_address` ('host:port' of process 0)
   `num_processes` and `process_id` are required; with `auto` JAX reads them from the
   cluster environment (Cloud TPU metadata, SLURM_*, OMPI_*). Neither: one process.
-  CPU processes talk through gloo collectives."""
+  CPU processes talk through gloo collectives. `timeout_s` bounds the wait for every
+  process to join; a process silent for `heartbeat_timeout_s` (dead, or its host gone)
+  makes JAX's coordination service terminate every other process with an error naming
+  the missing task, instead of leaving them blocked in a collective forever."""
   if coordinator_address:
     if num_processes < 1 or not 0 <= process_id < num_processes:
       raise ConfigError(f"--coordinator_address={coordinator_address} needs "
@@ -32,6 +36,7 @@ def initialize(coordinator_address: str = "", num_processes: int = 0, process_id
   else:
     return
   jax.config.update("jax_cpu_collectives_implementation", "gloo")
-  jax.distributed.initialize(**kwargs, initialization_timeout=timeout_s)
+  jax.distributed.initialize(**kwargs, initialization_timeout=timeout_s,
+                             heartbeat_timeout_seconds=heartbeat_timeout_s)
   logging.info("Process %d of %d; %d local of %d devices.", jax.process_index(),
                jax.process_count(), jax.local_device_count(), jax.device_count())
