@@ -5,6 +5,7 @@ of the same config: losses and final parameters bit for bit. The kill -9 during 
 asynchronous save is a real process death: run as `python -m tests.test_reliability
 ARGS` this file is `bertjax.main` with that save held open (the worker)."""
 
+import errno
 import glob
 import json
 import os
@@ -171,18 +172,36 @@ def test_all_checkpoints_corrupt_never_restarts_from_step_0(reference, tmp_path)
 
 @pytest.fixture
 def small_disk(tmp_path):
-  """A real 32 MiB tmpfs (needs mount rights, i.e. root; skipped elsewhere)."""
+  """(directory, mounts): a real 32 MiB tmpfs, or mounts None without mount rights
+  (not root): the test then simulates the fault."""
   disk = tmp_path / "disk"
   disk.mkdir()
   mounts = [disk]
   try:
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32m", "tmpfs", str(disk)],
                    check=True, capture_output=True)
-  except (OSError, subprocess.CalledProcessError) as e:
-    pytest.skip(f"a real full / read-only disk needs mount rights (root): {e}")
+  except (OSError, subprocess.CalledProcessError):
+    mounts = None
   yield disk, mounts
-  for path in reversed(mounts):
+  for path in reversed(mounts or []):
     subprocess.run(["umount", "-l", str(path)], capture_output=True)
+
+
+def _simulate(monkeypatch, fault):
+  """Without mount rights: orbax's creation of a step's temporary directory fails as it
+  would on that disk (the array writes themselves happen in TensorStore's C++, which
+  Python cannot reach). Returns the undo."""
+  from orbax.checkpoint._src.path import async_path
+  mkdir = async_path.mkdir
+  code = errno.ENOSPC if fault == "disk_full" else errno.EROFS
+
+  async def failing_mkdir(path, *args, **kwargs):
+    if "orbax-checkpoint-tmp" in str(path):
+      raise OSError(code, os.strerror(code), str(path))
+    return await mkdir(path, *args, **kwargs)
+
+  monkeypatch.setattr(async_path, "mkdir", failing_mkdir)
+  return lambda: monkeypatch.setattr(async_path, "mkdir", mkdir)
 
 
 def _fill(disk):
@@ -197,14 +216,17 @@ def _fill(disk):
 
 @pytest.mark.parametrize("fault", ["disk_full", "read_only"])
 def test_disk_full_or_read_only_stops_in_one_line_and_keeps_checkpoints(
-    reference, small_disk, on_train_batch, fault):
-  """Not simulated: the workdir is a 32 MiB tmpfs that a file fills up before step 8
-  ('disk_full'), or its checkpoints/ is bind-mounted read-only then ('read_only').
-  The run stops with one line naming the cause and the intact steps; every checkpoint
-  left restores; once the disk is fixed, rerunning finishes like the reference."""
+    reference, small_disk, on_train_batch, monkeypatch, fault):
+  """As root, not simulated: the workdir is a 32 MiB tmpfs that a file fills up before
+  step 8 ('disk_full'), or its checkpoints/ is bind-mounted read-only then
+  ('read_only'). Without mount rights the save's directory creation is made to fail
+  with ENOSPC / EROFS instead (`_simulate`). The run stops with one line naming the
+  cause and the intact steps; every checkpoint left restores; once the disk is fixed,
+  rerunning finishes like the reference."""
   disk, mounts = small_disk
   workdir = disk / "wd"
   ckpts = workdir / "checkpoints"
+  undo = []
 
   def inject(n, _):
     if n != 8:
@@ -212,7 +234,9 @@ def test_disk_full_or_read_only_stops_in_one_line_and_keeps_checkpoints(
     deadline = time.time() + 60  # Step 5's asynchronous save completes first.
     while not (ckpts / "5").exists() and time.time() < deadline:
       time.sleep(0.05)
-    if fault == "disk_full":
+    if mounts is None:
+      undo.append(_simulate(monkeypatch, fault))
+    elif fault == "disk_full":
       _fill(disk)
     else:
       subprocess.run(["mount", "--bind", str(ckpts), str(ckpts)], check=True)
@@ -227,7 +251,9 @@ def test_disk_full_or_read_only_stops_in_one_line_and_keeps_checkpoints(
   assert "\n" not in str(info.value)
   assert max(losses(workdir)) <= 10  # It stopped at the first save after the fault.
 
-  if fault == "disk_full":
+  if mounts is None:
+    undo.pop()()
+  elif fault == "disk_full":
     os.remove(disk / "filler")
   else:
     subprocess.run(["umount", str(ckpts)], check=True)
