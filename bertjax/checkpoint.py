@@ -224,11 +224,29 @@ def save_config(workdir: str, config: ml_collections.ConfigDict) -> None:
       raise CheckpointError(
           f"{workdir} holds a run of another model: {', '.join(changed)}; use a new "
           "--workdir or the run's model config.")
+    old_layout = _optimizer_layout(json.loads(path.read_text()).get("train", {}))
+    new_layout = _optimizer_layout(json.loads(config.to_json()).get("train", {}))
+    changed = [f"config.train.{k}={new_layout[k]!r} (the run's: {old_layout[k]!r})"
+               for k in new_layout if old_layout[k] != new_layout[k]]
+    if changed:  # Else every checkpoint would fail to restore, as if corrupt.
+      raise CheckpointError(
+          f"{workdir} holds a run whose optimizer state has another layout: "
+          f"{', '.join(changed)}; use a new --workdir or the run's values.")
   if jax.process_count() > 1:  # Every process reads before process 0 writes.
     multihost_utils.sync_global_devices("bertjax: config.json checked")
   if jax.process_index() == 0:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(config.to_json(indent=2))
+
+
+def _optimizer_layout(train: dict) -> dict:
+  """The config.train fields that change the optimizer state's tree in a checkpoint
+  (absent ones, from runs older than the field, at their defaults)."""
+  skip = train.get("skip_step_on_spikes", False)
+  return {"optimizer": train.get("optimizer", "adamw"),
+          "max_grad_norm": "> 0" if train.get("max_grad_norm", 1.0) > 0 else "0",
+          "skip_step_on_spikes": skip,
+          "spike_window": train.get("spike_window", 100) if skip else "unused"}
 
 
 def load_config(workdir: str) -> ml_collections.ConfigDict:

@@ -268,6 +268,21 @@ def test_disk_full_or_read_only_stops_in_one_line_and_keeps_checkpoints(
   assert_same_params(final_params(str(workdir)), final_params(reference))
 
 
+def test_switching_spike_skipping_on_resume_is_refused_not_taken_for_corruption(
+    reference, tmp_path):
+  """skip_step_on_spikes changes the optimizer state's tree: resuming a run with it
+  switched is one line naming the field, before any checkpoint is read or moved."""
+  workdir = str(tmp_path / "switched")
+  shutil.copytree(reference, workdir)
+  config = rel_config(skip_step_on_spikes=True)
+  config.checkpoint.on_corrupt = "previous"
+  with pytest.raises(CheckpointError, match=r"optimizer state has another layout: "
+                     r"config.train.skip_step_on_spikes=True \(the run's: False\)") as info:
+    loop.train_and_evaluate(config, workdir)
+  assert "\n" not in str(info.value)
+  assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["10", "15", "20"]
+
+
 def _nan_batch(batch):
   """One masked-token weight NaN: the loss and every gradient become NaN."""
   batch = dict(batch, masked_lm_weights=batch["masked_lm_weights"].copy())
