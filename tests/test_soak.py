@@ -29,7 +29,7 @@ def test_soak_runs_a_few_steps(tmp_path):
   judged = soak.verdict(result, batch_size=8, max_to_keep=2, warmup_windows=1,
                         max_rss_growth_mb=1e6, min_throughput_ratio=0.0)
   assert [w["steps"] for w in judged["windows"]] == ["3-4", "5-6", "7-8"]
-  assert all(w["steps_per_s"] > 0 for w in judged["windows"])
+  assert all(w["steps_per_s"] > 0 and w["steps_per_cpu_s"] > 0 for w in judged["windows"])
   assert judged["checks"]["checkpoint_counts"]["ok"] and judged["passed"]
   strict = soak.verdict(result, batch_size=8, max_to_keep=3, warmup_windows=1,
                         max_rss_growth_mb=-1.0, min_throughput_ratio=1e9)
