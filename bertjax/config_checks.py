@@ -88,6 +88,17 @@ def pretraining(config) -> None:
   _optimizer(t)
   at_least("train.eval_every", t.eval_every, 1)
   at_least("train.eval_batches", t.eval_batches, 0)
+  at_least("train.spike_window", t.spike_window, 2)  # a standard deviation needs two
+  if not (_number(t.spike_sigma) and 0 < t.spike_sigma < math.inf):
+    raise ConfigError(f"config.train.spike_sigma={t.spike_sigma!r} must be positive.")
+  one_of("checkpoint.on_corrupt", config.checkpoint.on_corrupt, ("error", "previous"))
+  at_least("distributed.initialization_timeout_s",
+           config.distributed.initialization_timeout_s, 1)
+  at_least("distributed.heartbeat_timeout_s", config.distributed.heartbeat_timeout_s, 1)
+  if t.skip_step_on_spikes:
+    at_least("train.spike_window", t.spike_window, 2)  # A std needs two values.
+    within("train.spike_sigma", t.spike_sigma, 0, math.inf, "()")
+  one_of("checkpoint.on_corrupt", config.checkpoint.on_corrupt, ("error", "previous"))
 
   at_least("data.max_seq_length", d.max_seq_length, MIN_SEQ_LENGTH)
   if d.max_seq_length + model.position_offset > model.max_position_embeddings:

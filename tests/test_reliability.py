@@ -22,7 +22,7 @@ import optax
 import pytest
 
 from bertjax import checkpoint as ckpt_lib
-from bertjax.errors import BertjaxError, CheckpointError, TrainingError
+from bertjax.errors import BertjaxError, CheckpointError, ConfigError, TrainingError
 from bertjax.parallel import mesh as mesh_lib
 from bertjax.train import loop, spikes
 from tests.helpers import tiny_config
@@ -116,16 +116,17 @@ def test_sigterm_ten_times_in_one_run_is_bit_exact(reference, tmp_path, on_train
   assert_same_params(final_params(workdir), final_params(reference))
 
 
-def _truncate_largest_array_file(step_dir):
-  path = max(glob.glob(os.path.join(step_dir, "state", "**", "d", "*"), recursive=True),
-             key=os.path.getsize)
-  with open(path, "r+b") as f:
-    f.truncate(100)
+def _truncate_array_files(step_dir):
+  """Cuts every data file of the step's arrays to 100 bytes (the largest alone is not
+  always read: OCDBT may keep superseded files)."""
+  for path in glob.glob(os.path.join(step_dir, "state", "ocdbt.process_0", "d", "*")):
+    with open(path, "r+b") as f:
+      f.truncate(100)
 
 
 def test_corrupt_checkpoint_is_named_and_previous_step_used_on_request(reference, tmp_path,
                                                                        caplog):
-  """Step 20 with a truncated array file, step 15 without its array metadata: by default
+  """Step 20 with truncated array files, step 15 without its array metadata: by default
   a one-line CheckpointError names step 20 and nothing is touched; with
   on_corrupt=previous both are moved to corrupt_checkpoints/ and the run resumes from
   step 10 with the reference's losses."""
@@ -133,7 +134,7 @@ def test_corrupt_checkpoint_is_named_and_previous_step_used_on_request(reference
   shutil.copytree(reference, workdir)
   os.remove(os.path.join(workdir, "metrics.jsonl"))
   ckpts = os.path.join(workdir, "checkpoints")
-  _truncate_largest_array_file(os.path.join(ckpts, "20"))
+  _truncate_array_files(os.path.join(ckpts, "20"))
   os.remove(os.path.join(ckpts, "15", "state", "_METADATA"))
 
   with pytest.raises(CheckpointError, match=r"checkpoint step 20 in .* cannot be restored.*"
@@ -159,7 +160,7 @@ def test_all_checkpoints_corrupt_never_restarts_from_step_0(reference, tmp_path)
   workdir = str(tmp_path / "all_corrupt")
   shutil.copytree(reference, workdir)
   for step in ("10", "15", "20"):
-    _truncate_largest_array_file(os.path.join(workdir, "checkpoints", step))
+    _truncate_array_files(os.path.join(workdir, "checkpoints", step))
   before = losses(workdir)
   config = rel_config()
   config.checkpoint.on_corrupt = "previous"
@@ -281,6 +282,20 @@ def test_switching_spike_skipping_on_resume_is_refused_not_taken_for_corruption(
     loop.train_and_evaluate(config, workdir)
   assert "\n" not in str(info.value)
   assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["10", "15", "20"]
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("train.spike_window", 1, r"config.train.spike_window=1 must be >= 2\."),
+    ("train.spike_sigma", 0.0, r"config.train.spike_sigma=0.0 must lie in \(0, inf\)\."),
+    ("checkpoint.on_corrupt", "latest", r"config.checkpoint.on_corrupt='latest': use one "
+     r"of \('error', 'previous'\)\."),
+])
+def test_reliability_fields_out_of_range_fail_at_start_up(tmp_path, field, value, message):
+  config = rel_config(skip_step_on_spikes=True)
+  section, name = field.split(".")
+  config[section][name] = value
+  with pytest.raises(ConfigError, match=message):
+    loop.train_and_evaluate(config, str(tmp_path / "wd"))
 
 
 def _nan_batch(batch):
