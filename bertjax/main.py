@@ -55,9 +55,11 @@ def main(argv):
   _quiet_libraries()
   import jax  # After flag parsing: keeps --help fast.
 
+  from bertjax import config_checks
   from bertjax.parallel import distributed
   from bertjax.train import loop
   try:
+    config_checks.pretraining(_CONFIG.value)  # before joining the other processes
     timeouts = _CONFIG.value.distributed
     distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
                            auto=_MULTIHOST.value, timeout_s=timeouts.initialization_timeout_s,

@@ -93,6 +93,12 @@ PRETRAINING = [
     ("train.checkpoint_every", 0, ["config.train.checkpoint_every=0"]),
     ("train.eval_batches", -1, ["config.train.eval_batches=-1"]),
     ("train.max_to_keep", 0, ["config.train.max_to_keep=0"]),
+    ("train.spike_window", 1, ["config.train.spike_window=1"]),
+    ("train.spike_sigma", 0.0, ["config.train.spike_sigma=0.0"]),
+    ("checkpoint.on_corrupt", "skip", ["config.checkpoint.on_corrupt='skip'"]),
+    ("distributed.initialization_timeout_s", 0,
+     ["config.distributed.initialization_timeout_s=0"]),
+    ("distributed.heartbeat_timeout_s", -1, ["config.distributed.heartbeat_timeout_s=-1"]),
 ]
 
 # The same on configs/finetune/glue.py (a random-init model: config.model is used).
