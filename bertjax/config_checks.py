@@ -95,10 +95,6 @@ def pretraining(config) -> None:
   at_least("distributed.initialization_timeout_s",
            config.distributed.initialization_timeout_s, 1)
   at_least("distributed.heartbeat_timeout_s", config.distributed.heartbeat_timeout_s, 1)
-  if t.skip_step_on_spikes:
-    at_least("train.spike_window", t.spike_window, 2)  # A std needs two values.
-    within("train.spike_sigma", t.spike_sigma, 0, math.inf, "()")
-  one_of("checkpoint.on_corrupt", config.checkpoint.on_corrupt, ("error", "previous"))
 
   at_least("data.max_seq_length", d.max_seq_length, MIN_SEQ_LENGTH)
   if d.max_seq_length + model.position_offset > model.max_position_embeddings:
