@@ -23,6 +23,8 @@ def main() -> None:
           file=sys.stderr)
     sys.exit(2)
   module = importlib.import_module(f"bertjax.benchmarks.{sys.argv[1]}")
+  if hasattr(module, "define_flags"):  # Modules whose flags would clash when imported
+    module.define_flags()              # next to another benchmark (tests) define late.
   app.run(module.main, argv=[f"{sys.argv[0]} {sys.argv[1]}", *sys.argv[2:]])
 
 

@@ -46,20 +46,26 @@ import configs
 from bertjax import checkpoint as ckpt_lib
 from bertjax.errors import ConfigError
 
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", os.path.join(os.path.dirname(configs.__file__), "bert_tiny.py"),
-    "Recipe file.", lock_config=True)
-_STEPS = flags.DEFINE_integer("steps", 2000, "Training steps.")
-_EVERY = flags.DEFINE_integer("every", 100, "Steps between evaluations, logs and "
-                              "checkpoints (one window).")
-_WORKDIR = flags.DEFINE_string("workdir", "", "Run directory (default: a temporary one, "
-                               "deleted afterwards).")
-_WARMUP = flags.DEFINE_integer("warmup_windows", 3, "Windows before the memory baseline.")
-_MAX_RSS_GROWTH = flags.DEFINE_float("max_rss_growth_mb", 64.0,
-                                     "Bound on RSS growth after the warm-up (MB).")
-_MIN_RATIO = flags.DEFINE_float("min_throughput_ratio", 0.9,
-                                "Bound on last / first windows' throughput.")
-_JSON = flags.DEFINE_string("json", "/tmp/bertjax_benchmark_soak.json", "Results file.")
+
+
+def define_flags() -> None:
+  """Defined by `python -m bertjax.benchmark soak` only: importing this module (the
+  tests do, next to the other benchmarks) defines no flags."""
+  config_flags.DEFINE_config_file(
+      "config", os.path.join(os.path.dirname(configs.__file__), "bert_tiny.py"),
+      "Recipe file.", lock_config=True)
+  flags.DEFINE_integer("steps", 2000, "Training steps.")
+  flags.DEFINE_integer("every", 100, "Steps between evaluations, logs and checkpoints "
+                       "(one window).")
+  flags.DEFINE_string("workdir", "", "Run directory (default: a temporary one, deleted "
+                      "afterwards).")
+  flags.DEFINE_integer("warmup_windows", 3, "Windows before the memory baseline.")
+  flags.DEFINE_float("max_rss_growth_mb", 64.0, "Bound on RSS growth after the warm-up "
+                     "(MB).")
+  flags.DEFINE_float("min_throughput_ratio", 0.9, "Bound on last / first windows' "
+                     "throughput.")
+  flags.DEFINE_string("json", "/tmp/bertjax_benchmark_soak.json", "Results file.")
+
 
 _MB = 1 << 20
 _MEAN_OF = 3  # windows averaged at each end for the throughput ratio
@@ -173,23 +179,24 @@ def table(result: dict[str, Any], judged: dict[str, Any]) -> str:
 
 def main(argv):
   del argv
-  config = _CONFIG.value
-  config.train.num_steps = _STEPS.value
-  workdir = _WORKDIR.value or tempfile.mkdtemp(prefix="bertjax-soak-")
+  FLAGS = flags.FLAGS  # pylint: disable=invalid-name
+  config = FLAGS.config
+  config.train.num_steps = FLAGS.steps
+  workdir = FLAGS.workdir or tempfile.mkdtemp(prefix="bertjax-soak-")
   try:
-    result = run(config, workdir, _EVERY.value)
+    result = run(config, workdir, FLAGS.every)
   finally:
-    if not _WORKDIR.value:
+    if not FLAGS.workdir:
       shutil.rmtree(workdir, ignore_errors=True)
   judged = verdict(result, batch_size=config.train.batch_size,
-                   max_to_keep=config.train.max_to_keep, warmup_windows=_WARMUP.value,
-                   max_rss_growth_mb=_MAX_RSS_GROWTH.value,
-                   min_throughput_ratio=_MIN_RATIO.value)
+                   max_to_keep=config.train.max_to_keep, warmup_windows=FLAGS.warmup_windows,
+                   max_rss_growth_mb=FLAGS.max_rss_growth_mb,
+                   min_throughput_ratio=FLAGS.min_throughput_ratio)
   print(table(result, judged))
-  with open(_JSON.value, "w") as f:
-    json.dump({"steps": _STEPS.value, "every": _EVERY.value,
+  with open(FLAGS.json, "w") as f:
+    json.dump({"steps": FLAGS.steps, "every": FLAGS.every,
                "samples": [dataclasses.asdict(s) for s in result["samples"]],
                **{k: v for k, v in result.items() if k != "samples"}, **judged},
               f, indent=1, default=str)
-  print(f"wrote {_JSON.value}")
+  print(f"wrote {FLAGS.json}")
   return 0 if judged["passed"] else 1
