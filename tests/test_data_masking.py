@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from bertjax.data import masking
-from bertjax.data.tokenizer import train_tokenizer
+from bertjax.data.tokenizer import load_tokenizer
 from bertjax.errors import ConfigError
 from configs import bert_tiny
 
@@ -13,10 +13,21 @@ WORDS = ("the quick brown fox jumps over lazy dogs while unbelievably extraordin
          "internationalisation considerations complicate straightforward tokenization").split()
 
 
+# A fixed WordPiece vocabulary (a trained one breaks ties differently between runs,
+# huggingface/tokenizers#1794, and the rates below are tight): the long words split.
+PIECES = ("the quick brown fox jumps over lazy dogs while un ##believ ##ably extra "
+          "##ordinary international ##isation consider ##ations complic ##ate straight "
+          "##forward token ##ization").split()
+
+
 @pytest.fixture(scope="module")
-def tokenizer():
-  texts = [" ".join(WORDS[i:] + WORDS[:i]) for i in range(len(WORDS))] * 20
-  return train_tokenizer(texts, kind="wordpiece", vocab_size=110)
+def tokenizer(tmp_path_factory):
+  d = tmp_path_factory.mktemp("vocab")
+  letters = [chr(c) for c in range(ord("a"), ord("z") + 1)]
+  vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *PIECES, *letters,
+           *("##" + c for c in letters)]
+  (d / "vocab.txt").write_text("\n".join(vocab) + "\n")
+  return load_tokenizer(str(d / "vocab.txt"))
 
 
 @pytest.fixture(scope="module")
