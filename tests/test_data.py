@@ -9,27 +9,10 @@ import orbax.checkpoint as ocp
 import pytest
 
 from bertjax.data import corpus, masking, pipeline, pretraining
-from bertjax.data.tokenizer import train_tokenizer
 from bertjax.errors import ConfigError, DataError
 from configs import bert_tiny
 
 MAX_LEN = 128
-
-
-@pytest.fixture(scope="module")
-def documents():
-  return corpus.load_documents("embedded")
-
-
-@pytest.fixture(scope="module")
-def tokenizer(documents):
-  return train_tokenizer([s for d in documents for s in d], kind="wordpiece",
-                         vocab_size=4096)
-
-
-@pytest.fixture(scope="module")
-def tokenized(documents, tokenizer):
-  return pretraining.tokenize_documents(documents, tokenizer)
 
 
 @pytest.fixture(scope="module")

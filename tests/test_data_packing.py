@@ -7,30 +7,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bertjax.data import corpus, pipeline, pretraining
-from bertjax.data.tokenizer import train_tokenizer
+from bertjax.data import pipeline, pretraining
 from bertjax.errors import ConfigError
 from bertjax.train import state as state_lib
 from configs import bert_tiny
 from tests import helpers
 
 MAX_LEN = 128
-
-
-@pytest.fixture(scope="module")
-def documents():
-  return corpus.load_documents("embedded")
-
-
-@pytest.fixture(scope="module")
-def tokenizer(documents):
-  return train_tokenizer([s for d in documents for s in d], kind="wordpiece",
-                         vocab_size=4096)
-
-
-@pytest.fixture(scope="module")
-def tokenized(documents, tokenizer):
-  return pretraining.tokenize_documents(documents, tokenizer)
 
 
 def _pack(tokenized, tokenizer, **kw):
