@@ -17,7 +17,7 @@ from bertjax.errors import ConfigError
 
 DTYPES = ("float32", "bfloat16", "float16")
 OPTIMIZERS = ("adamw", "lamb")
-TOKENIZER_KINDS = ("wordpiece", "sentencepiece")
+TOKENIZER_KINDS = ("wordpiece", "sentencepiece", "byte_level_bpe")
 MIN_SEQ_LENGTH = 8  # [CLS] a [SEP] b [SEP] with room for a few tokens
 
 

@@ -270,17 +270,42 @@ def _json(path: str) -> Any:
     return json.load(f)
 
 
+def _save_byte_level_bpe(directory: str, state: dict) -> None:
+  """RoBERTa's files of a byte-level BPE tokenizer.json `state`: vocab.json (the model's
+  vocabulary and the added tokens, <mask> included) and merges.txt."""
+  vocab = dict(state["model"]["vocab"])
+  vocab.update({t["content"]: t["id"] for t in state.get("added_tokens", [])})
+  with open(os.path.join(directory, "vocab.json"), "w", encoding="utf-8") as f:
+    json.dump(vocab, f, ensure_ascii=False)
+  merges = [m if isinstance(m, str) else " ".join(m) for m in state["model"]["merges"]]
+  with open(os.path.join(directory, "merges.txt"), "w", encoding="utf-8") as f:
+    f.write("#version: 0.2\n" + "".join(m + "\n" for m in merges))
+
+
 def save_hf_tokenizer(directory: str, tokenizer) -> str:
   """Writes the tokenizer as Hugging Face reads it: a WordPiece vocabulary as vocab.txt
-  (+ do_lower_case), a SentencePiece model as sentencepiece.bpe.model (XLM-R), any
-  other `tokenizers` model as tokenizer.json. Returns 'wordpiece', 'sentencepiece' or
-  'json'."""
+  (+ do_lower_case), a SentencePiece model as sentencepiece.bpe.model (XLM-R), a
+  byte-level BPE as vocab.json + merges.txt (RoBERTa), any other `tokenizers` model as
+  tokenizer.json. Returns 'wordpiece', 'sentencepiece', 'byte_level_bpe' or 'json'."""
   from bertjax.data.tokenizer import SENTENCEPIECE_FILE  # pylint: disable=g-import-not-at-top
   tokenizer.save(directory)
   json_path = os.path.join(directory, "tokenizer.json")
-  if os.path.isfile(os.path.join(directory, SENTENCEPIECE_FILE)):
+  state = None if os.path.isfile(os.path.join(directory, SENTENCEPIECE_FILE)) else _json(
+      json_path)
+  if state is None:
     kind, settings = "sentencepiece", {"tokenizer_class": "XLMRobertaTokenizer"}
-  elif tokenizer.style == "bert" and _json(json_path)["model"]["type"] == "WordPiece":
+  elif (tokenizer.style == "roberta" and state["model"]["type"] == "BPE"
+        and (state.get("pre_tokenizer") or {}).get("type") == "ByteLevel"
+        and not state.get("normalizer")):
+    # vocab.json + merges.txt rebuild RoBERTa's whole pipeline (<s> a </s></s> b </s>).
+    os.remove(json_path)
+    _save_byte_level_bpe(directory, state)
+    # RoBERTa's <mask> swallows the space before it (lstrip), as bertjax's does.
+    kind, settings = "byte_level_bpe", {"tokenizer_class": "RobertaTokenizer", "mask_token": {
+        "__type": "AddedToken", "content": tokenizer.id_to_token(tokenizer.mask_id),
+        "lstrip": True, "rstrip": False, "normalized": False, "single_word": False,
+        "special": True}}
+  elif tokenizer.style == "bert" and state["model"]["type"] == "WordPiece":
     # vocab.txt + do_lower_case rebuild BERT's full pipeline (with [CLS]/[SEP]) on
     # both sides; the bare tokenizer.json would lack the post-processor.
     os.remove(json_path)
@@ -291,7 +316,8 @@ def save_hf_tokenizer(directory: str, tokenizer) -> str:
   else:
     kind, settings = "json", {}
   pad, mask = tokenizer.id_to_token(tokenizer.pad_id), tokenizer.id_to_token(tokenizer.mask_id)
-  settings.update(pad_token=pad, mask_token=mask, model_max_length=512)
+  settings.setdefault("mask_token", mask)
+  settings.update(pad_token=pad, model_max_length=512)
   with open(os.path.join(directory, "tokenizer_config.json"), "w") as f:
     json.dump(settings, f, indent=2)
   return kind
