@@ -141,6 +141,22 @@ def label_vocab(configured: Sequence[str], seen: Sequence[str], what: str) -> li
   return labels
 
 
+def check_labels(found: Sequence[str], configured: Sequence[str], what: str,
+                 source: str) -> None:
+  """DataError naming the first of `found` that is none of the `configured` labels (''
+  means no gold label, as in test files). Nothing to check when none are configured:
+  the labels are then the training data's, and a dev label never seen in training is
+  scored as a miss."""
+  if not configured:
+    return
+  allowed = [str(x) for x in configured]
+  unknown = sorted({str(x) for x in found} - set(allowed) - {""})
+  if unknown:
+    more = f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else ""
+    raise DataError(f"{source}: {what} {unknown[0]!r}{more} is none of config.task.labels "
+                    f"{allowed}; fix the data or set --config.task.labels.")
+
+
 def pad_rows(rows: Sequence[Sequence[int]], length: int, value: int) -> np.ndarray:
   """Right-pads int rows to [N, length] (rows longer than `length` are a bug)."""
   out = np.full((len(rows), length), value, np.int32)

@@ -46,6 +46,9 @@ class MultipleChoice(base.Task):
     for e in examples:
       e.setdefault("start", "")
       e["label"] = int(e.get("label", -1))
+      if not -1 <= e["label"] < len(e["endings"]):
+        raise DataError(f"{path}: label {e['label']} is not the index of one of the "
+                        f"{len(e['endings'])} endings (-1: none).")
     return examples
 
   def featurize(self, examples: Sequence[dict], train: bool) -> base.Features:
