@@ -1,4 +1,6 @@
-"""Hugging Face BERT / RoBERTa / XLM-R checkpoints <-> bertjax parameters.
+"""Hugging Face BERT / RoBERTa / XLM-R checkpoints <-> bertjax parameters; fine-tuned
+models out as Hugging Face's *ForSequenceClassification / ForTokenClassification /
+ForQuestionAnswering / ForMultipleChoice.
 
 One table, `param_table(config, ...)`, lists every parameter as (bertjax path, Hugging
 Face key, kind); `kind` names the layout change between the two (`_to_bertjax` applies
@@ -361,20 +363,108 @@ def params_to_hf(params: dict, config: ModelConfig, model_type: str) -> dict[str
   return state
 
 
+def _model_type(config: ModelConfig, tokenizer_kind: str) -> str:
+  return ("bert" if config.position_offset == 0 else
+          "xlm-roberta" if tokenizer_kind == "sentencepiece" else "roberta")
+
+
 def save_hf(directory: str, params: dict, config: ModelConfig, tokenizer) -> str:
   """Writes config.json, model.safetensors and the tokenizer files of a Hugging Face
   model dir that `transformers.AutoModel*.from_pretrained` loads. Returns the type."""
   from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
 
   os.makedirs(directory, exist_ok=True)
-  kind = save_hf_tokenizer(directory, tokenizer)
-  model_type = ("bert" if config.position_offset == 0 else
-                "xlm-roberta" if kind == "sentencepiece" else "roberta")
+  model_type = _model_type(config, save_hf_tokenizer(directory, tokenizer))
   with open(os.path.join(directory, "config.json"), "w") as f:
     json.dump(hf_config(config, model_type, "mlm" in params), f, indent=2)
   save_file(params_to_hf(params, config, model_type),
             os.path.join(directory, "model.safetensors"), metadata={"format": "pt"})
   return model_type
+
+
+# ---- Export of fine-tuned models: a task head -> *For<Task> -------------------------
+
+# bertjax task -> the Hugging Face class suffix of its head.
+TASK_CLASSES = {"classification": "ForSequenceClassification",
+                "tagging": "ForTokenClassification", "squad": "ForQuestionAnswering",
+                "multiple_choice": "ForMultipleChoice"}
+
+
+def task_head_table(task: str, model_type: str, config: ModelConfig
+                    ) -> tuple[list[Entry], bool]:
+  """The head's entries (bertjax path under 'encoder' / 'head', Hugging Face key) of a
+  fine-tuned `task` model, and whether the encoder keeps its pooler in the export.
+
+  The dense + tanh on [CLS] is the encoder's pooler, or the head's own 'pooler' when
+  the encoder has none; Hugging Face holds it as the model's pooler (BERT's sequence
+  classification, multiple choice) or as RoBERTa's `classifier.dense`."""
+  p = "bert." if model_type == "bert" else "roberta."
+  pooler = ("encoder", "pooler") if config.pooler else ("head", "pooler")
+  if task == "classification" and model_type != "bert":  # RobertaClassificationHead
+    return (_dense(pooler, "classifier.dense")
+            + _dense(("head", "classifier"), "classifier.out_proj"), False)
+  if task in ("classification", "multiple_choice"):
+    name = "classifier" if task == "classification" else "scorer"
+    table = [] if config.pooler else _dense(pooler, f"{p}pooler.dense")
+    return table + _dense(("head", name), "classifier"), True
+  if task == "tagging":
+    return _dense(("head", "tagger"), "classifier"), False
+  _check_exportable(task)
+  return _dense(("head", "qa"), "qa_outputs"), False
+
+
+def _check_exportable(task: str) -> None:
+  if task not in TASK_CLASSES:
+    raise CheckpointError(
+        f"a {task!r} model has no Hugging Face class" + (
+            " (span-based NER classifies spans; transformers has no such head): use "
+            "python -m bertjax.predict on it" if task == "span_ner" else "") + ".")
+
+
+def finetuned_hf_config(config: ModelConfig, model_type: str, task, regression: bool
+                        ) -> dict[str, Any]:
+  """config.json of the Hugging Face *For<Task> model of a fine-tuned `task` (its
+  name and labels): the class, and the labels (id2label / label2id; one output and
+  problem_type 'regression' for regression)."""
+  stem = {"bert": "Bert", "roberta": "Roberta", "xlm-roberta": "XLMRoberta"}[model_type]
+  out = dict(hf_config(config, model_type, False),
+             architectures=[stem + TASK_CLASSES[task.name]])
+  if regression:
+    out.update(num_labels=1, problem_type="regression")
+  elif task.labels:
+    out.update(id2label={str(i): l for i, l in enumerate(task.labels)},
+               label2id={l: i for i, l in enumerate(task.labels)})
+    if task.name == "classification":
+      out["problem_type"] = "single_label_classification"
+  return out
+
+
+def save_hf_finetuned(directory: str, finetuned) -> str:
+  """Writes the Hugging Face *For<Task> dir (config.json with the labels,
+  model.safetensors, tokenizer files) of a fine-tuned model (`api.load_finetuned`).
+  Returns its class name."""
+  from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
+  from bertjax.model import layout  # pylint: disable=g-import-not-at-top
+
+  task, config = finetuned.task, finetuned.model
+  _check_exportable(task.name)
+  os.makedirs(directory, exist_ok=True)
+  model_type = _model_type(config, save_hf_tokenizer(directory, finetuned.tokenizer))
+  head, keep_pooler = task_head_table(task.name, model_type, config)
+  params = layout.to_layout(finetuned.params, False)
+  encoder = dataclasses.replace(config, pooler=config.pooler and keep_pooler, nsp=False)
+  state = {}
+  for entry in param_table(encoder, "bert." if model_type == "bert" else "roberta.",
+                           None) + head:
+    node = params
+    for name in entry.path:
+      node = node[name]
+    state[entry.key] = np.ascontiguousarray(_to_hf(entry.kind, np.asarray(node, np.float32)))
+  hf = finetuned_hf_config(config, model_type, task, getattr(task, "regression", False))
+  with open(os.path.join(directory, "config.json"), "w") as f:
+    json.dump(hf, f, indent=2)
+  save_file(state, os.path.join(directory, "model.safetensors"), metadata={"format": "pt"})
+  return hf["architectures"][0]
 
 
 # ---- Import: Hugging Face -> a bertjax workdir --------------------------------------
@@ -429,17 +519,23 @@ def main(argv=None) -> None:
   from bertjax.errors import BertjaxError  # pylint: disable=g-import-not-at-top
 
   parser = argparse.ArgumentParser(prog="python -m bertjax.convert", description=(
-      "--to=hf: a bertjax workdir (or HF dir) -> a Hugging Face dir; --to=bertjax: "
-      "a Hugging Face dir -> a bertjax workdir."))
+      "--to=hf: a bertjax workdir (or HF dir) -> a Hugging Face dir (a fine-tuning "
+      "workdir -> its *ForSequenceClassification / ForTokenClassification / "
+      "ForQuestionAnswering / ForMultipleChoice); --to=bertjax: a Hugging Face dir -> a "
+      "bertjax workdir."))
   parser.add_argument("--to", choices=("hf", "bertjax"), required=True)
   parser.add_argument("--src", required=True)
   parser.add_argument("--dst", required=True)
   args = parser.parse_args(argv)
   try:
-    pretrained = api.load_pretrained(args.src)
-    if args.to == "hf":
+    if args.to == "hf" and api.is_finetuned(args.src):
+      _check_exportable(api.task_info(args.src)["name"])  # before loading the weights
+      kind = save_hf_finetuned(args.dst, api.load_finetuned(args.src))
+    elif args.to == "hf":
+      pretrained = api.load_pretrained(args.src)
       kind = save_hf(args.dst, pretrained.params, pretrained.config, pretrained.tokenizer)
     else:
+      pretrained = api.load_pretrained(args.src)
       save_workdir(args.dst, pretrained.params, pretrained.config, pretrained.tokenizer)
       kind = "bertjax"
   except BertjaxError as e:

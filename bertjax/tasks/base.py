@@ -60,10 +60,17 @@ class FinetuneModel(nn.Module):
     return self.head(out, batch, deterministic)
 
 
-def pooled_or_cls(config: ModelConfig, out: dict) -> jax.Array:
-  """[B, E]: the pooler's output (dense + tanh on [CLS]) when the model has one, else
-  the last layer's [CLS] vector."""
-  return out["pooled"] if config.pooler else out["last_hidden_state"][:, 0]
+def pooled_or_cls(config: ModelConfig, out: dict, deterministic: bool) -> jax.Array:
+  """[B, E]: the pooler's output (dense + tanh on [CLS]) when the encoder has one;
+  else RoBERTa's classification head's first half, a dense + tanh of the head's own
+  ('pooler', freshly initialised) over the dropped-out [CLS] vector. Call it inside
+  the head's compact `__call__`."""
+  if config.pooler:
+    return out["pooled"]
+  cls = nn.Dropout(config.dropout_rate)(out["last_hidden_state"][:, 0],
+                                        deterministic=deterministic)
+  dense = layers.dense(config, config.hidden_size, ("embed", "hidden"), ("hidden",), "pooler")
+  return jnp.tanh(dense(cls))
 
 
 def head_dense(config: ModelConfig, features: int, name: str) -> nn.Dense:

@@ -1,7 +1,9 @@
 """Sequence classification, single sentence or sentence pair, and regression (STS-B).
 
-`[CLS]` (the pooler's output when the model has one) -> dropout -> linear; softmax
-cross-entropy over the labels, or mean squared error on one output for regression.
+The pooler's output on `[CLS]` (dense + tanh; for an encoder without one, RoBERTa's:
+dropout, a head-owned dense + tanh) -> dropout -> linear; softmax cross-entropy over
+the labels, or mean squared error on one output for regression (as Hugging Face's
+*ForSequenceClassification, into which `bertjax.convert --to=hf` exports it).
 Fields of an example are named by `config.task.text_a`, `text_b` ('' for single
 sentences) and `label`.
 """
@@ -28,8 +30,8 @@ class ClassifierHead(nn.Module):
   @nn.compact
   def __call__(self, out: dict, batch: dict, deterministic: bool) -> dict:
     """-> `logits` [B, K] float32 (K = 1 for regression)."""
-    x = nn.Dropout(self.config.dropout_rate)(base.pooled_or_cls(self.config, out),
-                                             deterministic=deterministic)
+    x = nn.Dropout(self.config.dropout_rate)(
+        base.pooled_or_cls(self.config, out, deterministic), deterministic=deterministic)
     return {"logits": base.head_dense(self.config, self.num_outputs, "classifier")(x)
                       .astype(jnp.float32)}
 

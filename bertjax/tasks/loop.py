@@ -47,6 +47,7 @@ class Start:
   model: ModelConfig
   encoder_params: Any
   tokenizer: tok_lib.Tokenizer
+  head: Any = None  # api.TaskHead of a fine-tuned init_from kept by config.init_keep_head
 
 
 def load_start(config: ml_collections.ConfigDict) -> Start:
@@ -57,7 +58,8 @@ def load_start(config: ml_collections.ConfigDict) -> Start:
     pretrained = api.load_pretrained(config.init_from)
     _refuse_other_tokenizer(config, pretrained.tokenizer, f"config.init_from={config.init_from}")
     model = dataclasses.replace(pretrained.config, dtype=jnp.dtype(dtype))
-    return Start(model, pretrained.params["encoder"], pretrained.tokenizer)
+    return Start(model, pretrained.params["encoder"], pretrained.tokenizer, api.start_head(
+        pretrained, config.init_from, config.get("init_keep_head", False), config.task.name))
   if not config.tokenizer:
     raise ConfigError("set config.init_from (a pretrained checkpoint) or, to train from "
                       "scratch, config.tokenizer (a vocab.txt / tokenizer dir).")
@@ -175,10 +177,14 @@ class Runner:
       self.eval_step = jax.jit(self._eval_step, in_shardings=(
           self.params_shardings, self.batch_sharding))
 
-  def init_state(self, encoder_params=None) -> TrainState:
-    """A fresh state: the head from `config.seed`, the encoder from `encoder_params`
-    (pretrained) or random."""
+  def init_state(self, encoder_params=None, head=None) -> TrainState:
+    """A fresh state: the head from `config.seed` (or a kept fine-tuned `head`), the
+    encoder from `encoder_params` (pretrained) or random."""
     params = self._init_params()
+    if head is not None:
+      params = dict(params, head=jax.device_put(api.kept_head_params(
+          head, self.task.labels, self.abstract.params["head"]), self.params_shardings["head"],
+          may_alias=False))
     if encoder_params is not None:
       want = jax.tree.structure(params["encoder"])
       if jax.tree.structure(encoder_params) != want:
@@ -337,7 +343,7 @@ def finetune(config: ml_collections.ConfigDict, workdir: str, start: Start | Non
   else:
     if resuming:
       start = load_start(config)
-    state = runner.init_state(start.encoder_params)
+    state = runner.init_state(start.encoder_params, start.head)
   step = int(jax.device_get(state.step))
   preemption = _Preemption(checkpointer)
   # A bar on a terminal; elsewhere the step lines below carry its rate and ETA.
