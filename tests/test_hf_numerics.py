@@ -63,13 +63,19 @@ def xlmr_dir(tmp_path_factory):
   tok = tokenizer_lib.train_tokenizer(CORPUS, "sentencepiece", vocab_size=120,
                                       lowercase=False)
   tok.save(str(d))
-  config = transformers.XLMRobertaConfig(**_small(
-      tok.vocab_size, max_position_embeddings=66, type_vocab_size=1,
+  return str(d), _fairseq_style_mlm(d, "XLMRoberta", tok.vocab_size)
+
+
+def _fairseq_style_mlm(directory, stem: str, vocab_size: int):
+  """A perturbed {stem}ForMaskedLM with fairseq's special ids and positions past the
+  padding index (RoBERTa, XLM-R), saved to `directory`."""
+  config = getattr(transformers, f"{stem}Config")(**_small(
+      vocab_size, max_position_embeddings=66, type_vocab_size=1,
       pad_token_id=1, bos_token_id=0, eos_token_id=2, layer_norm_eps=1e-5))
   torch.manual_seed(0)
-  model = _perturb(transformers.XLMRobertaForMaskedLM(config))
-  model.save_pretrained(str(d))
-  return str(d), model
+  model = _perturb(getattr(transformers, f"{stem}ForMaskedLM")(config))
+  model.save_pretrained(str(directory))
+  return model
 
 
 @pytest.fixture(scope="module")
@@ -80,13 +86,7 @@ def roberta_dir(tmp_path_factory):
   tok = tokenizer_lib.train_tokenizer(CORPUS, "byte_level_bpe", vocab_size=400,
                                       lowercase=False)
   assert convert.save_hf_tokenizer(str(d), tok) == "byte_level_bpe"
-  config = transformers.RobertaConfig(**_small(
-      tok.vocab_size, max_position_embeddings=66, type_vocab_size=1,
-      pad_token_id=1, bos_token_id=0, eos_token_id=2, layer_norm_eps=1e-5))
-  torch.manual_seed(0)
-  model = _perturb(transformers.RobertaForMaskedLM(config))
-  model.save_pretrained(str(d))
-  return str(d), model, tok
+  return str(d), _fairseq_style_mlm(d, "Roberta", tok.vocab_size), tok
 
 
 def test_byte_level_bpe_ids_equal_robertas(roberta_dir):
