@@ -59,7 +59,7 @@ def load_start(config: ml_collections.ConfigDict) -> Start:
     _refuse_other_tokenizer(config, pretrained.tokenizer, f"config.init_from={config.init_from}")
     model = dataclasses.replace(pretrained.config, dtype=jnp.dtype(dtype))
     return Start(model, pretrained.params["encoder"], pretrained.tokenizer, api.start_head(
-        pretrained, config.init_from, config.get("init_keep_head", False), config.task.name))
+        pretrained, config.init_from, config.init_keep_head, config.task.name))
   if not config.tokenizer:
     raise ConfigError("set config.init_from (a pretrained checkpoint) or, to train from "
                       "scratch, config.tokenizer (a vocab.txt / tokenizer dir).")
