@@ -67,6 +67,7 @@ def get_config(arg=None):
 
   c.data = ml_collections.ConfigDict()
   c.data.corpus = ""  # 'embedded' (ships with Python) or a path / glob / directory.
+  c.data.text_field = "text"  # JSON-lines and TFDS corpora: the key holding the text.
   c.data.max_seq_length = 128  # Tokens per example, [CLS] and [SEP]s included.
   c.data.max_predictions_per_seq = 20  # Masked positions gathered per example.
   c.data.masked_lm_prob = 0.15  # Fraction of tokens chosen for prediction.

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from bertjax import api, checkpoint as ckpt_lib, config_checks
+from bertjax import api, checkpoint as ckpt_lib, config_checks, files
 from bertjax.data import tokenizer as tok_lib
 from bertjax.errors import CheckpointError, ConfigError
 from bertjax.model.config import ModelConfig
@@ -197,7 +197,7 @@ def _workdir_with_tokenizer(path, tokenizer_dir: str, vocab_size: int) -> str:
   config = bert_tiny.get_config()
   config.model.vocab_size = vocab_size
   ckpt_lib.save_config(str(path), config)
-  tok_lib.load_tokenizer(tokenizer_dir).save(str(path / ckpt_lib.TOKENIZER_DIR))
+  tok_lib.load_tokenizer(tokenizer_dir).save(str(path / files.TOKENIZER_DIR))
   return str(path)
 
 
@@ -215,7 +215,8 @@ def test_resumed_run_refuses_another_tokenizer(tmp_path):
   tokens[7], tokens[8] = tokens[8], tokens[7]
   (tmp_path / "vocab.txt").write_text("\n".join(tokens) + "\n", encoding="utf-8")
   config.data.tokenizer.path = str(tmp_path / "vocab.txt")
-  with pytest.raises(ConfigError, match=r"differs from the resumed run's tokenizer .*id 7"):
+  with pytest.raises(ConfigError, match=r"differs from the tokenizer .* was trained with "
+                     r"\(id 7"):
     loop.get_tokenizer(config, workdir)
   config.data.tokenizer.path = WORDPIECE  # the run's own tokenizer: fine
   assert loop.get_tokenizer(config, workdir).vocab_size == 400
@@ -244,7 +245,7 @@ def test_checkpoint_with_a_larger_tokenizer_is_refused_before_the_weights(tmp_pa
 
 def test_finetune_resume_refuses_another_tokenizer(tmp_path):
   workdir = _workdir_with_tokenizer(tmp_path, WORDPIECE, 400)
-  (tmp_path / task_loop.TASK_FILE).write_text(json.dumps({"labels": ["0", "1"]}))
+  (tmp_path / files.TASK_FILE).write_text(json.dumps({"labels": ["0", "1"]}))
   config = glue.get_config("sst2")
   config.tokenizer = BPE
   with pytest.raises(ConfigError) as e:

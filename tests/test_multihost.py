@@ -22,9 +22,7 @@ TIMEOUT = 240
 
 def _worker_main() -> None:
   """bertjax.main, recording a hash of every training row this process feeds."""
-  from absl import app
-
-  from bertjax import main
+  from bertjax import cli, main
   from bertjax.parallel import mesh as mesh_lib
 
   put_batch = mesh_lib.put_batch
@@ -40,7 +38,7 @@ def _worker_main() -> None:
     return put_batch(batch, sharding)
 
   mesh_lib.put_batch = recording_put_batch
-  app.run(main.main, flags_parser=main._parse_flags)
+  cli.run(main.main, flags_parser=main.parse_flags)
 
 
 def _launch(workdir, tmp, run, extra):

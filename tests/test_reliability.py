@@ -364,10 +364,9 @@ def _worker_main() -> None:
   $BERTJAX_TEST_MARKER and waits there to be killed."""
   import time as time_lib
 
-  from absl import app
   from orbax.checkpoint._src.path import atomicity
 
-  from bertjax import main
+  from bertjax import cli, main
 
   finalize = atomicity.AtomicRenameTemporaryPath.finalize
 
@@ -378,7 +377,7 @@ def _worker_main() -> None:
     return await finalize(self, *args, **kwargs)
 
   atomicity.AtomicRenameTemporaryPath.finalize = held_finalize
-  app.run(main.main, flags_parser=main._parse_flags)
+  cli.run(main.main, flags_parser=main.parse_flags)
 
 
 def test_kill_9_during_an_asynchronous_save_resumes_from_the_last_complete_step(

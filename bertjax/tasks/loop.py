@@ -25,7 +25,7 @@ import ml_collections
 import numpy as np
 import optax
 
-from bertjax import api, checkpoint as ckpt_lib, config_checks, progress
+from bertjax import api, checkpoint as ckpt_lib, config_checks, files, progress
 from bertjax.data import tokenizer as tok_lib
 from bertjax.errors import CheckpointError, ConfigError, TrainingError
 from bertjax.model import ModelConfig
@@ -33,11 +33,8 @@ from bertjax.parallel import mesh as mesh_lib
 from bertjax.tasks import base, get_task
 from bertjax.train import optimizer
 from bertjax.train.logger import MetricLogger, format_metrics
-from bertjax.train.loop import _Preemption
+from bertjax.train.loop import Preemption
 from bertjax.train.step import TrainState
-
-TASK_FILE = "task.json"
-
 
 @dataclasses.dataclass
 class Start:
@@ -70,17 +67,13 @@ def load_start(config: ml_collections.ConfigDict) -> Start:
 
 
 def _refuse_other_tokenizer(config, tokenizer: tok_lib.Tokenizer, source: str) -> None:
-  """ConfigError when `config.tokenizer` is set to a tokenizer of another size than
-  `tokenizer`, the one `source` (a checkpoint) was trained with and that is used."""
-  if not config.tokenizer:
-    return
-  given = tok_lib.load_tokenizer(config.tokenizer)
-  if given.vocab_size != tokenizer.vocab_size:
-    raise ConfigError(
-        f"config.tokenizer={config.tokenizer} has {given.vocab_size} tokens but "
-        f"{source} was trained with a {tokenizer.vocab_size}-token tokenizer (the one "
-        "used): set config.tokenizer to that one or leave it empty, or use a new "
-        "--workdir.")
+  """ConfigError when `config.tokenizer` is set to another tokenizer than `tokenizer`,
+  the one `source` (a checkpoint) was trained with and that is used."""
+  if config.tokenizer:
+    tok_lib.check_same_vocabulary(
+        tok_lib.load_tokenizer(config.tokenizer), tokenizer,
+        f"config.tokenizer={config.tokenizer}", source, "it is the one used: set "
+        "config.tokenizer to it or leave it empty, or use a new --workdir")
 
 
 def _with_model(config, model: ModelConfig) -> ml_collections.ConfigDict:
@@ -290,11 +283,11 @@ def finetune(config: ml_collections.ConfigDict, workdir: str, start: Start | Non
   `start` (the loaded pretrained encoder) lets a sweep load it once."""
   config_checks.finetuning(config)
   os.makedirs(workdir, exist_ok=True)
-  task_path = os.path.join(workdir, TASK_FILE)
+  task_path = os.path.join(workdir, files.TASK_FILE)
   resuming = os.path.isfile(task_path)
   if resuming:
     saved = ckpt_lib.load_config(workdir)
-    tokenizer = tok_lib.load_tokenizer(os.path.join(workdir, ckpt_lib.TOKENIZER_DIR))
+    tokenizer = tok_lib.load_tokenizer(os.path.join(workdir, files.TOKENIZER_DIR))
     _refuse_other_tokenizer(config, tokenizer, f"the run being resumed in {workdir}")
     start = Start(ModelConfig.from_config(saved.model), None, tokenizer)
   elif start is None:
@@ -317,7 +310,7 @@ def finetune(config: ml_collections.ConfigDict, workdir: str, start: Start | Non
   per_epoch = steps_per_epoch(len(train), B)
   num_steps = per_epoch * config.train.num_epochs
   if not resuming and jax.process_index() == 0:
-    start.tokenizer.save(os.path.join(workdir, ckpt_lib.TOKENIZER_DIR))
+    start.tokenizer.save(os.path.join(workdir, files.TOKENIZER_DIR))
     with open(task_path, "w") as f:
       json.dump({"name": task.name, "labels": task.labels, "num_steps": num_steps}, f)
   runner = Runner(config, task, start.model, example_batch(train), num_steps)
@@ -330,16 +323,15 @@ def finetune(config: ml_collections.ConfigDict, workdir: str, start: Start | Non
   checkpointer = ckpt_lib.Checkpointer(workdir, config.train.max_to_keep)
   step0 = checkpointer.latest_step()
   if step0 is not None:
-    target = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                          runner.abstract, runner.state_shardings)
-    state = checkpointer.restore(step0, target)
+    state = TrainState(**checkpointer.restore(
+        step0, ckpt_lib.abstract_on(runner.abstract, runner.state_shardings).fields()))
     log.info("Resumed from step %d.", step0)
   else:
     if resuming:
       start = load_start(config)
     state = runner.init_state(start.encoder_params)
   step = int(jax.device_get(state.step))
-  preemption = _Preemption(checkpointer)
+  preemption = Preemption(checkpointer)
   # A bar on a terminal; elsewhere the step lines below carry its rate and ETA.
   bar = progress.Progress("train", num_steps, "steps", initial=step, interval=None)
   try:
@@ -361,7 +353,7 @@ def finetune(config: ml_collections.ConfigDict, workdir: str, start: Start | Non
           log.info("step %d/%d | %s | %s", step, num_steps, format_metrics(m), bar.status())
         stop = preemption.reached(step)
         if step % config.train.checkpoint_every == 0 or done or stop:
-          checkpointer.save(step, state, None, force=True)
+          checkpointer.save(step, state.fields(), None, force=True)
         if stop:
           log.info("SIGTERM: saved step %d; exiting. Rerun the same command to resume.", step)
           return {}
@@ -375,8 +367,8 @@ def finetune(config: ml_collections.ConfigDict, workdir: str, start: Start | Non
   log.info("dev | %s", format_metrics(scores))
   log.close()
   if jax.process_index() == 0:
-    with open(os.path.join(workdir, "dev_results.json"), "w") as f:
+    with open(os.path.join(workdir, files.DEV_RESULTS_FILE), "w") as f:
       json.dump(scores, f, indent=2)
-    with open(os.path.join(workdir, "dev_predictions.json"), "w") as f:
+    with open(os.path.join(workdir, files.DEV_PREDICTIONS_FILE), "w") as f:
       json.dump(predictions, f, indent=1)
   return scores

@@ -9,6 +9,7 @@ import jax
 from absl import logging
 from etils import epath
 
+from bertjax import files
 from bertjax.data.tokenizer import is_remote
 
 
@@ -21,8 +22,8 @@ class MetricLogger:
     self.active = jax.process_index() == 0
     if self.active:
       from tensorboardX import SummaryWriter  # TensorBoard events without TensorFlow.
-      self.tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
-      self.path = epath.Path(workdir) / "metrics.jsonl"
+      self.tb = SummaryWriter(os.path.join(workdir, files.TENSORBOARD_DIR))
+      self.path = epath.Path(workdir) / files.METRICS_FILE
       self.remote_lines = None
       if is_remote(workdir):
         self.remote_lines = self.path.read_text() if self.path.exists() else ""

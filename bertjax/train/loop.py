@@ -20,12 +20,13 @@ from jax.experimental import multihost_utils
 
 from bertjax import checkpoint as ckpt_lib
 from bertjax import config_checks
+from bertjax import files
 from bertjax import plot
 from bertjax import progress
 from bertjax.data import multilingual
 from bertjax.data import pipeline
 from bertjax.data import tokenizer as tok_lib
-from bertjax.errors import ConfigError, DataError, TrainingError
+from bertjax.errors import ConfigError, TrainingError
 from bertjax.parallel import mesh as mesh_lib
 from bertjax.train import state as state_lib, step as step_lib
 from bertjax.train.logger import MetricLogger, format_metrics
@@ -34,7 +35,7 @@ from bertjax.train.logger import MetricLogger, format_metrics
 def get_tokenizer(config, workdir: str) -> tok_lib.Tokenizer:
   """The workdir's tokenizer on resume; else the configured file; else one trained on
   the corpus (saved into the workdir so the checkpoint carries it)."""
-  saved = os.path.join(workdir, ckpt_lib.TOKENIZER_DIR)
+  saved = os.path.join(workdir, files.TOKENIZER_DIR)
   tcfg = config.data.tokenizer
   resumed = epath.Path(saved).is_dir()  # The workdir may be remote (gs://).
   multihost = jax.process_count() > 1
@@ -43,7 +44,11 @@ def get_tokenizer(config, workdir: str) -> tok_lib.Tokenizer:
   if resumed:
     tokenizer = tok_lib.load_tokenizer(saved)
     if tcfg.path:  # The checkpoint was trained with the saved one: refuse another.
-      _check_same_tokenizer(tok_lib.load_tokenizer(tcfg.path), tokenizer, tcfg.path, saved)
+      tok_lib.check_same_vocabulary(
+          tok_lib.load_tokenizer(tcfg.path), tokenizer, f"config.data.tokenizer.path="
+          f"{tcfg.path}", f"the run being resumed in {workdir}", "drop "
+          "--config.data.tokenizer.path to resume with the run's own tokenizer, or use a "
+          "new --workdir to train with this one")
   else:
     if tcfg.path:
       tokenizer = tok_lib.load_tokenizer(tcfg.path)
@@ -67,32 +72,7 @@ def get_tokenizer(config, workdir: str) -> tok_lib.Tokenizer:
   return tokenizer
 
 
-def _check_same_tokenizer(given, saved, given_path: str, saved_path: str) -> None:
-  """ConfigError unless `given` (config.data.tokenizer.path) has the vocabulary of the
-  resumed run's own tokenizer `saved`."""
-  fix = ("drop --config.data.tokenizer.path to resume with the run's own tokenizer, or "
-         "use a new --workdir to train with this one")
-  if given.vocab_size != saved.vocab_size:
-    raise ConfigError(
-        f"config.data.tokenizer.path={given_path} has {given.vocab_size} tokens but the "
-        f"checkpoints being resumed were trained with the {saved.vocab_size}-token "
-        f"tokenizer in {saved_path}: {fix}.")
-
-  def token(tok, i):
-    try:
-      return tok.id_to_token(i)
-    except DataError:  # an id without a token (a gap in a tokenizer.json)
-      return None
-
-  for i in range(saved.vocab_size):
-    if token(given, i) != token(saved, i):
-      raise ConfigError(
-          f"config.data.tokenizer.path={given_path} differs from the resumed run's "
-          f"tokenizer in {saved_path} (id {i}: {token(given, i)!r} vs "
-          f"{token(saved, i)!r}): {fix}.")
-
-
-class _Preemption:
+class Preemption:
   """SIGTERM to any process makes every process save at the same step, then exit.
 
   One process: a SIGTERM handler sets a flag checked at each step boundary. Several:
@@ -166,10 +146,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
                                       on_corrupt=config.checkpoint.on_corrupt)
   train_iter = iter(data.train)
   restored = checkpointer.restore_latest(
-      ckpt_lib.abstract_on(abstract, state_shardings), train_iter)
+      ckpt_lib.abstract_on(abstract, state_shardings).fields(), train_iter)
   start = None
   if restored is not None:
-    start, state = restored
+    start, fields = restored
+    if "opt_state" not in fields:  # Parameters only (bertjax.convert): a fresh optimizer.
+      fields["opt_state"] = jax.jit(trainer.tx.init, out_shardings=state_shardings.opt_state)(
+          fields["params"])
+    state = step_lib.TrainState(**fields)
     log.info("Resumed from step %d in %s.", start, checkpointer.directory)
   else:
     state = trainer.init_state(config)
@@ -192,7 +176,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     metrics["mlm_accuracy_most_frequent_baseline"] = baseline / max(totals["mlm_count"], 1)
     return metrics
 
-  preemption = _Preemption(checkpointer)
+  preemption = Preemption(checkpointer)
   pending: list[dict[str, Any]] = []
   eval_result: dict[str, float] = {}
   step = int(jax.device_get(state.step))
@@ -259,7 +243,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
           log.info("eval at step %d | %s", step, format_metrics(eval_result))
         if step % config.train.checkpoint_every == 0 or done or preempted:
           flush(step)
-          checkpointer.save(step, state, train_iter, force=True)
+          checkpointer.save(step, state.fields(), train_iter, force=True)
           last_good = step
         if preempted:
           log.info("SIGTERM: saved step %d; exiting. Rerun the same command to resume.", step)

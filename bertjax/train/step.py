@@ -9,6 +9,7 @@ the SBO loss is the mean cross-entropy of the same targets as the MLM loss).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable
 
 import flax
@@ -29,6 +30,10 @@ class TrainState:
   step: jax.Array  # [] int32, steps taken (batches consumed; skipped spikes included)
   params: Any
   opt_state: Any
+
+  def fields(self) -> dict[str, Any]:
+    """{field name: value}: what `Checkpointer.save` stores and `restore` targets."""
+    return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
 
 def _loss_sums(model: BertForPreTraining, params, batch, rng, deterministic: bool):

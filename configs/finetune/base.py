@@ -51,6 +51,8 @@ def get_config():
   c.sweep.learning_rates = ()  # The paper's grid, e.g. (5e-5, 4e-5, 3e-5, 2e-5).
   c.sweep.seeds = ()  # Restarts: new head init and data order, same pretrained weights.
 
+  # Multi-process jobs (--coordinator_address / --multihost): join and heartbeat timeouts.
+  c.distributed = bert_base.get_config().distributed
   c.mesh = bert_base.get_config().mesh
   c.logical_axis_rules = bert_base.LOGICAL_AXIS_RULES
   return c
