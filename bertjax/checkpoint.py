@@ -261,19 +261,17 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict(json.loads(path.read_text()))
 
 
-def restore_params(workdir: str, step: int | None = None, abstract_params: Any = None
+def restore_params(workdir: str, step: int | None = None
                    ) -> tuple[ml_collections.ConfigDict, Any]:
-  """The config and the parameters (a nested dict on the default device) of the newest
-  (or the given) step of a bertjax workdir. `abstract_params`: their abstract tree
-  (default: `BertForPreTraining`'s of the workdir's model config)."""
+  """The config and the `BertForPreTraining` parameters (a nested dict on the default
+  device) of the newest (or the given) step of a bertjax workdir."""
   config = load_config(workdir)
   ckpt = Checkpointer(workdir, read_only=True)
   step = ckpt.latest_step() if step is None else step
   if step is None:
     raise CheckpointError(f"{workdir} has no checkpoint yet under {files.CHECKPOINT_DIR}/.")
-  if abstract_params is None:
-    model = BertForPreTraining(ModelConfig.from_config(config.model))
-    abstract_params = nn.unbox(jax.eval_shape(model.init_params, jax.random.key(0)))
+  model = BertForPreTraining(ModelConfig.from_config(config.model))
+  abstract_params = nn.unbox(jax.eval_shape(model.init_params, jax.random.key(0)))
   device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
   restored = ckpt.restore(step, {"params": abstract_on(
       abstract_params, jax.tree.map(lambda _: device, abstract_params))})

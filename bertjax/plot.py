@@ -1,6 +1,7 @@
 """A PNG of a run's curves from its metrics.jsonl: loss, MLM/NSP accuracy, learning rate
-and throughput (tokens/s) against steps, train and eval. TensorBoard stays the live view;
-this is the picture a finished (or stopped) run leaves in its workdir.
+and throughput (tokens/s, the `perf` rows) against steps, train and eval. TensorBoard
+stays the live view; this is the picture a finished (or stopped) run leaves in its
+workdir.
 
   python -m bertjax.plot --workdir=/tmp/bert_tiny   # writes /tmp/bert_tiny/training.png
 
@@ -65,7 +66,9 @@ def training_figure(splits: dict[str, dict[int, dict[str, float]]], title: str =
   markers in the same colour, the eval most-frequent-token baseline dashed."""
   fig = Figure(figsize=_SIZE, dpi=_DPI, layout="constrained")
   axes = fig.subplots(2, 2).ravel()
-  train = splits.get("train", {})
+  # The trainer logs wall-clock rates (tokens/s) apart, as `perf` rows of the same steps.
+  train = {s: {**splits.get("perf", {}).get(s, {}), **r}
+           for s, r in splits.get("train", {}).items()}
   held_out = [(name, splits[name]) for name in HELD_OUT if name in splits]
   for ax, (panel, keys) in zip(axes, PANELS.items()):
     colours = iter(f"C{i}" for i in range(10))

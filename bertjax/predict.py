@@ -46,16 +46,18 @@ def predict(checkpoint: str, input_path: str, split: str = "test") -> list[dict[
     raise CheckpointError(f"{input_path} holds no examples.")
   features = task.featurize(examples, train=False)
   model = ModelConfig.from_config(config.model)
-  runner = loop.Runner(config, task, model, loop.example_batch(features), saved["num_steps"])
+  # Prediction neither accumulates nor skips: runs older than these fields predict too.
+  config.train.update(grad_accum_steps=1, skip_step_on_spikes=False)
+  setup = loop.build(config, task, model, loop.example_batch(features), saved["num_steps"])
   checkpointer = ckpt_lib.Checkpointer(checkpoint, read_only=True)
   step = checkpointer.latest_step()
   if step is None:
     raise CheckpointError(f"{checkpoint} has no checkpoint yet; finish (or resume) the "
                           "fine-tuning run first.")
   params = checkpointer.restore(step, {"params": ckpt_lib.abstract_on(
-      runner.abstract.params, runner.state_shardings.params)})["params"]
+      setup.abstract.params, setup.shardings.params)})["params"]
   checkpointer.close()
-  outputs, _ = runner.outputs(params, features, config.train.eval_batch_size)
+  outputs, _ = loop.predictor(setup, task)(params, features, config.train.eval_batch_size)
   predictions = task.decode(outputs, features, examples)
   if isinstance(predictions, dict):  # SQuAD: {question id: answer}.
     predictions = [predictions[e["id"]] for e in examples]

@@ -119,6 +119,9 @@ def get_config(arg=None):
   c.train.skip_step_on_spikes = False
   c.train.spike_window = 100  # Accepted steps in the rolling statistics.
   c.train.spike_sigma = 6.0  # k: a loss above mean + k * std is a spike.
+  # (first, last): a jax.profiler trace of steps first..last into WORKDIR/tensorboard
+  # (TensorBoard's profile tab; process 0); () traces nothing.
+  c.train.profile_steps = ()
 
   c.checkpoint = ml_collections.ConfigDict()
   # A checkpoint that cannot be restored: 'error' stops naming its step; 'previous'

@@ -183,7 +183,7 @@ def test_real_minilm_matches_hf():
 def test_bertjax_workdir(tmp_path):
   import jax  # pylint: disable=g-import-not-at-top
   from bertjax import checkpoint, files  # pylint: disable=g-import-not-at-top
-  from bertjax.train import optimizer, state as state_lib  # pylint: disable=g-import-not-at-top
+  from bertjax.train import state as state_lib  # pylint: disable=g-import-not-at-top
   from tests.helpers import tiny_config  # pylint: disable=g-import-not-at-top
   tok = tokenizer_lib.train_tokenizer(CORPUS, "wordpiece", vocab_size=300)
   config = tiny_config()
@@ -191,8 +191,7 @@ def test_bertjax_workdir(tmp_path):
   workdir = str(tmp_path)
   checkpoint.save_config(workdir, config)
   tok.save(os.path.join(workdir, files.TOKENIZER_DIR))
-  state = state_lib.create_train_state(config, state_lib.build_model(config),
-                                       optimizer.create_optimizer(config.train), None)
+  state = state_lib.build_trainer(config).init_state(config)
   ckpt = checkpoint.Checkpointer(workdir)
   ckpt.save(0, state.fields(), None, force=True)
   ckpt.wait()

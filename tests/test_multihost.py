@@ -23,21 +23,20 @@ TIMEOUT = 240
 def _worker_main() -> None:
   """bertjax.main, recording a hash of every training row this process feeds."""
   from bertjax import cli, main
-  from bertjax.parallel import mesh as mesh_lib
+  from bertjax.train import trainer
 
-  put_batch = mesh_lib.put_batch
+  put_batch = trainer.put_train_batch
   record = open(os.environ["BERTJAX_TEST_RECORD"], "a")
 
   def recording_put_batch(batch, sharding):
-    if "example_weights" not in batch:  # Training batches (eval batches carry it).
-      rows = [hashlib.sha1(batch["input_ids"][i].tobytes()
-                           + batch["masked_lm_positions"][i].tobytes()).hexdigest()
-              for i in range(len(batch["input_ids"]))]
-      record.write(json.dumps(rows) + "\n")
-      record.flush()
+    rows = [hashlib.sha1(batch["input_ids"][i].tobytes()
+                         + batch["masked_lm_positions"][i].tobytes()).hexdigest()
+            for i in range(len(batch["input_ids"]))]
+    record.write(json.dumps(rows) + "\n")
+    record.flush()
     return put_batch(batch, sharding)
 
-  mesh_lib.put_batch = recording_put_batch
+  trainer.put_train_batch = recording_put_batch
   cli.run(main.main, flags_parser=main.parse_flags)
 
 

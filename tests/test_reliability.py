@@ -23,8 +23,7 @@ import pytest
 
 from bertjax import checkpoint as ckpt_lib
 from bertjax.errors import BertjaxError, CheckpointError, TrainingError
-from bertjax.parallel import mesh as mesh_lib
-from bertjax.train import loop, spikes
+from bertjax.train import loop, spikes, trainer as trainer_lib
 from tests.helpers import tiny_config
 
 STEPS = 20
@@ -67,18 +66,16 @@ def on_train_batch(monkeypatch):
   """`on_train_batch(fn)`: fn(n, batch) runs before the n-th training batch (1-based)
   of each run goes to the devices, i.e. just before step n of a fresh run; a dict it
   returns replaces the batch."""
-  put_batch = mesh_lib.put_batch
+  put_batch = trainer_lib.put_train_batch
 
   def install(fn):
     count = [0]
 
     def hooked(batch, sharding):
-      if "example_weights" not in batch:  # Training batches (eval batches carry it).
-        count[0] += 1
-        batch = fn(count[0], batch) or batch
-      return put_batch(batch, sharding)
+      count[0] += 1
+      return put_batch(fn(count[0], batch) or batch, sharding)
 
-    monkeypatch.setattr(mesh_lib, "put_batch", hooked)
+    monkeypatch.setattr(trainer_lib, "put_train_batch", hooked)
     return count
 
   return install

@@ -8,6 +8,7 @@ import shutil
 import numpy as np
 import pytest
 
+from bertjax.parallel import mesh as mesh_lib
 from bertjax.tasks import loop
 from configs.finetune import glue
 from tests.tasks_helpers import fixture, fixture_tokenizer, tiny_finetune
@@ -103,12 +104,12 @@ def test_freeze_all_but_the_top_layer(vocab, tmp_path):
   task = Classification(c.task, start.tokenizer, 32)
   task.labels = ["0", "1"]
   features = task.featurize(task.read(c.data.train, "train"), train=True)
-  runner = loop.Runner(c, task, start.model, loop.example_batch(features), 6)
-  state = runner.init_state()
+  setup = loop.build(c, task, start.model, loop.example_batch(features), 6)
+  state = setup.init_state(c)
   before = jax.device_get(state.params)
-  with jax.set_mesh(runner.mesh):
-    state, _ = runner.train_step(state, runner.put(loop.rows(
-        features, np.arange(8), np.ones(8, bool))))
+  with jax.set_mesh(setup.mesh):
+    state, _ = setup.train_step(state, mesh_lib.put_batch(loop.rows(
+        features, np.arange(8), np.ones(8, bool)), setup.batch_sharding))
   after = jax.device_get(state.params)
   changed = lambda a, b: not np.array_equal(a, b)
   enc_b, enc_a = before["encoder"], after["encoder"]

@@ -33,6 +33,7 @@ def get_config():
 
   c.train = ml_collections.ConfigDict()
   c.train.batch_size = 32  # Global batch of features.
+  c.train.grad_accum_steps = 1  # Micro-batches accumulated per optimizer step.
   c.train.eval_batch_size = 64  # Dev batch (rounded up to the data-parallel size).
   c.train.num_epochs = 3  # Passes over the training features.
   c.train.learning_rate = 2e-5  # Peak learning rate (the paper sweeps 5e-5..2e-5).
@@ -46,6 +47,18 @@ def get_config():
   c.train.log_every = 50  # Steps between logged training metrics.
   c.train.checkpoint_every = 1000  # Steps between checkpoints (and at the end).
   c.train.max_to_keep = 1  # Checkpoints kept in the workdir.
+  # Skip the update of a step whose loss or gradient norm is non-finite or a spike (as
+  # in pretraining: configs/bert_base.py); False: a non-finite loss stops the run.
+  c.train.skip_step_on_spikes = False
+  c.train.spike_window = 100  # Accepted steps in the rolling statistics.
+  c.train.spike_sigma = 6.0  # k: a loss above mean + k * std is a spike.
+  # (first, last): a jax.profiler trace of these steps into WORKDIR/tensorboard.
+  c.train.profile_steps = ()
+
+  c.checkpoint = ml_collections.ConfigDict()
+  # An unreadable checkpoint: 'error' stops naming it; 'previous' moves it aside to
+  # WORKDIR/corrupt_checkpoints/ and resumes from the step before.
+  c.checkpoint.on_corrupt = "error"
 
   c.sweep = ml_collections.ConfigDict()
   c.sweep.learning_rates = ()  # The paper's grid, e.g. (5e-5, 4e-5, 3e-5, 2e-5).
