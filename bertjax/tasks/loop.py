@@ -331,7 +331,7 @@ def finetune(config: ml_collections.ConfigDict, workdir: str, start: Start | Non
   setup = build(config, task, start.model, example_batch(train), num_steps)
   trainer = Trainer(setup, config, workdir, num_steps)
   evaluate = dev_evaluator(setup, task, config, workdir)
-  trainer.log.info("Task %s: %d train features, %d labels, %d steps.", task.name,
+  trainer.info("Task %s: %d train features, %d labels, %d steps.", task.name,
                    len(train), len(task.labels), num_steps)
 
   def init_params():

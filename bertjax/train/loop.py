@@ -111,8 +111,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       process_count=jax.process_count(), position_offset=config.model.position_offset,
       num_steps=config.train.num_steps)
   trainer = Trainer(setup, config, workdir)
-  trainer.log.info("Data: %s", data.stats)
-  trainer.log.info("Model: %s parameters; mesh %s.",
+  trainer.info("Data: %s", data.stats)
+  trainer.info("Model: %s parameters; mesh %s.",
                    f"{state_lib.param_count(setup.abstract.params):,}", dict(setup.mesh.shape))
   evaluate = evaluator(setup, data, config.train.eval_batches, config.train.eval_every)
   return trainer.fit(iter(data.train), [evaluate]).get("eval", {})

@@ -111,12 +111,12 @@ class Trainer:
     self.log_every, self.checkpoint_every = t.log_every, t.checkpoint_every
     self.spike_window = t.spike_window if t.skip_step_on_spikes else 0
     self.profile_steps = tuple(t.profile_steps)
-    self.log = MetricLogger(workdir)
+    self.log: MetricLogger | None = None  # Opened by `fit` at the step it resumes from.
     self.checkpointer = ckpt_lib.Checkpointer(workdir, t.max_to_keep,
                                               on_corrupt=config.checkpoint.on_corrupt)
     self.last_good: int | None = None  # The newest checkpoint a rerun would resume from.
     self._skips: list[dict] = []  # spike skipping: this window's steps, for warnings
-    self._tokens, self._t0 = 0, time.perf_counter()
+    self._tokens, self._t0 = 0, 0.0  # Since the last log line.
 
   def restore(self, data: Any, init_params: Callable[[], Any] | None = None
               ) -> TrainState:
@@ -128,8 +128,7 @@ class Trainer:
     if restored is None:
       return self.setup.init_state(self.config, init_params() if init_params else None)
     self.last_good, fields = restored
-    self.log.info("Resumed from step %d in %s.", self.last_good,
-                  self.checkpointer.directory)
+    self.info("Resumed from step %d in %s.", self.last_good, self.checkpointer.directory)
     if set(fields) != set(target):  # E.g. parameters only: the rest starts afresh.
       fresh = self.setup.init_state(self.config, fields.get("params"))
       fields = {**fresh.fields(), **fields}
@@ -143,9 +142,11 @@ class Trainer:
     setup, results = self.setup, {}
     state = self.restore(data, init_params)
     step = int(jax.device_get(state.step))
+    self.log = MetricLogger(self.workdir, step)
     preemption = Preemption(self.checkpointer)
     bar = progress.Progress("train", self.num_steps, "steps", initial=step, interval=None)
     profiling = False
+    self._tokens, self._t0 = 0, time.perf_counter()
     try:
       with jax.set_mesh(setup.mesh), nn.logical_axis_rules(setup.rules):
         while step < self.num_steps:
@@ -168,15 +169,14 @@ class Trainer:
             if done or (e.every and step % e.every == 0):
               results[e.name] = e.run(state.params)
               self.log.write(step, results[e.name], prefix=e.name)
-              self.log.info("%s at step %d | %s", e.name, step,
-                            format_metrics(results[e.name]))
+              self.info("%s at step %d | %s", e.name, step, format_metrics(results[e.name]))
           if step % self.checkpoint_every == 0 or done or preempted:
             self._check(step, metrics)
             self.checkpointer.save(step, state.fields(), data, force=True)
             self.last_good = step
           if preempted:
-            self.log.info("SIGTERM: saved step %d; exiting. Rerun the same command to "
-                          "resume.", step)
+            self.info("SIGTERM: saved step %d; exiting. Rerun the same command to resume.",
+                      step)
             break
       self.checkpointer.wait()  # The last asynchronous save's error, if any, is here.
     except OSError as e:  # metrics.jsonl and TensorBoard writes on a full/read-only disk.
@@ -202,6 +202,11 @@ class Trainer:
       plot.plot_after_run(self.workdir)
     return results
 
+  def info(self, msg: str, *args) -> None:
+    """A console line from process 0."""
+    if jax.process_index() == 0:
+      logging.info(msg, *args)
+
   def _log(self, step: int, metrics: dict, bar: progress.Progress) -> None:
     """Checks and writes the train metrics of the window ending at `step`, and the
     wall-clock rates since the previous log line as a `perf` record."""
@@ -210,8 +215,8 @@ class Trainer:
     perf = {"tokens_per_s": self._tokens / max(elapsed, 1e-9)}
     self.log.write(step, window)
     self.log.write(step, perf, prefix="perf")
-    self.log.info("step %d/%d | %s | %s | %s", step, self.num_steps,
-                  format_metrics(window), format_metrics(perf), bar.status())
+    self.info("step %d/%d | %s | %s | %s", step, self.num_steps, format_metrics(window),
+              format_metrics(perf), bar.status())
     self._tokens, self._t0 = 0, time.perf_counter()
 
   def _check(self, step: int, metrics: dict) -> dict[str, float]:
@@ -220,7 +225,7 @@ class Trainer:
     in a row."""
     host = jax.device_get(metrics["window"])
     for s, m in jax.device_get(self._skips):  # skip_step_on_spikes: only logged.
-      if m["skipped"] and self.log.active:
+      if m["skipped"] and jax.process_index() == 0:
         logging.warning("Skipped step %d (update dropped, %d so far): loss %.4g, grad "
                         "norm %.4g.", s, m["skipped_steps"], m["loss"], m["grad_norm"])
     self._skips.clear()
