@@ -40,13 +40,15 @@ def _worker_main() -> None:
   cli.run(main.main, flags_parser=main.parse_flags)
 
 
-def _launch(workdir, tmp, run, extra):
+def _launch(workdir, tmp, run, extra, config="configs/bert_tiny.py",
+            module="tests.test_multihost"):
+  """Starts the 2 processes of a job: `python -m MODULE --config=CONFIG EXTRA...`."""
   port = portpicker.pick_unused_port()
   procs = []
   for i in range(2):
     env = dict(os.environ, JAX_NUM_CPU_DEVICES="4", JAX_PLATFORMS="cpu",
                BERTJAX_TEST_RECORD=os.path.join(tmp, f"rows_{run}_{i}.jsonl"))
-    cmd = [sys.executable, "-m", "tests.test_multihost", "--config=configs/bert_tiny.py",
+    cmd = [sys.executable, "-m", module, f"--config={config}",
            f"--workdir={workdir}", f"--coordinator_address=127.0.0.1:{port}",
            "--num_processes=2", f"--process_id={i}", *extra]
     procs.append(subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
