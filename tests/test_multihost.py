@@ -70,6 +70,17 @@ def _finish(procs):
   return outs
 
 
+def _wait_for_steps(procs, workdir, n: int) -> None:
+  """Until the job's metrics.jsonl holds `n` train records (or a process ended, or
+  TIMEOUT passed)."""
+  from tests.faults import losses
+  deadline = time.time() + TIMEOUT
+  while time.time() < deadline and all(p.poll() is None for p in procs):
+    if os.path.exists(os.path.join(workdir, "metrics.jsonl")) and len(losses(workdir)) >= n:
+      return
+    time.sleep(0.05)
+
+
 def _rows(tmp, run, i):
   with open(os.path.join(tmp, f"rows_{run}_{i}.jsonl")) as f:
     return [json.loads(line) for line in f]
@@ -83,15 +94,9 @@ def test_two_processes_train_preempt_and_resume(tmp_path):
   extra = [*overrides(config), "--config.mesh.data=-1", "--config.mesh.fsdp=2",
            "--config.mesh.dcn_data=2"]  # Each process one "slice": data 2x2, fsdp 2.
   workdir, tmp = str(tmp_path / "wd"), str(tmp_path)
-  metrics = os.path.join(workdir, "metrics.jsonl")
-
   procs = _launch(workdir, tmp, 1, extra)
-  deadline = time.time() + TIMEOUT
-  while time.time() < deadline and all(p.poll() is None for p in procs):
-    if os.path.exists(metrics) and len(train_losses(workdir)) >= 3:
-      procs[1].send_signal(signal.SIGTERM)  # Not the coordinator: it must propagate.
-      break
-    time.sleep(0.05)
+  _wait_for_steps(procs, workdir, 3)
+  procs[1].send_signal(signal.SIGTERM)  # Not the coordinator: it must propagate.
   outs = _finish(procs)
   saved = sorted(int(s) for s in os.listdir(os.path.join(workdir, "checkpoints"))
                  if s.isdigit())

@@ -3,13 +3,12 @@ tests/test_multihost.py): the survivor does not hang, it stops within a bounded 
 (config.distributed.heartbeat_timeout_s) with an error naming the dead task, and
 restarting both processes resumes from the last checkpoint."""
 
-import os
 import signal
 import time
 
 from bertjax import checkpoint as ckpt_lib
 from tests.test_loop import e2e_config, overrides, train_losses
-from tests.test_multihost import TIMEOUT, _finish, _launch
+from tests.test_multihost import _finish, _launch, _wait_for_steps
 
 HEARTBEAT_S = 10
 
@@ -26,14 +25,8 @@ def test_dead_peer_stops_the_survivor_in_bounded_time_and_both_resume(tmp_path):
   config.train.checkpoint_every = 2
   extra = [*overrides(config), f"--config.distributed.heartbeat_timeout_s={HEARTBEAT_S}"]
   workdir, tmp = str(tmp_path / "wd"), str(tmp_path)
-  metrics = os.path.join(workdir, "metrics.jsonl")
-
   procs = _launch(workdir, tmp, 1, extra)
-  deadline = time.time() + TIMEOUT
-  while time.time() < deadline and all(p.poll() is None for p in procs):
-    if os.path.exists(metrics) and len(train_losses(workdir)) >= 5:
-      break
-    time.sleep(0.05)
+  _wait_for_steps(procs, workdir, 5)
   assert all(p.poll() is None for p in procs), [p.communicate()[0][-2000:] for p in procs]
   procs[1].send_signal(signal.SIGSTOP)
   frozen = time.time()

@@ -47,18 +47,11 @@ def get_config():
   c.train.log_every = 50  # Steps between logged training metrics.
   c.train.checkpoint_every = 1000  # Steps between checkpoints (and at the end).
   c.train.max_to_keep = 1  # Checkpoints kept in the workdir.
-  # Skip the update of a step whose loss or gradient norm is non-finite or a spike (as
-  # in pretraining: configs/bert_base.py); False: a non-finite loss stops the run.
-  c.train.skip_step_on_spikes = False
-  c.train.spike_window = 100  # Accepted steps in the rolling statistics.
-  c.train.spike_sigma = 6.0  # k: a loss above mean + k * std is a spike.
-  # (first, last): a jax.profiler trace of these steps into WORKDIR/tensorboard.
-  c.train.profile_steps = ()
-
-  c.checkpoint = ml_collections.ConfigDict()
-  # An unreadable checkpoint: 'error' stops naming it; 'previous' moves it aside to
-  # WORKDIR/corrupt_checkpoints/ and resumes from the step before.
-  c.checkpoint.on_corrupt = "error"
+  # Spike skipping (skip_step_on_spikes, spike_window, spike_sigma), profile_steps and
+  # checkpoint.on_corrupt: the trainer's, as in pretraining (described in bert_base.py).
+  for field in ("skip_step_on_spikes", "spike_window", "spike_sigma", "profile_steps"):
+    c.train[field] = bert_base.get_config().train[field]
+  c.checkpoint = bert_base.get_config().checkpoint
 
   c.sweep = ml_collections.ConfigDict()
   c.sweep.learning_rates = ()  # The paper's grid, e.g. (5e-5, 4e-5, 3e-5, 2e-5).
