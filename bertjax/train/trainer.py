@@ -241,8 +241,9 @@ class Trainer:
       raise TrainingError(
           f"non-finite {', '.join(bad)} at or before step {step}; {where}. Lower "
           "config.train.learning_rate or check the data, then rerun to resume.")
-    return {k: float(v) for k, v in host.items()
-            if k not in ("window_steps", "longest_skip_run")}
+    order = ("loss", *self.setup.objective.metric_names, "grad_norm", "param_norm",
+             "learning_rate", "skipped_steps")
+    return {k: float(host[k]) for k in order if k in host}
 
   def _profile(self, step: int, profiling: bool, state: TrainState) -> bool:
     """Starts (process 0) a `jax.profiler` trace into WORKDIR/tensorboard before the
