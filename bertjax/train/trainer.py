@@ -115,7 +115,7 @@ class Trainer:
     self.checkpointer = ckpt_lib.Checkpointer(workdir, t.max_to_keep,
                                               on_corrupt=config.checkpoint.on_corrupt)
     self.last_good: int | None = None  # The newest checkpoint a rerun would resume from.
-    self._skips: list[dict] = []  # spike skipping: this window's steps, for warnings
+    self._skips: list[tuple[int, dict]] = []  # Spike skipping: (step, metrics), to warn.
     self._tokens, self._t0 = 0, 0.0  # Since the last log line.
 
   def restore(self, data: Any, init_params: Callable[[], Any] | None = None
@@ -188,12 +188,10 @@ class Trainer:
           "make the workdir writable, then rerun the same command to resume.") from e
     finally:
       preemption.restore()
-      if profiling:
-        jax.block_until_ready(state)
-        jax.profiler.stop_trace()
+      stop_profile = lambda: profiling and _stop_trace(state)
       # After a failure these may fail again (a full disk); the first error is raised.
-      for close in (bar.close, self.checkpointer.wait, self.checkpointer.close,
-                    self.log.close):
+      for close in (stop_profile, bar.close, self.checkpointer.wait,
+                    self.checkpointer.close, self.log.close):
         try:
           close()
         except Exception as e:  # pylint: disable=broad-except
@@ -256,7 +254,12 @@ class Trainer:
       jax.profiler.start_trace(str(epath.Path(self.workdir) / files.TENSORBOARD_DIR))
       return True
     if profiling and step > last:
-      jax.block_until_ready(state)
-      jax.profiler.stop_trace()
+      _stop_trace(state)
       return False
     return profiling
+
+
+def _stop_trace(state: TrainState) -> None:
+  """Ends the profiler trace once the traced steps' work is done."""
+  jax.block_until_ready(state)
+  jax.profiler.stop_trace()
