@@ -97,9 +97,12 @@ class Checkpointer:
     shardings, and, when an iterator is given, sets its position. Returns {field: tree}
     for the fields present: one the step lacks (a state written before the field
     existed, or by `bertjax.convert`, which saves parameters only) is left out, for the
-    caller to initialise."""
+    caller to initialise; a step without the `params` the target asks for is
+    unreadable (a CheckpointError, never a silent fresh start)."""
     try:
       saved = set(self.manager.item_metadata(step)["state"].tree)
+      if "params" in target and "params" not in saved:  # Never a silent fresh start.
+        raise ValueError(f"it holds {sorted(saved)}, no params")
       present = {k: v for k, v in target.items() if k in saved}
       items = {"state": ocp.args.PyTreeRestore(
           item=present, restore_args=ocp.checkpoint_utils.construct_restore_args(present),
@@ -276,7 +279,5 @@ def restore_params(workdir: str, step: int | None = None
   restored = ckpt.restore(step, {"params": abstract_on(
       abstract_params, jax.tree.map(lambda _: device, abstract_params))})
   ckpt.close()
-  if "params" not in restored:
-    raise CheckpointError(f"checkpoint step {step} in {ckpt.directory} holds no parameters.")
   return config, restored["params"]
 

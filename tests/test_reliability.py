@@ -134,6 +134,25 @@ def test_all_checkpoints_corrupt_never_restarts_from_step_0(reference, tmp_path)
   assert sorted(os.listdir(os.path.join(workdir, "corrupt_checkpoints"))) == ["10", "15", "20"]
 
 
+def test_a_state_missing_fields_restores_the_others_never_one_without_params(tmp_path):
+  """A checkpoint from an older bertjax (no log window) or from bertjax.convert
+  (parameters only) restores what it holds, for the trainer to start the rest afresh;
+  one without parameters is a CheckpointError, not a fresh start."""
+  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  spec = lambda shape: jax.ShapeDtypeStruct(shape, jnp.float32, sharding=device)
+  ckpt = ckpt_lib.Checkpointer(str(tmp_path))
+  ckpt.save(1, {"step": jnp.int32(1), "params": {"w": jnp.ones(3)}}, None, force=True)
+  ckpt.save(2, {"step": jnp.int32(2)}, None, force=True)
+  ckpt.wait()
+  target = {"step": jax.ShapeDtypeStruct((), jnp.int32, sharding=device),
+            "params": {"w": spec((3,))}, "window": {"loss": spec(())}}
+  restored = ckpt.restore(1, target)
+  assert set(restored) == {"step", "params"} and restored["params"]["w"].sum() == 3
+  with pytest.raises(CheckpointError, match=r"step 2 .* cannot be restored .*no params"):
+    ckpt.restore(2, target)
+  ckpt.close()
+
+
 @pytest.mark.parametrize("fault", ["disk_full", "read_only"])
 def test_disk_full_or_read_only_stops_in_one_line_and_keeps_checkpoints(
     reference, small_disk, on_train_batch, monkeypatch, fault):

@@ -130,7 +130,7 @@ class Trainer:
     self.last_good, fields = restored
     self.info("Resumed from step %d in %s.", self.last_good, self.checkpointer.directory)
     if set(fields) != set(target):  # E.g. parameters only: the rest starts afresh.
-      fresh = self.setup.init_state(self.config, fields.get("params"))
+      fresh = self.setup.init_state(self.config, fields["params"])
       fields = {**fresh.fields(), **fields}
     return TrainState(**fields)
 
