@@ -1,14 +1,14 @@
-"""A 2-process x 4-CPU-device job on localhost (gloo collectives) through the real CLI:
-training proceeds with each process feeding its own disjoint rows, checkpoints are
-written, SIGTERM to one process makes both save at the same step, and the restart
-resumes from it. Run as `python -m tests.test_multihost ARGS` this file is the worker:
-`bertjax.main` with each fed training batch's rows recorded."""
+"""How multi-process jobs are launched and tested: 2 processes x 4 CPU devices on
+localhost (gloo collectives) through the real CLI (`_launch`, used by
+test_reliability_multihost.py and test_reliability_finetune.py), the explicit
+coordinator flags, and the launch/ scripts. Run as `python -m tests.test_multihost
+ARGS` this file is the worker: `bertjax.main` with each fed training batch's rows
+recorded."""
 
 import functools
 import hashlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -84,40 +84,6 @@ def _wait_for_steps(procs, workdir, n: int) -> None:
 def _rows(tmp, run, i):
   with open(os.path.join(tmp, f"rows_{run}_{i}.jsonl")) as f:
     return [json.loads(line) for line in f]
-
-
-def test_two_processes_train_preempt_and_resume(tmp_path):
-  from tests.test_loop import e2e_config, overrides, train_losses
-  config = e2e_config()
-  config.train.num_steps = 10_000  # Stopped by SIGTERM.
-  config.train.eval_every = config.train.checkpoint_every = 10_000
-  extra = [*overrides(config), "--config.mesh.data=-1", "--config.mesh.fsdp=2",
-           "--config.mesh.dcn_data=2"]  # Each process one "slice": data 2x2, fsdp 2.
-  workdir, tmp = str(tmp_path / "wd"), str(tmp_path)
-  procs = _launch(workdir, tmp, 1, extra)
-  _wait_for_steps(procs, workdir, 3)
-  procs[1].send_signal(signal.SIGTERM)  # Not the coordinator: it must propagate.
-  outs = _finish(procs)
-  saved = sorted(int(s) for s in os.listdir(os.path.join(workdir, "checkpoints"))
-                 if s.isdigit())
-  assert len(saved) == 1 and 3 <= saved[0] < 10_000, (saved, outs[0][-2000:])
-  step = saved[0]
-  assert f"SIGTERM: saved step {step}" in outs[0]  # Only process 0 logs.
-  assert "SIGTERM: saved step" not in outs[1]
-  fed = [_rows(tmp, 1, i) for i in range(2)]
-  assert [len(f) for f in fed] == [step, step]  # Both stopped after the same step.
-  assert all(len(batch) == 4 for f in fed for batch in f)  # 4 of the 8 rows each.
-  rows = [{r for batch in f for r in batch} for f in fed]
-  assert not rows[0] & rows[1]  # The processes saw disjoint examples.
-
-  config.train.num_steps = step + 3
-  extra = [*overrides(config), *extra[len(overrides(config)):]]
-  outs = _finish(_launch(workdir, tmp, 2, extra))
-  assert f"Resumed from step {step}" in outs[0]
-  assert [len(_rows(tmp, 2, i)) for i in range(2)] == [3, 3]
-  assert sorted(train_losses(workdir))[-4:] == [step, step + 1, step + 2, step + 3]
-  assert "held-out MLM accuracy" in outs[0]  # Evaluated with the rows of both ...
-  assert "held-out MLM accuracy" not in outs[1]  # ... printed by process 0 only.
 
 
 def test_explicit_coordinator_needs_process_count_and_index():
