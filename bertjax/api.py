@@ -20,13 +20,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bertjax import convert
+from bertjax import convert, files
 from bertjax.data.tokenizer import Tokenizer, load_tokenizer
 from bertjax.errors import CheckpointError
 from bertjax.model.bert import BertForPreTraining
-from bertjax.model.config import ModelConfig
+from bertjax.model.config import ModelConfig, dtype_of
 
-_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 _BUCKET = 16  # sequence lengths are padded to a multiple of this: fewer recompilations
 
 
@@ -123,17 +122,15 @@ class Finetuned:
 
 def is_finetuned(path: str) -> bool:
   """Whether `path` is a fine-tuning workdir (it has the task file)."""
-  from bertjax.tasks.loop import TASK_FILE  # pylint: disable=g-import-not-at-top
-  return os.path.isfile(os.path.join(path, TASK_FILE))
+  return os.path.isfile(os.path.join(path, files.TASK_FILE))
 
 
 def task_info(path: str) -> dict[str, Any]:
   """A fine-tuning workdir's task file: {'name', 'labels', 'num_steps'}."""
-  from bertjax.tasks.loop import TASK_FILE  # pylint: disable=g-import-not-at-top
   if not is_finetuned(path):
-    raise CheckpointError(f"{path} has no {TASK_FILE}: give a fine-tuning workdir "
+    raise CheckpointError(f"{path} has no {files.TASK_FILE}: give a fine-tuning workdir "
                           "(python -m bertjax.finetune --workdir=...).")
-  with open(os.path.join(path, TASK_FILE)) as f:
+  with open(os.path.join(path, files.TASK_FILE)) as f:
     return json.load(f)
 
 
@@ -147,7 +144,7 @@ def _restore_params(workdir: str) -> dict:
   ckpt.close()
   if step is None:
     raise CheckpointError(f"{workdir} has no checkpoint yet; finish (or resume) the run.")
-  path = os.path.join(workdir, checkpoint.CHECKPOINT_DIR, str(step), "state")
+  path = os.path.join(workdir, files.CHECKPOINT_DIR, str(step), "state")
   tree = ocp.StandardCheckpointer().metadata(path).item_metadata.tree
   target = {"params": jax.tree.map(lambda m: np.zeros(m.shape, m.dtype), tree["params"])}
   with ocp.PyTreeCheckpointer() as reader:
@@ -164,7 +161,7 @@ def load_finetuned(path: str) -> Finetuned:
   path = os.fspath(path)
   saved = task_info(path)
   config = checkpoint.load_config(path)
-  tokenizer = load_tokenizer(os.path.join(path, checkpoint.TOKENIZER_DIR))
+  tokenizer = load_tokenizer(os.path.join(path, files.TOKENIZER_DIR))
   task = get_task(saved["name"])(config.task, tokenizer, config.task.max_seq_length)
   task.labels = saved["labels"]
   return Finetuned(config, task, ModelConfig.from_config(config.model), _restore_params(path),
@@ -210,7 +207,7 @@ def kept_head_params(head: TaskHead, labels: list[str], abstract: Any) -> Any:
 
 
 def _workdir_tokenizer(path: str) -> Tokenizer:
-  tokenizer_dir = os.path.join(path, "tokenizer")
+  tokenizer_dir = os.path.join(path, files.TOKENIZER_DIR)
   if not os.path.isdir(tokenizer_dir):
     raise CheckpointError(f"{path} has no tokenizer/ directory (Tokenizer.save writes it).")
   return load_tokenizer(tokenizer_dir)
@@ -228,9 +225,8 @@ def load_pretrained(path: str, dtype: str = "float32") -> Pretrained:
   tokenizer/) or a fine-tuning workdir (its encoder, and its task head in `head`),
   with parameters and computation in `dtype`."""
   path = os.fspath(path)
-  if dtype not in _DTYPES:
-    raise CheckpointError(f"dtype={dtype!r}: use one of {sorted(_DTYPES)}.")
-  config_path = os.path.join(path, "config.json")
+  dtype = dtype_of(dtype, "dtype")
+  config_path = os.path.join(path, files.CONFIG_FILE)
   if not os.path.isfile(config_path):
     what = "does not exist" if not os.path.exists(path) else "has no config.json"
     raise CheckpointError(f"{path} {what}: give a Hugging Face model dir or a bertjax "
@@ -253,6 +249,6 @@ def load_pretrained(path: str, dtype: str = "float32") -> Pretrained:
         f"vocabulary only {vocab_size}: these tokenizer files do not belong to these "
         "weights; put the tokenizer the model was trained with next to them.")
   config, params, *head = load(path)
-  config = dataclasses.replace(config, dtype=_DTYPES[dtype], param_dtype=_DTYPES[dtype])
-  params = jax.tree.map(lambda x: jnp.asarray(x, _DTYPES[dtype]), params)
+  config = dataclasses.replace(config, dtype=dtype, param_dtype=dtype)
+  params = jax.tree.map(lambda x: jnp.asarray(x, dtype), params)
   return Pretrained(config, params, tokenizer, BertForPreTraining(config), *head)

@@ -16,7 +16,7 @@ import jax
 import numpy as np
 import pytest
 
-from bertjax import api, convert, predict
+from bertjax import api, convert_cli, predict
 from bertjax.data import tokenizer as tok_lib
 from bertjax.errors import CheckpointError, DataError
 from bertjax.tasks import base, get_task, loop
@@ -141,7 +141,7 @@ def test_export_predicts_what_bertjax_predicts(runs, run, tmp_path):
   _, workdir, _ = runs[run]
   *_, dev, _, hf_class = RECIPES[run]
   exported = str(tmp_path / "hf")
-  convert.main(["--to=hf", f"--src={workdir}", f"--dst={exported}"])
+  convert_cli.main(["--to=hf", f"--src={workdir}", f"--dst={exported}"])
   with open(os.path.join(exported, "config.json")) as f:
     hf_config = json.load(f)
   assert hf_config["architectures"] == [hf_class]
@@ -182,7 +182,7 @@ def test_span_ner_has_no_hugging_face_class(runs, tmp_path, capsys):
   with open(os.path.join(workdir, "task.json"), "w") as f:
     json.dump(dict(info, name="span_ner"), f)
   with pytest.raises(SystemExit):
-    convert.main(["--to=hf", f"--src={workdir}", f"--dst={tmp_path / 'out'}"])
+    convert_cli.main(["--to=hf", f"--src={workdir}", f"--dst={tmp_path / 'out'}"])
   err = capsys.readouterr().err.strip()
   assert "\n" not in err and "'span_ner' model has no Hugging Face class" in err
   assert not os.path.exists(tmp_path / "out")
@@ -241,9 +241,9 @@ def test_init_from_a_finetuned_workdir(runs, tmp_path):
   task = get_task("classification")(again.task, start.tokenizer, 32)
   task.labels = task.fit_labels(task.read(source_config.data.train, "train"))
   features = task.featurize(task.read(source_config.data.dev, "dev"), train=False)
-  runner = loop.Runner(again, task, start.model, loop.example_batch(features), 6)
-  state = runner.init_state(start.encoder_params, start.head)
-  jax.tree.map(np.testing.assert_array_equal, jax.device_get(state.params), saved.params)
+  setup = loop.build(again, task, start.model, loop.example_batch(features), 6)
+  params = loop.initial_params(setup, again, start.encoder_params, start.head, task.labels)
+  jax.tree.map(np.testing.assert_array_equal, jax.device_get(params), saved.params)
   # Kept only when it fits: the same task, the same labels in the same order (checked
   # where `finetune` starts the state).
   again.task.labels = ("1", "0")
