@@ -9,6 +9,8 @@ Rerunning the same command resumes. The flags are `python -m bertjax.main`'s
 (--config, --workdir and the multi-process ones: --coordinator_address, ...).
 """
 
+import os
+
 from absl import app
 
 from bertjax import cli
@@ -23,6 +25,9 @@ def main(argv):
   from bertjax import config_checks  # pylint: disable=g-import-not-at-top
   from bertjax.tasks import sweep  # pylint: disable=g-import-not-at-top
   main_lib.start(config_checks.finetuning)
+  cache = main_lib.CONFIG.value.get("compilation_cache_dir", "")
+  if cache and not jax.config.jax_compilation_cache_dir:  # JAX_COMPILATION_CACHE_DIR wins.
+    jax.config.update("jax_compilation_cache_dir", os.path.expanduser(cache))
   result = sweep.run(main_lib.CONFIG.value, main_lib.WORKDIR.value)
   best = result["best"]
   if best["dev"] and jax.process_index() == 0:  # {} when preempted

@@ -56,10 +56,14 @@ class Encoder(nn.Module):
         hidden.append(x[None])
     out = {"last_hidden_state": x}
     if cfg.pooler:
-      out["pooled"] = jnp.tanh(self.pooler(x[:, 0]))
+      out["pooled"] = self.pool(x[:, 0])
     if output_hidden_states:
       out["hidden_states"] = jnp.concatenate(hidden)
     return out
+
+  def pool(self, cls: jax.Array) -> jax.Array:
+    """The pooler: dense + tanh of [CLS] vectors [..., E] -> [..., E]."""
+    return jnp.tanh(self.pooler(cls))
 
   def attend(self, x):
     return self.embeddings.attend(x)

@@ -43,7 +43,11 @@ class Features:
 class FinetuneModel(nn.Module):
   """The pretrained encoder (params under 'encoder', as in BertForPreTraining) and a
   task head (params under 'head'). Inputs [B, T] or, for multiple choice, [B, C, T]
-  (flattened to [B*C, T] for the encoder; the head folds them back)."""
+  (flattened to [B*C, T] for the encoder; the head folds them back). Packed rows
+  (`bertjax.tasks.batching`) add `segment_ids` and `position_ids` [B, T] and, for
+  one prediction per example, `cls_positions` [B, K]: the head then sees each slot's
+  [CLS] as a row of its own ([B*K, 1, E], pooled by the encoder's pooler) and its
+  outputs come back as [B, K, ...]."""
 
   config: ModelConfig
   head: nn.Module
@@ -56,8 +60,19 @@ class FinetuneModel(nn.Module):
     length = ids.shape[-1]
     flat = {k: batch[k].reshape(-1, length) for k in TOKEN_KEYS}
     out = self.encoder(flat["input_ids"], flat["attention_mask"], flat["token_type_ids"],
+                       batch.get("position_ids"), batch.get("segment_ids"),
                        deterministic=deterministic)
-    return self.head(out, batch, deterministic)
+    if "cls_positions" not in batch:
+      return self.head(out, batch, deterministic)
+    B, K = batch["cls_positions"].shape
+    cls = jnp.take_along_axis(out["last_hidden_state"],
+                              batch["cls_positions"][..., None], axis=1)  # [B, K, E]
+    cls = cls.reshape(B * K, 1, -1)
+    slots = {"last_hidden_state": cls}
+    if self.config.pooler:
+      slots["pooled"] = self.encoder.pool(cls[:, 0])
+    outputs = self.head(slots, batch, deterministic)
+    return jax.tree.map(lambda x: x.reshape(B, K, *x.shape[1:]), outputs)
 
 
 def pooled_or_cls(config: ModelConfig, out: dict, deterministic: bool) -> jax.Array:
@@ -93,6 +108,14 @@ class Task(abc.ABC):
 
   name = ""
   default_metric = ""  # the dev metric that selects the best run of a sweep
+  # Batching (`bertjax.tasks.batching`): the feature arrays whose last axis is the token
+  # axis (cut to a batch's bucket length), the prediction outputs whose axis 1 is
+  # (padded back to max_seq_length with this value, so that batches concatenate), and
+  # how examples pack into rows: '' (they do not), 'cls' (one prediction per example
+  # from its [CLS]) or 'tokens' (per-token targets only).
+  token_arrays: tuple[str, ...] = TOKEN_KEYS
+  token_outputs: dict[str, float] = {}
+  packing = ""
 
   def __init__(self, task_cfg, tokenizer: Tokenizer, max_seq_length: int):
     self.cfg = task_cfg

@@ -38,6 +38,7 @@ class ClassifierHead(nn.Module):
 
 class Classification(base.Task):
   name = "classification"
+  packing = "cls"
 
   def __init__(self, task_cfg, tokenizer, max_seq_length):
     super().__init__(task_cfg, tokenizer, max_seq_length)
@@ -130,7 +131,7 @@ class Classification(base.Task):
   def loss(self, outputs, batch):
     w = batch["label_weights"] * batch["example_weights"]
     if self.regression:
-      err = (outputs["logits"][:, 0] - batch["labels"]) ** 2
+      err = (outputs["logits"][..., 0] - batch["labels"]) ** 2
       return jnp.sum(err * w), jnp.sum(w)
     return base.masked_xent(outputs["logits"], batch["labels"], w)
 

