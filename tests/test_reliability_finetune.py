@@ -159,14 +159,16 @@ def test_nan_stops_naming_the_last_good_checkpoint(tmp_path, on_train_batch):
   assert ckpt_lib.Checkpointer(workdir, read_only=True).complete_steps() == [4]
 
 
-def test_gradient_accumulation_equals_the_full_batch():
+@pytest.mark.parametrize("batching", ["bucket", "pack"])
+def test_gradient_accumulation_equals_the_full_batch(batching):
   """2 micro-batches of 8 give the loss, the gradient norm and the parameters of
   batches of 16 (no dropout), over 3 steps of the real stream (its last batch half
   padding), up to float reassociation: parameters within 1e-5 (Adam's steps here are
-  ~3e-3)."""
+  ~3e-3). Packed rows too: the micro-batches split rows, each with its examples."""
   results = []
   for accum in (1, 2):
     c = ft_config(grad_accum_steps=accum, batch_size=16)
+    c.task.batching = batching
     c.model.dropout_rate = c.model.attention_dropout_rate = 0.0
     start = loop.load_start(c)
     task = get_task(c.task.name)(c.task, start.tokenizer, c.task.max_seq_length)
@@ -175,7 +177,8 @@ def test_gradient_accumulation_equals_the_full_batch():
     features = task.featurize(examples[:40], train=True)  # 3 batches, the last of 8 rows
     setup = loop.build(c, task, start.model, loop.example_batch(features), 3)
     state, step_losses = setup.init_state(c), []
-    stream = loop.train_stream(loop.batcher(task, features, start.model), 16, c.seed, 3)
+    stream = loop.train_stream(loop.batcher(task, features, start.model, row_multiple=accum),
+                               16, c.seed, 3)
     with jax.set_mesh(setup.mesh):
       for batch in stream:
         state, m = setup.train_step(state, mesh_lib.put_batch(batch, setup.batch_sharding))

@@ -95,6 +95,7 @@ def make_task(out_dir: str, train_per_label: int = 150, dev_per_label: int = 50,
   """Writes train.jsonl and dev.jsonl ({'sentence', 'label'} per line, shuffled) into
   `out_dir`: distinct sentences of each topic's package, drawn with `seed`; returns
   their paths. Deterministic for one Python version."""
+  os.makedirs(out_dir, exist_ok=True)
   stdlib = sysconfig.get_paths()["stdlib"]
   rng = np.random.default_rng(seed)
   train, dev, seen = [], [], set()
