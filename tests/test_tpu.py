@@ -6,6 +6,7 @@ CPU) and compiles for TPU, and a CPU-only run stays on the CPU with libtpu insta
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import subprocess
@@ -23,6 +24,8 @@ from bertjax.model import ModelConfig, layers
 from tests.helpers import tiny_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+needs_libtpu = pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
+                                  reason="the TPU compiler (libtpu: the test extra, Linux x86)")
 
 
 def _tiny(layout, **model):
@@ -37,6 +40,7 @@ def v5e_4():
   return plan_lib.topology("v5e-4")
 
 
+@needs_libtpu
 def test_topology_names():
   assert plan_lib._torus_dims(64, True) == (4, 4, 4)  # v5p-128
   assert plan_lib._torus_dims(16, True) == (2, 2, 4)  # v5p-32
@@ -52,6 +56,7 @@ def test_topology_names():
     plan_lib.topology("v7-8")
 
 
+@needs_libtpu
 def test_plan_figures_match_the_shardings_and_the_compiler(v5e_4):
   """Per chip: params and optimizer bytes equal those of real arrays placed on 4 CPU
   devices with the same layout (data parallel: everything; FSDP: about a quarter);
@@ -81,6 +86,7 @@ def test_plan_figures_match_the_shardings_and_the_compiler(v5e_4):
   assert dp["params"] / 4 < fsdp["params"] < dp["params"] / 3
 
 
+@needs_libtpu
 def test_largest_batch_bisects_to_the_limit(v5e_4, monkeypatch):
   """A program over HBM: the TPU compiler refuses it and the plan says it does not fit.
   The search doubles, then bisects, to the last batch that fits (a stand-in for the
@@ -102,6 +108,7 @@ def test_largest_batch_bisects_to_the_limit(v5e_4, monkeypatch):
   assert (best, len(tries)) == (32, 2)  # Capped: 32 fits, the search stops.
 
 
+@needs_libtpu
 def test_chip_table_hbm_is_what_the_compiler_offers():
   """An over-sized program makes the TPU compiler name the HBM it offers a program;
   the table's figure for each generation is that (libtpu updates may change it)."""
@@ -172,6 +179,7 @@ def test_splash_refuses_dropout_and_odd_lengths():
         cfg, pad[:, :96]), True)
 
 
+@needs_libtpu
 def test_splash_compiles_for_tpu_per_shard(v5e_4):
   """The train step with splash attention, batch over 'data' and heads over 'tensor':
   the TPU compiler gets the Pallas kernels (forward, dq, dkv per layer) and no

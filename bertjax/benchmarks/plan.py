@@ -23,9 +23,9 @@ needed. For each candidate (a mesh layout with a remat policy), per chip:
   bandwidth), the larger FLOP count of the two: a lower bound on the step time, not a
   prediction. No step time or MFU is claimed from a compile.
 
-The chosen launch is the first candidate, in the order given (every --remat policy of
-the first --mesh, then the next mesh), that fits at the batch: list the cheapest first
-(no remat before remat, data parallelism before FSDP before tensor parallelism);
+The chosen launch is the first candidate, in the order given (every --mesh with the
+first --remat policy, then with the next), that fits at the batch: list the cheapest
+first (no remat before remat, data parallelism before FSDP before tensor parallelism);
 `--first_fit` compiles no further, `--summary` prints the choice as one markdown row.
 `--topology`: an accelerator type as Cloud TPU names it (v4-8, v5e-256, v5p-128,
 v6e-8), a topology (v5p:4x4x4) or `cpu:N` (N fake CPU devices, the CPU compiler: an
@@ -67,8 +67,8 @@ def define_flags() -> None:
   flags.DEFINE_integer("num_slices", 1, "Slices of --topology joined over DCN.")
   flags.DEFINE_multi_string("mesh", ["-1,1,1", "1,-1,1"],
                             "A layout 'data,fsdp,tensor' per slice, -1 fills the chips "
-                            "left (repeat the flag: candidates in order of preference).")
-  flags.DEFINE_list("remat", [], "Remat policies to try per mesh, in order of preference "
+                            "left (repeat the flag: in order of preference).")
+  flags.DEFINE_list("remat", [], "Remat policies to try, each over every --mesh, in order "
                     f"({', '.join(REMAT_POLICIES)}; default: the config's).")
   flags.DEFINE_integer("batch_size", 0, "Global batch (0: config.train.batch_size).")
   flags.DEFINE_bool("max_batch", False, "Find each fitting candidate's largest global "
@@ -331,8 +331,8 @@ def main(argv) -> None:
           + (f" ({chip.source})" if chip and not f.hbm_gb else " (--hbm_gb)")
           + (". CPU compiler: temporaries are an estimate." if not chip else ""))
   rows, chosen = [], None
-  for layout in layouts:
-    for remat in remats:
+  for remat in remats:
+    for layout in layouts:
       if chosen and f.first_fit:
         break
       c = candidate(config, layout, remat, f.num_slices)
@@ -370,19 +370,20 @@ def _summary(config, f, batch_size: int, topo: Topology, chosen, rows) -> None:
   a loop of calls piped through `awk '!seen[$0]++'` makes one table)."""
   head = ["recipe", "pod", "global batch x length", "mesh d,f,t", "remat", "scan",
           "attention", "rows a chip", "peak GiB / HBM", "max global batch",
-          "compiles, s"]
+          "roofline bound ms", "compiles, s"]
   slices = f" x {f.num_slices}" if f.num_slices > 1 else ""
   where = [os.path.basename(config_flags.get_config_filename(f["config"])),
            f"{f.topology}{slices}", f"{batch_size} x {config.data.max_seq_length}"]
   tries = [t for r in rows for t in [r, *r.get("max_batch_tries", [])]]
   seconds = f"{len(tries)}, {sum(t['compile_s'] for t in tries):.0f}"
   if chosen is None:
-    line = [*where, "none fits", "-", "-", "-", "-", "-", "-", seconds]
+    line = [*where, "none fits", *["-"] * 7, seconds]
   else:
     line = [*where, chosen["mesh"], chosen["remat"], str(config.model.scan_layers),
             config.model.attention_impl or "xla", str(chosen["per_chip_batch"]),
             f"{chosen['peak'] / GIB:.1f} / {topo.hbm_bytes / GIB:.1f}",
-            _max_batch(chosen), seconds]
+            _max_batch(chosen), f"{1e3 * chosen['roofline_s']:.0f}" if topo.chip else "-",
+            seconds]
   _table(head, [line])
 
 
