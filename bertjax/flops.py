@@ -53,7 +53,7 @@ CHIPS = (
          "cloud.google.com/tpu/docs/v5p: 459 TFLOP/s, 95 GB, 2765 GB/s"),
     Chip("TPU v4", ("tpu v4",), 275.0, 30.75 * GIB, 1200.0,
          "cloud.google.com/tpu/docs/v4: 275 TFLOP/s, 32 GiB, 1200 GB/s"),
-    Chip("TPU v3 (per TensorCore)", ("tpu v3",), 61.5, 16 * GIB, 450.0,
+    Chip("TPU v3 (per TensorCore)", ("tpu v3",), 61.5, 15.48 * GIB, 450.0,
          "cloud.google.com/tpu/docs/v3: 123 TFLOP/s, 32 GiB, 900 GB/s per 2-core chip"),
     Chip("H200", ("h200",), 989.0, 141 * GB, 4800.0, "nvidia.com H200 datasheet (SXM)"),
     Chip("H100", ("h100",), 989.0, 80 * GB, 3350.0, "nvidia.com H100 datasheet (SXM)"),

@@ -113,9 +113,11 @@ def test_chip_table_hbm_is_what_the_compiler_offers():
   """An over-sized program makes the TPU compiler name the HBM it offers a program;
   the table's figure for each generation is that (libtpu updates may change it)."""
   from jax.sharding import SingleDeviceSharding
+  from jax.experimental import topologies
   for name, topology in (("TPU v4", "v4-8"), ("TPU v5e", "v5e-4"), ("TPU v5p", "v5p-8"),
-                         ("TPU v6e", "v6e-4")):
-    device = plan_lib.topology(topology).devices[0]
+                         ("TPU v6e", "v6e-4"), ("TPU v3 (per TensorCore)", "v3:2x2")):
+    device = (topologies.get_topology_desc(topology, platform="tpu").devices[0]
+              if topology == "v3:2x2" else plan_lib.topology(topology).devices[0])
     x = jax.ShapeDtypeStruct((1 << 20,), jnp.float32, sharding=SingleDeviceSharding(device))
     huge = jax.jit(lambda x: jnp.cumsum(jnp.outer(x, x), axis=0)[::7].sum(0))  # 4 TiB
     with pytest.raises(Exception, match="available HBM") as error:

@@ -107,12 +107,14 @@ def _torus_dims(chips: int, three_d: bool) -> tuple[int, ...]:
   return tuple(dims)
 
 
-def _quiet_libtpu(accelerator: str) -> None:
-  """Without a TPU attached libtpu cannot read the VM's metadata and warns; these
-  values only describe the (absent) local host, not the compiled topology."""
+def _compile_only_libtpu(accelerator: str) -> None:
+  """Without a TPU attached, libtpu cannot read the VM's metadata (it warns) and guards
+  the absent chips with a lockfile (a second process could not plan at the same time);
+  these values describe the local host only, never the compiled topology."""
   if not glob.glob("/dev/accel*") and not glob.glob("/dev/vfio"):
     os.environ.setdefault("TPU_ACCELERATOR_TYPE", accelerator)
     os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 
 
 def topology(name: str, num_slices: int = 1, hbm_gb: float = 0.0) -> Topology:
@@ -143,7 +145,7 @@ def topology(name: str, num_slices: int = 1, hbm_gb: float = 0.0) -> Topology:
     raise ConfigError(f"--topology={name}: use an accelerator type (v4-8, v5e-256, "
                       "v5p-128, v6e-8), a topology (v5p:4x4x4) or cpu:N.")
   from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
-  _quiet_libtpu(f"{m[1]}-{int(np.prod(dims)) * (2 if per_core else 1)}")
+  _compile_only_libtpu(f"{m[1]}-{int(np.prod(dims)) * (2 if per_core else 1)}")
   wrap = tuple(d >= 4 for d in dims) if three_d and min(dims) >= 4 else tuple(
       d == 16 for d in dims)
   try:
