@@ -106,6 +106,12 @@ def test_largest_batch_bisects_to_the_limit(v5e_4, monkeypatch):
   best, tries = plan_lib.largest_batch(None, v5e_4, {"batch_size": 8}, unit=4,
                                        max_per_unit=8)
   assert (best, len(tries)) == (32, 2)  # Capped: 32 fits, the search stops.
+  # A coarser search stops within 25%; the row names the batch that did not fit.
+  best, tries = plan_lib.largest_batch(None, v5e_4, {"batch_size": 8}, unit=4,
+                                       tolerance=0.25)
+  row = {"max_batch": best, "max_batch_tries": tries, "capped": False, "batch_unit": 4}
+  assert (best, plan_lib._max_batch(row)) == (48, "48 (< 56)"), tries
+  assert plan_lib._max_batch({**row, "capped": True}) == ">= 48"
 
 
 @needs_libtpu

@@ -41,6 +41,7 @@ import glob
 import json
 import os
 import re
+import sys
 import time
 
 import flax.linen as nn
@@ -267,6 +268,7 @@ def largest_batch(config, topo: Topology, fitting: dict, unit: int, tolerance: f
 
   def fits(n: int) -> bool:
     tries.append(plan(config, topo, n * unit))
+    _progress(tries[-1])
     return tries[-1]["fits"]
 
   while hi is None and lo < max_per_unit:
@@ -304,6 +306,15 @@ def candidate(config, layout, remat: str, num_slices: int):
   return config
 
 
+def _progress(r: dict) -> None:
+  """One stderr line a compile (each takes minutes for a large model)."""
+  where = f"mesh {r['mesh']}, remat {r['remat']}, " if "mesh" in r else ""
+  peak = f"peak {r['peak'] / GIB:.2f} GiB, " if "peak" in r else ""
+  print(f"plan: {where}global batch {r['batch_size']}: {peak}"
+        f"{'fits' if r['fits'] else 'does not fit'} ({r.get('compile_s', 0):.0f} s)",
+        file=sys.stderr, flush=True)
+
+
 def _size(x: float, unit: float) -> str:
   return f"{x / unit:,.2f}"
 
@@ -332,6 +343,11 @@ def main(argv) -> None:
           f"{topo.hbm_bytes / GIB:.2f} GiB a chip"
           + (f" ({chip.source})" if chip and not f.hbm_gb else " (--hbm_gb)")
           + (". CPU compiler: temporaries are an estimate." if not chip else ""))
+    if config.data.get("length_phases"):
+      print(f"config.data.length_phases={tuple(config.data.length_phases)}: planned at "
+            f"one length, max_seq_length={config.data.max_seq_length} with "
+            f"{config.data.max_predictions_per_seq} predictions; plan each phase with "
+            "--config.data.max_seq_length=T --config.data.max_predictions_per_seq=P.")
   rows, chosen = [], None
   for remat in remats:
     for layout in layouts:
@@ -340,9 +356,11 @@ def main(argv) -> None:
       c = candidate(config, layout, remat, f.num_slices)
       r = plan(c, topo, batch_size)
       r.update(mesh=",".join(map(str, layout)), remat=remat)
+      _progress(r)
       if f.max_batch and r["fits"] and not (chosen and f.first_fit):
         unit = (batch_size // r["per_chip_batch"]) * c.train.grad_accum_steps
         r["max_batch"], tries = largest_batch(c, topo, r, unit, f.batch_tolerance)
+        r["batch_unit"] = unit
         r["capped"] = r["max_batch"] >= MAX_PER_UNIT * unit
         r["max_batch_tries"] = [{k: t.get(k) for k in ("batch_size", "fits", "peak",
                                                        "compile_s")} for t in tries]
@@ -421,9 +439,15 @@ def _print_tables(rows: list[dict], max_batch: bool, tpu: bool, scanned: bool) -
 
 
 def _max_batch(r: dict) -> str:
+  """The largest batch that fitted; `(< N)`: the smallest that did not, when the
+  search stopped short of the next multiple (--batch_tolerance)."""
   if "max_batch" not in r:
     return "-"
-  return f"{'>= ' if r['capped'] else ''}{r['max_batch']}"
+  over = [t["batch_size"] for t in r["max_batch_tries"] if not t["fits"]]
+  if r["capped"] or not over:
+    return f">= {r['max_batch']}"
+  return f"{r['max_batch']}" + (f" (< {min(over)})" if min(over) > r["max_batch"]
+                                + r["batch_unit"] else "")
 
 
 def _table(head: list[str], lines: list[list[str]]) -> None:
