@@ -28,11 +28,11 @@ import tempfile
 import time
 
 from absl import flags
+import ml_collections
 import numpy as np
 
 from bertjax.data import corpus, masking, pipeline, pretraining
 from bertjax.data.tokenizer import load_tokenizer, train_tokenizer
-from configs import bert_base
 
 _SEQ = flags.DEFINE_integer("seq", 128, "Sequence length.")
 _BATCH = flags.DEFINE_integer("batch", 32, "Examples per batch.")
@@ -107,9 +107,10 @@ def main(argv):
   with tempfile.TemporaryDirectory() as vocab_dir:
     train_tokenizer(sentences, kind="wordpiece", vocab_size=_VOCAB.value).save(vocab_dir)
     tok = load_tokenizer(vocab_dir)
-    data_cfg = bert_base.get_config().data
-    data_cfg.max_seq_length = seq
-    data_cfg.max_predictions_per_seq = int(np.ceil(0.15 * seq))
+    data_cfg = ml_collections.ConfigDict(dict(  # BERT's masking (configs/bert_base.py)
+        max_predictions_per_seq=int(np.ceil(0.15 * seq)), masked_lm_prob=0.15,
+        mask_token_prob=0.8, random_token_prob=0.1, masking="token",
+        random_token_distribution="uniform"))
     mask_cfg = masking.MaskingConfig.create(data_cfg, tok)
     packed = pretraining.create_packed_examples(
         pretraining.tokenize_documents(documents, tok), tok, max_seq_length=seq)

@@ -192,6 +192,9 @@ def compile_step(config, devices, batch_size: int):
   topology) devices stay out of JAX's persistent cache: it cannot load them back."""
   from bertjax.parallel import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
   from bertjax.train import state as state_lib  # pylint: disable=g-import-not-at-top
+  config = config.copy_and_resolve_references()
+  with config.unlocked():
+    config.train.batch_size = batch_size  # The step's check: divisible by the data axes.
   trainer = state_lib.build_trainer(config, mesh_lib.create_mesh(config.mesh, devices))
   with jax.set_mesh(trainer.mesh), nn.logical_axis_rules(trainer.rules):
     state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),

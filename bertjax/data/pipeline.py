@@ -272,13 +272,7 @@ def build_pretraining_data(data_cfg, tokenizer, *, batch_size: int, seed: int, n
     raise ConfigError(f"per-process batch size must be >= 1, got {batch_size}")
   if not 0 <= process_index < process_count:
     raise ConfigError(f"process_index={process_index} must lie in [0, {process_count})")
-  if not 0.0 < data_cfg.eval_fraction < 1.0:
-    raise ConfigError(f"config.data.eval_fraction={data_cfg.eval_fraction} must lie in "
-                      "(0, 1): some documents must be held out for evaluation")
   isolate = bool(data_cfg.get("isolate_documents", False))
-  if nsp and isolate:
-    raise ConfigError("config.data.isolate_documents applies to packed rows: set "
-                      "config.model.nsp=False or isolate_documents=False")
   masking.MaskingConfig.create(data_cfg, tokenizer, np.ones(tokenizer.vocab_size))
   phases = length_phases(data_cfg, num_steps)
   languages = multilingual.parse_languages(data_cfg.get("languages", "")) or [
@@ -359,7 +353,7 @@ def _load_tokenized(spec: str, data_cfg, tokenizer) -> list[pretraining.Document
   if os.path.isfile(os.path.join(spec, prepare.SUMMARY)):  # pre-tokenized
     return list(prepare.read_documents(spec))
   return pretraining.tokenize_documents(
-      corpus.load_documents(spec, data_cfg.get("text_field", "text")), tokenizer)
+      corpus.load_documents(spec, data_cfg.text_field), tokenizer)
 
 
 def _split_documents(documents, spec: str, eval_fraction: float, seed: int):

@@ -20,9 +20,10 @@ import os
 import time
 from typing import Iterator
 
-from absl import app, flags
+from absl import flags
 import numpy as np
 
+from bertjax import cli
 from bertjax import progress as progress_lib
 from bertjax.data import corpus
 from bertjax.data import sources
@@ -165,4 +166,4 @@ if __name__ == "__main__":
   flags.DEFINE_integer("chunk_documents", 1000, "Documents per shard.")
   flags.DEFINE_string("text_field", "text", "JSON-lines / TFDS text key.")
   flags.mark_flags_as_required(["input", "tokenizer", "output"])
-  app.run(main)
+  cli.run(main)

@@ -176,8 +176,6 @@ def create_nsp_examples(documents: Sequence[Document], tokenizer, *, max_seq_len
   if max_num_tokens < 2:
     raise ConfigError(f"config.data.max_seq_length={max_seq_length} leaves no room for "
                       "a sentence pair: use at least 8")
-  if dupe_factor < 1:
-    raise ConfigError(f"config.data.dupe_factor={dupe_factor} must be >= 1")
   order = rng.permutation(len(documents))
   shuffled = [documents[k] for k in order]
   rows, sources = [], []
@@ -209,8 +207,6 @@ def create_packed_examples(documents: Sequence[Document], tokenizer, *,
   another document's tokens) and `position_ids` restarting at `position_offset` for
   each document; a separator belongs to the document it ends, [CLS] to the first.
   """
-  if packing not in PACKINGS:
-    raise ConfigError(f"config.data.packing={packing!r}: use one of {PACKINGS}")
   max_num_tokens = max_seq_length - tokenizer.num_special(pair=False)
   if max_num_tokens < 1:
     raise ConfigError(f"config.data.max_seq_length={max_seq_length} leaves no room for "
