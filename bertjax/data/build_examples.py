@@ -1,0 +1,272 @@
+"""`prepare`'s second stage: a config's training examples, built once, offline.
+
+From a tokenized directory (stage 1) it writes, for `config.data` and the model's
+`nsp`, every split training reads (`manifest.py` describes the layout):
+* `train-T/` for each length T of the length phases: BERT's NSP pairs (`dupe_factor`
+  passes, `short_seq_prob`, google-research/bert's `create_instances_from_document`
+  decision for decision, the random B drawn from the whole training split by random
+  access into the tokenized shards) or packed rows (FULL-SENTENCES / DOC-SENTENCES,
+  each row's document boundaries kept so attention can be isolated per document);
+  every row carries its word starts (whole-word and SpanBERT span masking);
+* `eval-T/` at max_seq_length from the held-out documents (the same held-out set the
+  in-memory pipeline takes: `permutation.held_out` of the same seed, decided per
+  document from its index, so no process needs the corpus in memory);
+* `unigram_counts.npy` (the training tokens' counts) and `manifest.json`.
+
+A unit of work is (split, length, tokenized shard) -> one rows shard, written
+atomically with a `.json` of its counts; worker processes take units in parallel,
+each holding one shard's documents and examples, so memory is bounded whatever the
+corpus size. A rerun skips finished units (and refuses an output directory built
+with other settings); the manifest is written last.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import multiprocessing
+import os
+import time
+from typing import Any, Iterator
+
+from etils import epath
+import numpy as np
+
+from bertjax import progress as progress_lib
+from bertjax.data import (manifest, multilingual, permutation, pipeline, prepare,
+                          pretraining, rows as rows_lib)
+from bertjax.data import tokenizer as tok_lib
+from bertjax.errors import ConfigError, DataError
+
+SETTINGS = "settings.json"
+_worker: dict[str, Any] = {}
+
+
+class SplitDocuments:
+  """The documents of one split (training or held-out) of a tokenized directory, with
+  random access: the split's k-th document, in corpus order. `starts[s]` is the
+  split's first document in tokenized shard s. Reads a document per access; holds
+  the split's positions within a few recently used shards only."""
+
+  def __init__(self, documents: prepare.TokenizedDocuments, held_out: bool,
+               fraction: float, seed: int):
+    self._documents, self._held_out = documents, held_out
+    self._fraction, self._seed = fraction, seed
+    counts = [len(self._positions(s)) for s in range(len(documents.starts) - 1)]
+    self.starts = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])
+
+  @functools.lru_cache(maxsize=64)
+  def _positions(self, shard: int) -> np.ndarray:
+    """Indices (within the whole corpus) of the split's documents in tokenized shard
+    `shard`."""
+    first, end = self._documents.starts[shard], self._documents.starts[shard + 1]
+    index = np.arange(first, end)
+    held = permutation.held_out(index, len(self._documents), self._fraction, self._seed)
+    return index[held == self._held_out]
+
+  def __len__(self) -> int:
+    return int(self.starts[-1])
+
+  def __getitem__(self, k: int) -> pretraining.Document:
+    shard = int(np.searchsorted(self.starts, k, side="right")) - 1
+    return self._documents[self._positions(shard)[k - self.starts[shard]]]
+
+
+def _settings(data_cfg, nsp: bool, seed: int, tokens: str) -> dict[str, Any]:
+  """What the examples depend on: a rerun into the same directory must match."""
+  builder = manifest.builder_name(nsp, data_cfg.get("packing", "full_sentences"))
+  return {
+      "builder": builder,
+      "dupe_factor": data_cfg.dupe_factor if nsp else None,
+      "short_seq_prob": data_cfg.short_seq_prob if nsp else None,
+      "eval_fraction": data_cfg.eval_fraction,
+      "seed": seed,
+      "train_lengths": pipeline.phase_lengths(data_cfg),
+      "eval_length": data_cfg.max_seq_length,
+      "tokenizer_fingerprint": prepare.summary(tokens).get("tokenizer_fingerprint"),
+      "input": os.path.abspath(tokens),
+  }
+
+
+def _init_worker(tokens: str, settings: dict[str, Any]) -> None:
+  tok = tok_lib.load_tokenizer(os.path.join(tokens, manifest.TOKENIZER_DIR))
+  documents = prepare.TokenizedDocuments(tokens)
+  split_seed = pipeline.stream_seed(settings["seed"], pipeline.SPLIT, 0)
+  _worker.update(
+      tokenizer=tok, word_starts=tok.word_starts(), ids=rows_lib.id_dtype(tok.vocab_size),
+      settings=settings,
+      splits={held: SplitDocuments(documents, held, settings["eval_fraction"], split_seed)
+              for held in (False, True)})
+
+
+def _build_unit(task: tuple[str, int, int, str, bool]) -> dict[str, int]:
+  """Builds one (split, length, tokenized shard) unit into `path`; returns its counts."""
+  split, length, shard, path, count_tokens = task
+  tok, settings = _worker["tokenizer"], _worker["settings"]
+  documents = _worker["splits"][split == "eval"]
+  mine = range(int(documents.starts[shard]), int(documents.starts[shard + 1]))
+  stream = pipeline.TRAIN_EXAMPLES if split == "train" else pipeline.EVAL_EXAMPLES
+  if settings["builder"] == "nsp":
+    examples = pretraining.nsp_examples_of(
+        documents, mine, tok, max_seq_length=length,
+        short_seq_prob=settings["short_seq_prob"],
+        dupe_factor=settings["dupe_factor"] if split == "train" else 1,
+        rng=np.random.default_rng(pipeline.stream_seed(settings["seed"], stream, length,
+                                                       shard)))
+    own = [documents[k] for k in mine] if count_tokens else []
+  else:
+    own = [documents[k] for k in mine]
+    examples = pretraining.create_packed_examples(
+        own, tok, max_seq_length=length, packing=settings["builder"],
+        isolate_documents=True)
+  rows = rows_lib.encode(examples, _worker["word_starts"], _worker["ids"])
+  counts = {"examples": len(rows), "tokens": int(rows["length"].sum()),
+            "random_next": int(rows["label"].sum())}
+  if count_tokens:  # The unigram counts of the shard's training documents.
+    ids = np.concatenate([np.asarray(s, np.int64) for d in own for s in d] or [[]])
+    found = np.bincount(ids.astype(np.int64), minlength=tok.vocab_size)
+    nonzero = np.flatnonzero(found)
+    np.save(path + ".unigram.npy", np.stack([nonzero, found[nonzero]]))
+  rows_lib.write(path, rows)
+  _write_json(path + ".json", counts)
+  return counts
+
+
+def _write_json(path: str, value: Any) -> None:
+  tmp = path + ".tmp"
+  with open(tmp, "w") as f:
+    json.dump(value, f, indent=1)
+  os.replace(tmp, path)
+
+
+def build(tokens: str, output: str, data_cfg, *, nsp: bool, seed: int, workers: int = 1,
+          progress: bool = True) -> dict[str, Any]:
+  """Builds `data_cfg`'s examples from the tokenized directory `tokens` into `output`
+  with `workers` processes (0: in this one); returns the manifest."""
+  start = time.perf_counter()
+  if not 0.0 < data_cfg.eval_fraction < 1.0:
+    raise ConfigError(f"config.data.eval_fraction={data_cfg.eval_fraction} must lie in "
+                      "(0, 1): some documents must be held out for evaluation")
+  settings = _settings(data_cfg, nsp, seed, tokens)
+  os.makedirs(output, exist_ok=True)
+  settings_path = os.path.join(output, SETTINGS)
+  if os.path.exists(settings_path):
+    with open(settings_path) as f:
+      old = json.load(f)
+    changed = [f"{k}={settings[k]!r} (was {old.get(k)!r})" for k in settings
+               if old.get(k) != settings[k]]
+    if changed:
+      raise DataError(f"{output} holds examples built with other settings: "
+                      f"{', '.join(changed)}; use a new --output")
+  _write_json(settings_path, settings)
+  tok = tok_lib.load_tokenizer(os.path.join(tokens, manifest.TOKENIZER_DIR))
+  _init_worker(tokens, settings)  # The split's counts per shard, here too.
+  splits = _worker["splits"]
+  lengths, eval_length = settings["train_lengths"], settings["eval_length"]
+  for held, name in ((False, "training"), (True, "held-out")):
+    if len(splits[held]) < 2:
+      raise DataError(f"{tokens} has {len(splits[False]) + len(splits[True])} documents: "
+                      f"too few for 2 {name} ones; give more documents")
+  units = [("train", t, s) for t in lengths for s in range(len(splits[False].starts) - 1)]
+  units += [("eval", eval_length, s) for s in range(len(splits[True].starts) - 1)]
+  names = {("train", t): manifest.train_split(t) for t in lengths}
+  names[("eval", eval_length)] = manifest.eval_split(eval_length)
+  for name in names.values():
+    os.makedirs(os.path.join(output, name), exist_ok=True)
+
+  def unit_path(split, length, shard):
+    return os.path.join(output, names[split, length], f"part-{shard:05d}{rows_lib.SUFFIX}")
+
+  results, todo = {}, []
+  for split, length, shard in units:
+    path = unit_path(split, length, shard)
+    if os.path.exists(path + ".json"):
+      with open(path + ".json") as f:
+        results[split, length, shard] = json.load(f)
+    else:
+      todo.append((split, length, shard, path, split == "train" and length == lengths[0]))
+  with contextlib.ExitStack() as stack:
+    if workers > 0:
+      pool = stack.enter_context(multiprocessing.get_context("spawn").Pool(
+          workers, _init_worker, (tokens, settings)))
+      built = pool.imap(_build_unit, todo)
+    else:  # In this process (small corpora, tests).
+      built = map(_build_unit, todo)
+    bar = stack.enter_context(
+        progress_lib.Progress("examples", len(units), "shards", enable=progress))
+    bar.update(len(results))
+    for task, counts in zip(todo, built):
+      results[task[:3]] = counts
+      bar.update()
+  counts = np.zeros(tok.vocab_size, np.int64)
+  for shard in range(len(splits[False].starts) - 1):
+    found = np.load(unit_path("train", lengths[0], shard) + ".unigram.npy")
+    counts[found[0]] += found[1]
+  np.save(os.path.join(output, manifest.UNIGRAM_COUNTS), counts)
+  baseline = counts.copy()
+  baseline[sorted(tok.special_ids | {tok.pad_id})] = 0
+  text = prepare.summary(tokens)
+  tok.save(os.path.join(output, manifest.TOKENIZER_DIR))
+  out = {
+      "format": manifest.FORMAT,
+      **{k: settings[k] for k in ("builder", "dupe_factor", "short_seq_prob",
+                                  "eval_fraction", "seed", "input")},
+      "tokenizer": {"fingerprint": manifest.fingerprint(tok), "vocab_size": tok.vocab_size,
+                    "style": tok.style},
+      "ids": rows_lib.id_dtype(tok.vocab_size).str,
+      "documents": {"total": len(splits[False]) + len(splits[True]),
+                    "train": len(splits[False]), "eval": len(splits[True])},
+      "text": {k: text.get(k, 0) for k in multilingual.COUNTS + ("documents",)},
+      "train_tokens": int(counts.sum()),
+      "most_frequent_token": int(np.argmax(baseline)),
+      "unigram_counts": manifest.UNIGRAM_COUNTS,
+      "splits": {},
+  }
+  for (split, length), name in names.items():
+    parts = [(s, results[split, length, s]) for sp, t, s in units
+             if (sp, t) == (split, length)]
+    out["splits"][name] = {
+        "length": length,
+        **{k: sum(c[k] for _, c in parts) for k in ("examples", "tokens", "random_next")},
+        "shards": [[os.path.relpath(unit_path(split, length, s), output), c["examples"]]
+                   for s, c in parts if c["examples"]]}
+  out["seconds"] = round(time.perf_counter() - start, 3)
+  _write_json(os.path.join(output, manifest.MANIFEST), out)
+  return out
+
+
+def prepare_config(config, *, input_spec: str | None, tokenizer_path: str | None,
+                   output: str, workers: int, chunk_documents: int = 1000
+                   ) -> Iterator[str]:
+  """The `prepare --config` command: for the corpus (or each of `config.data.languages`)
+  stage 1 when it is raw text (into OUTPUT[/LANG]/tokens), then stage 2 into
+  OUTPUT[/LANG]; yields summary lines and the flags to train with."""
+  data = config.data
+  languages = multilingual.parse_languages(data.get("languages", ""))
+  if languages and input_spec:
+    raise ConfigError("--input and config.data.languages both name corpora: give one")
+  jobs = ([(name, spec, os.path.join(output, name)) for name, spec in languages]
+          or [("", input_spec or data.corpus, output)])
+  for name, spec, out in jobs:
+    tokens = spec
+    if manifest.kind_of(spec) != "tokens":
+      path = tokenizer_path or data.tokenizer.path
+      if not path:
+        raise ConfigError("raw text needs a tokenizer: give --tokenizer or "
+                          "config.data.tokenizer.path (train one with "
+                          "python -m bertjax.data.train_tokenizer)")
+      tokens = os.path.join(out, "tokens")
+      totals = prepare.prepare(spec, path, tokens, workers, chunk_documents,
+                               data.get("text_field", "text"))
+      yield " | ".join(f"{k} {v:,}" for k, v in totals.items())
+    built = build(tokens, out, data, nsp=config.model.nsp, seed=config.seed,
+                  workers=workers)
+    parts = [f"{split} {info['examples']:,}" for split, info in built["splits"].items()]
+    yield (f"{name + ': ' if name else ''}examples {' | '.join(parts)} | documents "
+           f"{built['documents']['train']:,} + {built['documents']['eval']:,} held out | "
+           f"seconds {built['seconds']:,}")
+  corpus_flag = (f"--config.data.languages='{','.join(f'{n}={o}' for n, _, o in jobs)}'"
+                 if languages else f"--config.data.corpus={output}")
+  tokenizer_dir = os.path.join(jobs[0][2], manifest.TOKENIZER_DIR)
+  yield f"train with {corpus_flag} --config.data.tokenizer.path={tokenizer_dir}"
