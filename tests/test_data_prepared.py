@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from bertjax.data import (build_examples, manifest, multilingual, permutation, pipeline,
-                          prepare, pretraining, rows as rows_lib)
+                          prepare, pretraining, rows as rows_lib, seeds)
 from bertjax.data.tokenizer import load_tokenizer
 from bertjax.errors import ConfigError, DataError
 from configs import bert_tiny
@@ -42,7 +42,7 @@ def train_docs(prepared):
   """The training split of the 6-shard directory, with random access."""
   documents = prepare.TokenizedDocuments(str(prepared / "tokens6"))
   return build_examples.SplitDocuments(documents, False, _cfg().eval_fraction,
-                                       pipeline.stream_seed(0, pipeline.SPLIT, 0))
+                                       seeds.stream_seed(0, seeds.SPLIT, 0))
 
 
 def _offsets(haystack, needle) -> list[int]:
@@ -179,7 +179,7 @@ def test_each_process_reads_only_the_rows_it_trains_on(prepared, tokenizer, monk
     for _ in range(taken):
       next(it)
     g = p + 2 * np.arange((taken + ahead) * b)  # this process's elements
-    own = permutation.permute(g, n, pipeline.stream_seed(0, pipeline.SHUFFLE, 0, 0))
+    own = permutation.permute(g, n, seeds.stream_seed(0, seeds.SHUFFLE, 0, 0))
     source = reads[0][0]
     batch = data.eval_batches[1]
     assert batch["input_ids"].shape == (b, T)

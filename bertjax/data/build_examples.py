@@ -34,8 +34,8 @@ from etils import epath
 import numpy as np
 
 from bertjax import progress as progress_lib
-from bertjax.data import (manifest, multilingual, permutation, pipeline, prepare,
-                          pretraining, rows as rows_lib)
+from bertjax.data import (manifest, multilingual, permutation, prepare, pretraining,
+                          rows as rows_lib, seeds)
 from bertjax.data import tokenizer as tok_lib
 from bertjax.errors import ConfigError, DataError
 
@@ -82,17 +82,32 @@ def _settings(data_cfg, nsp: bool, seed: int, tokens: str) -> dict[str, Any]:
       "short_seq_prob": data_cfg.short_seq_prob if nsp else None,
       "eval_fraction": data_cfg.eval_fraction,
       "seed": seed,
-      "train_lengths": pipeline.phase_lengths(data_cfg),
+      "train_lengths": manifest.phase_lengths(data_cfg),
       "eval_length": data_cfg.max_seq_length,
       "tokenizer_fingerprint": prepare.summary(tokens).get("tokenizer_fingerprint"),
       "input": os.path.abspath(tokens),
   }
 
 
+class _WithOwn:
+  """A split's documents with those at `own` (a unit's, read at every dupe pass) read
+  once and kept."""
+
+  def __init__(self, documents: SplitDocuments, own: range):
+    self._documents, self._own = documents, {k: documents[k] for k in own}
+
+  def __len__(self) -> int:
+    return len(self._documents)
+
+  def __getitem__(self, k: int) -> pretraining.Document:
+    document = self._own.get(k)
+    return self._documents[k] if document is None else document
+
+
 def _init_worker(tokens: str, settings: dict[str, Any]) -> None:
   tok = tok_lib.load_tokenizer(os.path.join(tokens, manifest.TOKENIZER_DIR))
   documents = prepare.TokenizedDocuments(tokens)
-  split_seed = pipeline.stream_seed(settings["seed"], pipeline.SPLIT, 0)
+  split_seed = seeds.stream_seed(settings["seed"], seeds.SPLIT, 0)
   _worker.update(
       tokenizer=tok, word_starts=tok.word_starts(), ids=rows_lib.id_dtype(tok.vocab_size),
       settings=settings,
@@ -106,25 +121,23 @@ def _build_unit(task: tuple[str, int, int, str, bool]) -> dict[str, int]:
   tok, settings = _worker["tokenizer"], _worker["settings"]
   documents = _worker["splits"][split == "eval"]
   mine = range(int(documents.starts[shard]), int(documents.starts[shard + 1]))
-  stream = pipeline.TRAIN_EXAMPLES if split == "train" else pipeline.EVAL_EXAMPLES
+  stream = seeds.TRAIN_EXAMPLES if split == "train" else seeds.EVAL_EXAMPLES
+  own = _WithOwn(documents, mine)
   if settings["builder"] == "nsp":
     examples = pretraining.nsp_examples_of(
-        documents, mine, tok, max_seq_length=length,
-        short_seq_prob=settings["short_seq_prob"],
+        own, mine, tok, max_seq_length=length, short_seq_prob=settings["short_seq_prob"],
         dupe_factor=settings["dupe_factor"] if split == "train" else 1,
-        rng=np.random.default_rng(pipeline.stream_seed(settings["seed"], stream, length,
-                                                       shard)))
-    own = [documents[k] for k in mine] if count_tokens else []
+        rng=np.random.default_rng(seeds.stream_seed(settings["seed"], stream, length,
+                                                    shard)))
   else:
-    own = [documents[k] for k in mine]
     examples = pretraining.create_packed_examples(
-        own, tok, max_seq_length=length, packing=settings["builder"],
+        [own[k] for k in mine], tok, max_seq_length=length, packing=settings["builder"],
         isolate_documents=True)
   rows = rows_lib.encode(examples, _worker["word_starts"], _worker["ids"])
   counts = {"examples": len(rows), "tokens": int(rows["length"].sum()),
             "random_next": int(rows["label"].sum())}
   if count_tokens:  # The unigram counts of the shard's training documents.
-    ids = np.concatenate([np.asarray(s, np.int64) for d in own for s in d] or [[]])
+    ids = np.concatenate([np.asarray(s, np.int64) for k in mine for s in own[k]] or [[]])
     found = np.bincount(ids.astype(np.int64), minlength=tok.vocab_size)
     nonzero = np.flatnonzero(found)
     np.save(path + ".unigram.npy", np.stack([nonzero, found[nonzero]]))

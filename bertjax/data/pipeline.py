@@ -36,12 +36,9 @@ import grain
 import numpy as np
 
 from bertjax.data import (corpus, manifest, masking, multilingual, permutation, prepare,
-                          pretraining, rows as rows_lib, sources as sources_lib)
+                          pretraining, rows as rows_lib, seeds, sources as sources_lib)
 from bertjax.errors import ConfigError, DataError
 
-# Streams drawn from the one config seed, so that each use gets independent numbers
-# (`prepare` draws its held-out split and examples from the same ones).
-SPLIT, TRAIN_EXAMPLES, EVAL_EXAMPLES, SHUFFLE, TRAIN_MASKS, EVAL_MASKS = range(6)
 
 
 @dataclasses.dataclass
@@ -63,11 +60,6 @@ class PretrainingData:
   eval_batches: Sequence[dict[str, np.ndarray]]
   most_frequent_token: int
   stats: dict[str, Any]
-
-
-def stream_seed(seed: int, stream: int, *extra: int) -> int:
-  """A 32-bit seed for one use of the config seed (grain wants [0, 2**32))."""
-  return int(np.random.SeedSequence([seed, stream, *extra]).generate_state(1)[0])
 
 
 @dataclasses.dataclass(frozen=True, eq=False, repr=False)
@@ -176,9 +168,10 @@ def _phase_batches(phase: Phase, index: int, *, batch_size: int, seed: int, nsp:
                                for i in range(k)], phase.weights)
   ds = ds[process_index::process_count].batch(batch_size, drop_remainder=True)
   return ds.map_with_index(MaskBatch(
-      phase.sources, tuple(stream_seed(seed, SHUFFLE, index, i) for i in range(k)),
+      phase.sources,
+      tuple(seeds.stream_seed(seed, seeds.SHUFFLE, index, i) for i in range(k)),
       phase.mask_cfg, nsp, isolate, position_offset,
-      stream_seed(seed, TRAIN_MASKS, process_index, index)))
+      seeds.stream_seed(seed, seeds.TRAIN_MASKS, process_index, index)))
 
 
 def make_train_dataset(examples: pretraining.Examples | list[Phase],
@@ -251,12 +244,6 @@ def length_phases(data_cfg, num_steps: int | None) -> list[tuple[int | None, int
                       "they must sum to 1 (e.g. ((0.9, 128), (0.1, 512)))")
   out[-1] = (None, *out[-1][1:])
   return out
-
-
-def phase_lengths(data_cfg) -> list[int]:
-  """The sequence lengths training uses (one per length phase, or max_seq_length)."""
-  spec = tuple(data_cfg.get("length_phases", ()) or ())
-  return sorted({int(p[1]) for p in spec} if spec else {data_cfg.max_seq_length})
 
 
 class EvalBatches(collections.abc.Sequence):
@@ -356,7 +343,7 @@ def _memory_corpus(spec: str, data_cfg, tokenizer, *, seed: int, k: int, nsp: bo
     del text
   n = len(documents)
   held = permutation.held_out(np.arange(n), n, data_cfg.eval_fraction,
-                              stream_seed(seed, SPLIT, k))
+                              seeds.stream_seed(seed, seeds.SPLIT, k))
   if n - int(held.sum()) < 2:
     raise DataError(f"corpus {spec!r} has {n} non-empty documents: too few to hold out "
                     f"{int(held.sum())} for evaluation and train on the rest; give more "
@@ -369,7 +356,8 @@ def _memory_corpus(spec: str, data_cfg, tokenizer, *, seed: int, k: int, nsp: bo
     if nsp:
       examples = pretraining.create_nsp_examples(
           docs, tokenizer, max_seq_length=length, short_seq_prob=data_cfg.short_seq_prob,
-          dupe_factor=dupe_factor, rng=np.random.default_rng(stream_seed(seed, *stream)))
+          dupe_factor=dupe_factor,
+          rng=np.random.default_rng(seeds.stream_seed(seed, *stream)))
     else:
       examples = pretraining.create_packed_examples(
           docs, tokenizer, max_seq_length=length,
@@ -377,11 +365,11 @@ def _memory_corpus(spec: str, data_cfg, tokenizer, *, seed: int, k: int, nsp: bo
     return rows_lib.MemoryRows(rows_lib.encode(examples, words, ids))
 
   flat = np.concatenate([np.asarray(s, np.int64) for d in train for s in d])
-  built = {t: build(train, t, data_cfg.dupe_factor, TRAIN_EXAMPLES, k, i)
+  built = {t: build(train, t, data_cfg.dupe_factor, seeds.TRAIN_EXAMPLES, k, i)
            for i, t in enumerate(lengths)}
   return _Corpus(
       train=built, train_tokens={t: int(r.rows["length"].sum()) for t, r in built.items()},
-      held_out=build(held_out, data_cfg.max_seq_length, 1, EVAL_EXAMPLES, k),
+      held_out=build(held_out, data_cfg.max_seq_length, 1, seeds.EVAL_EXAMPLES, k),
       counts=np.bincount(flat, minlength=tokenizer.vocab_size).astype(np.int64),
       text={"documents": n, "sentences": sum(map(len, documents)),
             "tokens": sum(len(s) for d in documents for s in d), "characters": characters},
@@ -466,7 +454,8 @@ def build_pretraining_data(data_cfg, tokenizer, *, batch_size: int, seed: int, n
           worker_count=data_cfg.worker_count, isolate=isolate,
           position_offset=position_offset),
       eval_batches=EvalBatches(
-          held_out, mask_cfg, batch_size=batch_size, seed=stream_seed(seed, EVAL_MASKS),
+          held_out, mask_cfg, batch_size=batch_size,
+          seed=seeds.stream_seed(seed, seeds.EVAL_MASKS),
           nsp=nsp, isolate=isolate, position_offset=position_offset,
           process_index=process_index, process_count=process_count),
       most_frequent_token=int(np.argmax(counts)),

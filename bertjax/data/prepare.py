@@ -102,7 +102,12 @@ class TokenizedDocuments:
     return int(self.starts[-1])
 
   def __getitem__(self, i: int) -> list[list[int]]:
-    return [s.tolist() for s in decode_document(self._source[int(i)])[0]]
+    record = self._source[int(i)]
+    n = int(np.frombuffer(record, np.int32, 1)[0])
+    header = np.frombuffer(record, np.int32, n + 1).tolist()
+    ids = np.frombuffer(record, np.int32, sum(header[1:]), 4 * (1 + n)).tolist()
+    ends = np.cumsum(header[1:]).tolist()
+    return [ids[end - length:end] for end, length in zip(ends, header[1:])]
 
 
 def read_documents(directory: str) -> Iterator[list[list[int]]]:
