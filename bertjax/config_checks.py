@@ -72,7 +72,7 @@ def _optimizer(t) -> None:
 
 def pretraining(config) -> None:
   """Every field of a pretraining config (configs/bert_base.py) in range."""
-  from bertjax.data import masking, pipeline, pretraining as builders  # pylint: disable=g-import-not-at-top
+  from bertjax.data import masking, multilingual, pipeline, pretraining as builders  # pylint: disable=g-import-not-at-top
   from bertjax.model.config import ModelConfig  # pylint: disable=g-import-not-at-top
 
   _seed(config)
@@ -122,8 +122,10 @@ def pretraining(config) -> None:
                       "config.model.nsp=False or isolate_documents=False.")
   pipeline.length_phases(d, t.num_steps)
   within("data.language_alpha", d.language_alpha, 0, 1)
+  one_of("data.language_counts", d.language_counts, multilingual.COUNTS)
   within("data.eval_fraction", d.eval_fraction, 0, 1, "()")
   at_least("data.worker_count", d.worker_count, 0)
+  at_least("data.raw_text_limit_mb", d.raw_text_limit_mb, 0)
   if not tok.path:  # A tokenizer is trained: it must be able to fill the vocabulary.
     one_of("data.tokenizer.kind", tok.kind, TOKENIZER_KINDS)
     if tok.vocab_size < model.vocab_size:

@@ -213,13 +213,17 @@ def test_manifest_disagreement_is_one_config_error(prepared, tokenizer):
                                     nsp=True)
 
 
-def test_rerun_resumes_and_refuses_other_settings(prepared):
+def test_rerun_resumes_and_refuses_other_settings(prepared, tokenizer):
   spec = _build(prepared, "nsp6")
   shard = os.path.join(spec, "train-64", "part-00002.rows")
   before = open(shard, "rb").read()
   manifest_before = json.loads(open(os.path.join(spec, manifest.MANIFEST)).read())
-  os.remove(shard + ".json")  # as if killed while writing it
+  os.remove(shard + ".json")  # as if killed while writing it: no manifest yet
   os.remove(shard)
+  os.rename(os.path.join(spec, manifest.MANIFEST), os.path.join(spec, "manifest.old"))
+  with pytest.raises(DataError, match="did not finish.*rerun the same"):
+    pipeline.build_pretraining_data(_cfg(corpus=spec), tokenizer, batch_size=4, seed=0,
+                                    nsp=True)
   out = build_examples.build(str(prepared / "tokens6"), spec, _cfg(), nsp=True, seed=0,
                              workers=0, progress=False)
   assert open(shard, "rb").read() == before

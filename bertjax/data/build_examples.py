@@ -39,7 +39,6 @@ from bertjax.data import (manifest, multilingual, permutation, prepare, pretrain
 from bertjax.data import tokenizer as tok_lib
 from bertjax.errors import ConfigError, DataError
 
-SETTINGS = "settings.json"
 _worker: dict[str, Any] = {}
 
 
@@ -163,7 +162,7 @@ def build(tokens: str, output: str, data_cfg, *, nsp: bool, seed: int, workers: 
                       "(0, 1): some documents must be held out for evaluation")
   settings = _settings(data_cfg, nsp, seed, tokens)
   os.makedirs(output, exist_ok=True)
-  settings_path = os.path.join(output, SETTINGS)
+  settings_path = os.path.join(output, manifest.SETTINGS)
   if os.path.exists(settings_path):
     with open(settings_path) as f:
       old = json.load(f)

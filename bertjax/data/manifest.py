@@ -30,6 +30,7 @@ from bertjax.data import rows as rows_lib
 from bertjax.errors import ConfigError, DataError
 
 MANIFEST = "manifest.json"
+SETTINGS = "settings.json"  # written first by stage 2: its output directory's settings
 SUMMARY = "summary.json"  # of a tokenized directory
 TOKENIZER_DIR = "tokenizer"
 UNIGRAM_COUNTS = "unigram_counts.npy"
@@ -44,6 +45,9 @@ def kind_of(spec: str) -> str | None:
   path = epath.Path(spec)
   if (path / MANIFEST).exists():
     return "examples"
+  if (path / SETTINGS).exists():
+    raise DataError(f"{spec} holds examples whose preparation did not finish (no "
+                    f"{MANIFEST}): rerun the same python -m bertjax.data.prepare command")
   if (path / SUMMARY).exists():
     return "tokens"
   return None
