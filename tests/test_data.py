@@ -11,6 +11,7 @@ import pytest
 from bertjax.data import corpus, masking, pipeline, pretraining
 from bertjax.errors import ConfigError, DataError
 from configs import bert_tiny
+from tests.helpers import offsets
 
 MAX_LEN = 128
 
@@ -28,17 +29,6 @@ def data_cfg():
 def data(data_cfg, tokenizer):
   return pipeline.build_pretraining_data(data_cfg, tokenizer, batch_size=8, seed=0,
                                          nsp=True)
-
-
-def _offsets(haystack, needle) -> list[int]:
-  """Where `needle` occurs contiguously in `haystack` (int32 sequences)."""
-  hay, sub = np.asarray(haystack, np.int32).tobytes(), np.asarray(needle, np.int32).tobytes()
-  found, k = [], hay.find(sub)
-  while k >= 0:
-    if k % 4 == 0:
-      found.append(k // 4)
-    k = hay.find(sub, k + 1)
-  return found
 
 
 def _take(iterator, n):
@@ -168,13 +158,13 @@ def test_nsp_examples_follow_bert(tokenized, tokenizer):
     a, b = ids[1:a_len - 1], ids[a_len:-1]
     assert len(a) >= 1 and len(b) >= 1
     doc_a, doc_b = ex.source_documents[i]
-    starts_a, starts_b = _offsets(flat[doc_a], a), _offsets(flat[doc_b], b)
+    starts_a, starts_b = offsets(flat[doc_a], a), offsets(flat[doc_b], b)
     assert starts_a and starts_b
     if ex.next_sentence_labels[i] == 0:
       # B continues A in the same document (truncation may cut A's end / B's start).
       assert doc_a == doc_b and any(sb >= sa + len(a) for sa in starts_a for sb in starts_b)
       if ex.lengths[i] < MAX_LEN:  # nothing truncated: exactly adjacent
-        assert _offsets(flat[doc_a], np.concatenate([a, b]))
+        assert offsets(flat[doc_a], np.concatenate([a, b]))
     else:
       assert doc_a != doc_b
 

@@ -14,6 +14,7 @@ from bertjax.data import (build_examples, manifest, multilingual, permutation, p
 from bertjax.data.tokenizer import load_tokenizer
 from bertjax.errors import ConfigError, DataError
 from configs import bert_tiny
+from tests.helpers import offsets
 
 T = 64
 
@@ -45,16 +46,6 @@ def train_docs(prepared):
                                        seeds.stream_seed(0, seeds.SPLIT, 0))
 
 
-def _offsets(haystack, needle) -> list[int]:
-  hay, sub = np.asarray(haystack, np.int32).tobytes(), np.asarray(needle, np.int32).tobytes()
-  found, k = [], hay.find(sub)
-  while k >= 0:
-    if k % 4 == 0:
-      found.append(k // 4)
-    k = hay.find(sub, k + 1)
-  return found
-
-
 def test_offline_nsp_pairs_are_berts_and_draw_b_from_every_shard(train_docs, tokenizer):
   """One shard's unit: A and B come from the documents they claim (B after A when it
   is the true next segment, another document when random), random Bs come from the
@@ -72,7 +63,7 @@ def test_offline_nsp_pairs_are_berts_and_draw_b_from_every_shard(train_docs, tok
     doc_a, doc_b = ex.source_documents[i]
     assert doc_a in third
     flat_a, flat_b = (np.concatenate(train_docs[d]) for d in (doc_a, doc_b))
-    starts_a, starts_b = _offsets(flat_a, a), _offsets(flat_b, b)
+    starts_a, starts_b = offsets(flat_a, a), offsets(flat_b, b)
     assert starts_a and starts_b
     if ex.next_sentence_labels[i] == 0:
       assert doc_a == doc_b and any(sb >= sa + len(a) for sa in starts_a for sb in starts_b)
