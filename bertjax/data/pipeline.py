@@ -115,14 +115,10 @@ class MaskBatch:
                                    self.cfg, word_starts=out.pop("word_starts", None)))
     if not self.nsp:
       del out["next_sentence_labels"]
-    global _first_batch_made
-    if not _first_batch_made:  # Start-up time at scale: when training could begin.
-      _first_batch_made = True
-      logging.info("Data: first batch ready (batch %d of this process).", batch_index)
+    # Start-up time at scale: when training could begin (benchmarks/data_scale.py).
+    logging.log_first_n(logging.INFO, "Data: first batch ready (batch %d of this "
+                        "process).", 1, batch_index)
     return out
-
-
-_first_batch_made = False
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
