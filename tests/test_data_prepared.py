@@ -52,7 +52,7 @@ def test_offline_nsp_pairs_are_berts_and_draw_b_from_every_shard(train_docs, tok
   other shards too; over all shards the pair statistics equal the in-memory
   builder's on the same documents."""
   rng = np.random.default_rng(0)
-  third = range(int(train_docs.starts[2]), int(train_docs.starts[3]))
+  third = train_docs.of_shard(2).tolist()
   ex = pretraining.nsp_examples_of(train_docs, third, tokenizer, max_seq_length=T,
                                    short_seq_prob=0.1, dupe_factor=1, rng=rng)
   other_shard = 0
@@ -74,9 +74,9 @@ def test_offline_nsp_pairs_are_berts_and_draw_b_from_every_shard(train_docs, tok
 
   docs = [train_docs[k] for k in range(len(train_docs))]
   offline = [pretraining.nsp_examples_of(
-      train_docs, range(int(train_docs.starts[s]), int(train_docs.starts[s + 1])),
-      tokenizer, max_seq_length=T, short_seq_prob=0.1, dupe_factor=2,
-      rng=np.random.default_rng(s)) for s in range(len(train_docs.starts) - 1)]
+      train_docs, train_docs.of_shard(s).tolist(), tokenizer, max_seq_length=T,
+      short_seq_prob=0.1, dupe_factor=2, rng=np.random.default_rng(s))
+      for s in range(train_docs.shards)]
   memory = pretraining.create_nsp_examples(docs, tokenizer, max_seq_length=T,
                                            short_seq_prob=0.1, dupe_factor=2,
                                            rng=np.random.default_rng(0))
@@ -91,9 +91,8 @@ def test_offline_nsp_pairs_are_berts_and_draw_b_from_every_shard(train_docs, tok
 @pytest.mark.parametrize("packing", ["full_sentences", "doc_sentences"])
 def test_offline_packing_fills_rows_like_in_memory(train_docs, tokenizer, packing):
   docs = [train_docs[k] for k in range(len(train_docs))]
-  shards = [[train_docs[k] for k in range(int(train_docs.starts[s]),
-                                         int(train_docs.starts[s + 1]))]
-            for s in range(len(train_docs.starts) - 1)]
+  shards = [[train_docs[k] for k in train_docs.of_shard(s)]
+            for s in range(train_docs.shards)]
   memory = pretraining.create_packed_examples(docs, tokenizer, max_seq_length=T,
                                               packing=packing, isolate_documents=True)
   offline = [pretraining.create_packed_examples(d, tokenizer, max_seq_length=T,

@@ -23,7 +23,6 @@ with other settings); the manifest is written last.
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import multiprocessing
 import os
@@ -44,32 +43,34 @@ _worker: dict[str, Any] = {}
 
 class SplitDocuments:
   """The documents of one split (training or held-out) of a tokenized directory, with
-  random access: the split's k-th document, in corpus order. `starts[s]` is the
-  split's first document in tokenized shard s. Reads a document per access; holds
-  the split's positions within a few recently used shards only."""
+  random access and nothing held per document: the split's k-th document in the order
+  of the held-out permutation (`permutation.held_out`: the k-th held-out document is
+  unpermute(k), the k-th training one unpermute(E + k) with E held out).
+  `of_shard(s)` gives the split's indices of tokenized shard s's documents."""
 
   def __init__(self, documents: prepare.TokenizedDocuments, held_out: bool,
                fraction: float, seed: int):
-    self._documents, self._held_out = documents, held_out
-    self._fraction, self._seed = fraction, seed
-    counts = [len(self._positions(s)) for s in range(len(documents.starts) - 1)]
-    self.starts = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])
-
-  @functools.lru_cache(maxsize=64)
-  def _positions(self, shard: int) -> np.ndarray:
-    """Indices (within the whole corpus) of the split's documents in tokenized shard
-    `shard`."""
-    first, end = self._documents.starts[shard], self._documents.starts[shard + 1]
-    index = np.arange(first, end)
-    held = permutation.held_out(index, len(self._documents), self._fraction, self._seed)
-    return index[held == self._held_out]
+    self._documents, self._seed, self._n = documents, seed, len(documents)
+    held = permutation.num_held_out(self._n, fraction)
+    self._first, self._len = (0, held) if held_out else (held, self._n - held)
 
   def __len__(self) -> int:
-    return int(self.starts[-1])
+    return self._len
+
+  @property
+  def shards(self) -> int:
+    return len(self._documents.starts) - 1
 
   def __getitem__(self, k: int) -> pretraining.Document:
-    shard = int(np.searchsorted(self.starts, k, side="right")) - 1
-    return self._documents[self._positions(shard)[k - self.starts[shard]]]
+    return self._documents[permutation.unpermute_one(self._first + k, self._n, self._seed)]
+
+  def of_shard(self, shard: int) -> np.ndarray:
+    """[m] the split's indices of the documents of tokenized shard `shard`, in corpus
+    order."""
+    starts = self._documents.starts
+    k = permutation.permute(np.arange(starts[shard], starts[shard + 1]), self._n,
+                            self._seed) - self._first
+    return k[(k >= 0) & (k < self._len)]
 
 
 def _settings(data_cfg, nsp: bool, seed: int, tokens: str) -> dict[str, Any]:
@@ -92,8 +93,8 @@ class _WithOwn:
   """A split's documents with those at `own` (a unit's, read at every dupe pass) read
   once and kept."""
 
-  def __init__(self, documents: SplitDocuments, own: range):
-    self._documents, self._own = documents, {k: documents[k] for k in own}
+  def __init__(self, documents: SplitDocuments, own: np.ndarray):
+    self._documents, self._own = documents, {int(k): documents[k] for k in own}
 
   def __len__(self) -> int:
     return len(self._documents)
@@ -119,7 +120,7 @@ def _build_unit(task: tuple[str, int, int, str, bool]) -> dict[str, int]:
   split, length, shard, path, count_tokens = task
   tok, settings = _worker["tokenizer"], _worker["settings"]
   documents = _worker["splits"][split == "eval"]
-  mine = range(int(documents.starts[shard]), int(documents.starts[shard + 1]))
+  mine = documents.of_shard(shard).tolist()
   stream = seeds.TRAIN_EXAMPLES if split == "train" else seeds.EVAL_EXAMPLES
   own = _WithOwn(documents, mine)
   if settings["builder"] == "nsp":
@@ -180,8 +181,9 @@ def build(tokens: str, output: str, data_cfg, *, nsp: bool, seed: int, workers: 
     if len(splits[held]) < 2:
       raise DataError(f"{tokens} has {len(splits[False]) + len(splits[True])} documents: "
                       f"too few for 2 {name} ones; give more documents")
-  units = [("train", t, s) for t in lengths for s in range(len(splits[False].starts) - 1)]
-  units += [("eval", eval_length, s) for s in range(len(splits[True].starts) - 1)]
+  shards = range(splits[False].shards)
+  units = [("train", t, s) for t in lengths for s in shards]
+  units += [("eval", eval_length, s) for s in shards]
   names = {("train", t): manifest.train_split(t) for t in lengths}
   names[("eval", eval_length)] = manifest.eval_split(eval_length)
   for name in names.values():
@@ -212,7 +214,7 @@ def build(tokens: str, output: str, data_cfg, *, nsp: bool, seed: int, workers: 
       results[task[:3]] = counts
       bar.update()
   counts = np.zeros(tok.vocab_size, np.int64)
-  for shard in range(len(splits[False].starts) - 1):
+  for shard in shards:
     found = np.load(unit_path("train", lengths[0], shard) + ".unigram.npy")
     counts[found[0]] += found[1]
   np.save(os.path.join(output, manifest.UNIGRAM_COUNTS), counts)
