@@ -304,7 +304,11 @@ def test_permutation_shuffles_each_epoch_without_a_table():
   from bertjax.data import permutation
   for n in (1, 2, 3, 50, 1000, 4097):
     for epoch in (0, 1):
-      assert sorted(permutation.permute(np.arange(n), n, 7, epoch)) == list(range(n))
+      image = permutation.permute(np.arange(n), n, 7, epoch)
+      assert sorted(image) == list(range(n))
+      np.testing.assert_array_equal(permutation.unpermute(image, n, 7, epoch), np.arange(n))
+      assert [permutation.unpermute_one(int(v), n, 7, epoch) for v in image[:20]] == list(
+          range(min(n, 20)))
   epochs = [permutation.permute(np.arange(50), 50, 7, e).tolist() for e in range(3)]
   assert epochs[0] != epochs[1] != epochs[2]
   rows = pipeline.MaskBatch((pipeline.rows_lib.MemoryRows(np.arange(50)),), (7,), None,
