@@ -46,6 +46,16 @@ def train_docs(prepared):
                                        seeds.stream_seed(0, seeds.SPLIT, 0))
 
 
+def test_tokenized_documents_keep_few_shards_open(prepared, monkeypatch):
+  monkeypatch.setattr(prepare, "MAX_OPEN_SHARDS", 2)
+  directory = str(prepared / "tokens6")
+  in_order = list(prepare.read_documents(directory))
+  documents = prepare.TokenizedDocuments(directory)
+  for i in np.random.default_rng(0).permutation(len(in_order))[:200]:
+    assert documents[i] == in_order[i]
+  assert len(documents._readers) == 2  # pylint: disable=protected-access
+
+
 def test_offline_nsp_pairs_are_berts_and_draw_b_from_every_shard(train_docs, tokenizer):
   """One shard's unit: A and B come from the documents they claim (B after A when it
   is the true next segment, another document when random), random Bs come from the

@@ -22,6 +22,7 @@ characters, seconds) is printed and written to `summary.json`. Stage 2 is
 
 from __future__ import annotations
 
+import collections
 import json
 import multiprocessing
 import os
@@ -41,6 +42,8 @@ from bertjax.errors import DataError
 SUMMARY = manifest.SUMMARY
 # A chunk (one shard) closes at this much text, whatever its document count.
 CHUNK_CHARACTERS = 1 << 25
+# Tokenized shards a reader keeps open (each holds its shard's record index).
+MAX_OPEN_SHARDS = 4096
 _worker_tokenizer: tok_lib.Tokenizer | None = None
 _worker_word_starts: np.ndarray | None = None
 
@@ -82,11 +85,12 @@ def text_bytes(directory: str) -> int:
 
 class TokenizedDocuments:
   """Random access to the documents of a tokenized directory: document i (in corpus
-  order) as its sentences, each a list of ids. Reads one record per access through
-  array_record (local paths or gs://); shards are opened when first read."""
+  order) as its sentences, each a list of ids. One array_record read per access
+  (local paths or gs://); shards are opened when first read, at most
+  `MAX_OPEN_SHARDS` at a time with small buffers, so memory stays bounded however
+  many shards the corpus has. Not thread-safe (one per process)."""
 
   def __init__(self, directory: str):
-    from array_record.python import array_record_data_source  # pylint: disable=g-import-not-at-top
     info = summary(directory)
     root = epath.Path(directory)
     counts = info.get("shard_documents") or [
@@ -95,14 +99,26 @@ class TokenizedDocuments:
     if not counts:
       raise DataError(f"{directory!r} holds no documents: prepare a corpus with text")
     self.starts = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])
-    self._source = array_record_data_source.ArrayRecordDataSource(
-        [f"{root / f'part-{k:05d}.array_record'}[0:{n}]" for k, n in enumerate(counts)])
+    self._paths = [str(root / f"part-{k:05d}.array_record") for k in range(len(counts))]
+    self._readers: collections.OrderedDict = collections.OrderedDict()
 
   def __len__(self) -> int:
     return int(self.starts[-1])
 
+  def _reader(self, shard: int):
+    from array_record.python import array_record_module  # pylint: disable=g-import-not-at-top
+    reader = self._readers.pop(shard, None)
+    if reader is None:
+      if len(self._readers) >= MAX_OPEN_SHARDS:
+        self._readers.popitem(last=False)[1].close()
+      reader = array_record_module.ArrayRecordReader(
+          self._paths[shard], options="readahead_buffer_size:0", file_reader_buffer_size=4096)
+    self._readers[shard] = reader
+    return reader
+
   def __getitem__(self, i: int) -> list[list[int]]:
-    record = self._source[int(i)]
+    shard = int(np.searchsorted(self.starts, i, side="right")) - 1
+    record = self._reader(shard).read([int(i - self.starts[shard])])[0]
     n = int(np.frombuffer(record, np.int32, 1)[0])
     header = np.frombuffer(record, np.int32, n + 1).tolist()
     ids = np.frombuffer(record, np.int32, sum(header[1:]), 4 * (1 + n)).tolist()
