@@ -4,6 +4,7 @@ trains on), its manifest is checked against the config, a rerun resumes."""
 
 import json
 import os
+import sys
 import time
 
 import numpy as np
@@ -294,3 +295,43 @@ def test_prepared_stream_restores_and_mixes_languages_by_sentences(prepared, tok
     got = next(again)
     for k in want:
       np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+
+
+def _files(root):
+  """{relative path: bytes} of every file under `root`."""
+  return {os.path.relpath(os.path.join(d, n), root): open(os.path.join(d, n), "rb").read()
+          for d, _, names in os.walk(root) for n in names}
+
+
+@pytest.mark.parametrize("nsp", [True, False])
+def test_beam_writes_the_shards_and_manifest_of_the_multiprocessing_path(prepared, nsp):
+  """The Apache Beam path (DirectRunner, two worker threads) runs the same units as
+  `build` (here in this process: a pool runs the same functions): the same files byte
+  for byte, the same manifest but its wall time."""
+  pytest.importorskip("apache_beam")
+  from bertjax.data import prepare_beam  # pylint: disable=g-import-not-at-top
+  tokens, ours, theirs = (str(prepared / n) for n in ("tokens6", f"beam{nsp}", f"mp{nsp}"))
+  expected = build_examples.build(tokens, theirs, _cfg(), nsp=nsp, seed=0,
+                                  workers=0, progress=False)
+  built = prepare_beam.build(tokens, ours, _cfg(), nsp=nsp, seed=0,
+                             options="direct_num_workers=2")
+  ours, theirs = _files(ours), _files(theirs)
+  assert sorted(ours) == sorted(theirs)
+  assert len([p for p in ours if p.endswith(rows_lib.SUFFIX)]) == 12  # 6 shards x 2 splits
+  for path in ours:
+    if path != manifest.MANIFEST:
+      assert ours[path] == theirs[path], path
+  assert {**built, "seconds": 0} == {**expected, "seconds": 0}
+  assert json.loads(theirs[manifest.MANIFEST]) == expected
+
+
+def test_beam_runner_without_beam_is_one_config_error(prepared, monkeypatch):
+  monkeypatch.setitem(sys.modules, "apache_beam", None)  # as if not installed
+  monkeypatch.delitem(sys.modules, "bertjax.data.prepare_beam", raising=False)
+  monkeypatch.delattr(sys.modules["bertjax.data"], "prepare_beam", raising=False)
+  config = bert_tiny.get_config()
+  with pytest.raises(ConfigError, match=r"--runner needs Apache Beam: pip install") as e:
+    list(build_examples.prepare_config(config, input_spec=str(prepared / "tokens6"),
+                                       tokenizer_path=None, output=str(prepared / "no"),
+                                       workers=0, runner="DirectRunner"))
+  assert "\n" not in str(e.value)

@@ -27,7 +27,7 @@ import json
 import multiprocessing
 import os
 import time
-from typing import Any, Iterator
+from typing import Any, Iterator, NamedTuple
 
 from etils import epath
 import numpy as np
@@ -153,11 +153,24 @@ def _write_json(path: str, value: Any) -> None:
   os.replace(tmp, path)
 
 
-def build(tokens: str, output: str, data_cfg, *, nsp: bool, seed: int, workers: int = 1,
-          progress: bool = True) -> dict[str, Any]:
-  """Builds `data_cfg`'s examples from the tokenized directory `tokens` into `output`
-  with `workers` processes (0: in this one); returns the manifest."""
-  start = time.perf_counter()
+class Plan(NamedTuple):
+  """What stage 2 has to do in an output directory (see `plan`)."""
+  tokens: str  # the tokenized directory
+  output: str
+  settings: dict[str, Any]
+  units: list[tuple[str, int, int]]  # every (split, length, tokenized shard)
+  todo: list[tuple[str, int, int, str, bool]]  # the unfinished ones: `_build_unit`'s tasks
+  names: dict[tuple[str, int], str]  # (split, length) -> its directory name
+
+  def path(self, split: str, length: int, shard: int) -> str:
+    return os.path.join(self.output, self.names[split, length],
+                        f"part-{shard:05d}{rows_lib.SUFFIX}")
+
+
+def plan(tokens: str, output: str, data_cfg, *, nsp: bool, seed: int) -> Plan:
+  """Checks the settings (a rerun must match the output's), writes them and the split
+  directories, and lists the units still to build (a unit is done once its `.json`
+  exists). Leaves this process initialised as a worker."""
   if not 0.0 < data_cfg.eval_fraction < 1.0:
     raise ConfigError(f"config.data.eval_fraction={data_cfg.eval_fraction} must lie in "
                       "(0, 1): some documents must be held out for evaluation")
@@ -173,7 +186,6 @@ def build(tokens: str, output: str, data_cfg, *, nsp: bool, seed: int, workers: 
       raise DataError(f"{output} holds examples built with other settings: "
                       f"{', '.join(changed)}; use a new --output")
   _write_json(settings_path, settings)
-  tok = tok_lib.load_tokenizer(os.path.join(tokens, manifest.TOKENIZER_DIR))
   _init_worker(tokens, settings)  # The split's counts per shard, here too.
   splits = _worker["splits"]
   lengths, eval_length = settings["train_lengths"], settings["eval_length"]
@@ -188,39 +200,35 @@ def build(tokens: str, output: str, data_cfg, *, nsp: bool, seed: int, workers: 
   names[("eval", eval_length)] = manifest.eval_split(eval_length)
   for name in names.values():
     os.makedirs(os.path.join(output, name), exist_ok=True)
+  out = Plan(tokens, output, settings, units, [], names)
+  out.todo.extend((*unit, out.path(*unit), unit[0] == "train" and unit[1] == lengths[0])
+                  for unit in units if not os.path.exists(out.path(*unit) + ".json"))
+  return out
 
-  def unit_path(split, length, shard):
-    return os.path.join(output, names[split, length], f"part-{shard:05d}{rows_lib.SUFFIX}")
 
-  results, todo = {}, []
-  for split, length, shard in units:
-    path = unit_path(split, length, shard)
-    if os.path.exists(path + ".json"):
-      with open(path + ".json") as f:
-        results[split, length, shard] = json.load(f)
-    else:
-      todo.append((split, length, shard, path, split == "train" and length == lengths[0]))
-  with contextlib.ExitStack() as stack:
-    if workers > 0:
-      pool = stack.enter_context(multiprocessing.get_context("spawn").Pool(
-          workers, _init_worker, (tokens, settings)))
-      built = pool.imap(_build_unit, todo)
-    else:  # In this process (small corpora, tests).
-      built = map(_build_unit, todo)
-    bar = stack.enter_context(
-        progress_lib.Progress("examples", len(units), "shards", enable=progress))
-    bar.update(len(results))
-    for task, counts in zip(todo, built):
-      results[task[:3]] = counts
-      bar.update()
+def unit_counts(plan_: Plan) -> dict[tuple[str, int, int], dict[str, int]]:
+  """The counts of every unit of `plan_`, read from their `.json` files (all built)."""
+  counts = {}
+  for unit in plan_.units:
+    with open(plan_.path(*unit) + ".json") as f:
+      counts[unit] = json.load(f)
+  return counts
+
+
+def finish(plan_: Plan, start: float) -> dict[str, Any]:
+  """Once every unit is built: the unigram counts, the tokenizer and the manifest
+  (written last); returns the manifest."""
+  results, settings, output = unit_counts(plan_), plan_.settings, plan_.output
+  tok, splits = _worker["tokenizer"], _worker["splits"]
   counts = np.zeros(tok.vocab_size, np.int64)
-  for shard in shards:
-    found = np.load(unit_path("train", lengths[0], shard) + ".unigram.npy")
-    counts[found[0]] += found[1]
+  for split, length, shard in plan_.units:
+    if split == "train" and length == settings["train_lengths"][0]:
+      found = np.load(plan_.path(split, length, shard) + ".unigram.npy")
+      counts[found[0]] += found[1]
   np.save(os.path.join(output, manifest.UNIGRAM_COUNTS), counts)
   baseline = counts.copy()
   baseline[sorted(tok.special_ids | {tok.pad_id})] = 0
-  text = prepare.summary(tokens)
+  text = prepare.summary(plan_.tokens)
   tok.save(os.path.join(output, manifest.TOKENIZER_DIR))
   out = {
       "format": manifest.FORMAT,
@@ -237,26 +245,50 @@ def build(tokens: str, output: str, data_cfg, *, nsp: bool, seed: int, workers: 
       "unigram_counts": manifest.UNIGRAM_COUNTS,
       "splits": {},
   }
-  for (split, length), name in names.items():
-    parts = [(s, results[split, length, s]) for sp, t, s in units
+  for (split, length), name in plan_.names.items():
+    parts = [(s, results[split, length, s]) for sp, t, s in plan_.units
              if (sp, t) == (split, length)]
     out["splits"][name] = {
         "length": length,
         **{k: sum(c[k] for _, c in parts) for k in ("examples", "tokens", "random_next")},
-        "shards": [[os.path.relpath(unit_path(split, length, s), output), c["examples"]]
+        "shards": [[os.path.relpath(plan_.path(split, length, s), output), c["examples"]]
                    for s, c in parts if c["examples"]]}
   out["seconds"] = round(time.perf_counter() - start, 3)
   _write_json(os.path.join(output, manifest.MANIFEST), out)
   return out
 
 
+def build(tokens: str, output: str, data_cfg, *, nsp: bool, seed: int, workers: int = 1,
+          progress: bool = True) -> dict[str, Any]:
+  """Builds `data_cfg`'s examples from the tokenized directory `tokens` into `output`
+  with `workers` processes (0: in this one); returns the manifest. (`prepare_beam`
+  runs the same units on Apache Beam.)"""
+  start = time.perf_counter()
+  plan_ = plan(tokens, output, data_cfg, nsp=nsp, seed=seed)
+  with contextlib.ExitStack() as stack:
+    if workers > 0:
+      pool = stack.enter_context(multiprocessing.get_context("spawn").Pool(
+          workers, _init_worker, (tokens, plan_.settings)))
+      built = pool.imap(_build_unit, plan_.todo)
+    else:  # In this process (small corpora, tests).
+      built = map(_build_unit, plan_.todo)
+    bar = stack.enter_context(
+        progress_lib.Progress("examples", len(plan_.units), "shards", enable=progress))
+    bar.update(len(plan_.units) - len(plan_.todo))
+    for _ in built:
+      bar.update()
+  return finish(plan_, start)
+
+
 def prepare_config(config, *, input_spec: str | None, tokenizer_path: str | None,
-                   output: str, workers: int, chunk_documents: int = 1000
-                   ) -> Iterator[str]:
+                   output: str, workers: int, chunk_documents: int = 1000,
+                   runner: str | None = None, beam_options: str = "") -> Iterator[str]:
   """The `prepare --config` command: for the corpus (or each of `config.data.languages`)
   stage 1 when it is raw text (into OUTPUT[/LANG]/tokens), then stage 2 into
-  OUTPUT[/LANG]; yields summary lines and the flags to train with."""
+  OUTPUT[/LANG] (on the Apache Beam `runner` with `beam_options` when given, see
+  `prepare_beam`); yields summary lines and the flags to train with."""
   data = config.data
+  beam = _beam() if runner else None  # before any work: Beam may not be installed
   languages = multilingual.parse_languages(data.get("languages", ""))
   if languages and input_spec:
     raise ConfigError("--input and config.data.languages both name corpora: give one")
@@ -274,8 +306,12 @@ def prepare_config(config, *, input_spec: str | None, tokenizer_path: str | None
       totals = prepare.prepare(spec, path, tokens, workers, chunk_documents,
                                data.get("text_field", "text"))
       yield " | ".join(f"{k} {v:,}" for k, v in totals.items())
-    built = build(tokens, out, data, nsp=config.model.nsp, seed=config.seed,
-                  workers=workers)
+    if runner:
+      built = beam.build(tokens, out, data, nsp=config.model.nsp, seed=config.seed,
+                           runner=runner, options=beam_options)
+    else:
+      built = build(tokens, out, data, nsp=config.model.nsp, seed=config.seed,
+                    workers=workers)
     parts = [f"{split} {info['examples']:,}" for split, info in built["splits"].items()]
     yield (f"{name + ': ' if name else ''}examples {' | '.join(parts)} | documents "
            f"{built['documents']['train']:,} + {built['documents']['eval']:,} held out | "
@@ -284,3 +320,15 @@ def prepare_config(config, *, input_spec: str | None, tokenizer_path: str | None
                  if languages else f"--config.data.corpus={output}")
   tokenizer_dir = os.path.join(jobs[0][2], manifest.TOKENIZER_DIR)
   yield f"train with {corpus_flag} --config.data.tokenizer.path={tokenizer_dir}"
+
+
+def _beam():
+  """The `prepare_beam` module, or a one-line error saying how to install Beam."""
+  try:
+    from bertjax.data import prepare_beam  # pylint: disable=g-import-not-at-top
+  except ImportError as e:
+    if "apache_beam" not in str(e):
+      raise
+    raise ConfigError("--runner needs Apache Beam: pip install 'bertjax[beam]' (or drop "
+                      "--runner to prepare with --workers processes)") from e
+  return prepare_beam

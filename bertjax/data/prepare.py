@@ -245,6 +245,9 @@ def main(argv):
   del argv
   f = flags.FLAGS
   if f.config is None:
+    if f.runner:
+      raise app.UsageError("--runner builds a config's examples: give --config=RECIPE "
+                           "(tokenizing raw text runs on --workers processes)")
     missing = [n for n in ("input", "tokenizer") if not f[n].value]
     if missing:
       raise app.UsageError(f"--{' and --'.join(missing)} needed (or --config=RECIPE to "
@@ -256,7 +259,8 @@ def main(argv):
   from bertjax.data import build_examples  # pylint: disable=g-import-not-at-top
   for line in build_examples.prepare_config(
       f.config, input_spec=f.input, tokenizer_path=f.tokenizer, output=f.output,
-      workers=f.workers, chunk_documents=f.chunk_documents):
+      workers=f.workers, chunk_documents=f.chunk_documents, runner=f.runner,
+      beam_options=f.beam_pipeline_options):
     print(line)
 
 
@@ -271,6 +275,13 @@ if __name__ == "__main__":
   flags.DEFINE_integer("workers", os.cpu_count() or 1, "Worker processes.")
   flags.DEFINE_integer("chunk_documents", 1000, "Documents per tokenized shard.")
   flags.DEFINE_string("text_field", "text", "JSON-lines / TFDS text key.")
+  flags.DEFINE_string("runner", None, "With --config: build the examples on this Apache "
+                      "Beam runner (DirectRunner, DataflowRunner, FlinkRunner, "
+                      "SparkRunner, ...) instead of --workers processes; needs "
+                      "pip install 'bertjax[beam]'.")
+  flags.DEFINE_string("beam_pipeline_options", "", "With --runner: Beam pipeline "
+                      "options, comma-separated key=value (e.g. "
+                      "project=P,region=R,temp_location=gs://B/tmp).")
   config_flags.DEFINE_config_file(
       "config", None, "Recipe (e.g. configs/bert_base.py): build its training examples "
       "(every length phase and the held-out documents) from the tokenized documents.",
