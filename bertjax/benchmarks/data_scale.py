@@ -15,9 +15,15 @@ of its workers together):
    (imports, tokenizer, manifest: the trainer's "Data:" line) and to the first
    training batch (the pipeline's "first batch ready" line; the trainer builds and
    initialises the model in between), and the data build time itself.
-At the first size, both stages also run with one worker (the parallel speed-up), and
-with `--compare_raw` the trainer also runs on the raw text of that size (the
-in-memory path, with config.data.raw_text_limit_mb lifted) for comparison.
+At the first size, both stages also run with one worker right after the
+`--scale_workers` run (the parallel speed-up), and with `--compare_raw` the trainer
+also runs on the raw text of that size (the in-memory path, with
+config.data.raw_text_limit_mb lifted) for comparison.
+Each stage also reports its CPU seconds (all its processes) and the cores it kept busy
+(CPU seconds / wall seconds): on a shared machine whose kernel gives every login
+session an equal share of the CPU (sched_autogroup, as on this one), N workers cannot
+use more than that share, so the wall-clock speed-up of more workers shows only while
+cores are idle, and the CPU seconds say whether the work itself grew with N.
 A table and the JSON of every figure are printed; the load average is recorded, as
 this machine is shared.
 """
@@ -29,6 +35,7 @@ import gzip
 import json
 import os
 import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -82,12 +89,14 @@ def _corpus(size_mb: int, layout: str) -> str:
 
 
 def _run(cmd: list[str], log: str) -> dict:
-  """Runs `cmd`, sampling the RSS of it and its children; returns seconds, peak RSS
-  (MiB, all processes together) and when each line of its output appeared."""
+  """Runs `cmd`, sampling the RSS of it and its children; returns seconds, CPU seconds
+  and peak RSS (MiB) of all its processes together, and its output."""
   import psutil  # pylint: disable=g-import-not-at-top (a test extra, as transformers is)
   env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1")
   env.pop("JAX_NUM_CPU_DEVICES", None)
   start = time.time()
+  cpu = resource.getrusage(resource.RUSAGE_CHILDREN)
+  cpu = cpu.ru_utime + cpu.ru_stime
   with open(log, "w") as out:
     proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
     root, peak = psutil.Process(proc.pid), 0
@@ -99,11 +108,13 @@ def _run(cmd: list[str], log: str) -> dict:
         pass
       time.sleep(0.05)
   seconds = time.time() - start
+  used = resource.getrusage(resource.RUSAGE_CHILDREN)  # waited-for processes, workers too
+  cpu = used.ru_utime + used.ru_stime - cpu
   output = open(log).read()
   if proc.returncode:
     raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{output[-3000:]}")
-  return {"seconds": round(seconds, 2), "peak_rss_mib": round(peak / MB), "start": start,
-          "output": output}
+  return {"seconds": round(seconds, 2), "cpu_seconds": round(cpu, 2),
+          "peak_rss_mib": round(peak / MB), "start": start, "output": output}
 
 
 def _log_time(output: str, text: str) -> float | None:
@@ -135,7 +146,9 @@ def _prepare(spec: str, tokenizer: str, name: str, workers: int) -> dict:
           "train_examples": sum(s["examples"] for k, s in manifest["splits"].items()
                                 if k.startswith("train")),
           **{f"{stage}_{k}": v for stage, r in (("tokenize", one), ("build", two))
-             for k, v in (("seconds", r["seconds"]), ("peak_rss_mib", r["peak_rss_mib"]),
+             for k, v in (("seconds", r["seconds"]), ("cpu_seconds", r["cpu_seconds"]),
+                          ("cores_busy", round(r["cpu_seconds"] / r["seconds"], 2)),
+                          ("peak_rss_mib", r["peak_rss_mib"]),
                           ("mb_per_s_per_worker",
                            round(text_mb / r["seconds"] / workers, 2)))}}
 
@@ -171,15 +184,18 @@ def main(argv):
     spec = _corpus(size, _LAYOUT.value)
     row = {"size_mb": size, "load_before": round(os.getloadavg()[0], 1)}
     row.update(_prepare(spec, tokenizer, f"{_LAYOUT.value}_{size}mb", _WORKERS.value))
+    if i == 0 and _WORKERS.value > 1:  # side by side with the run above
+      one = _prepare(spec, tokenizer, f"{_LAYOUT.value}_{size}mb_1worker", 1)
+      extra["one_worker"] = {k: v for k, v in one.items() if k != "examples_dir"}
+      extra["one_worker"]["load_after"] = round(os.getloadavg()[0], 1)
+      extra["speedup"] = {stage: round(one[f"{stage}_seconds"] / row[f"{stage}_seconds"], 2)
+                          for stage in ("tokenize", "build")}
+      print(json.dumps(extra), flush=True)
     row.update(_train(row["examples_dir"], os.path.join(row["examples_dir"], "tokenizer"),
                       f"{_LAYOUT.value}_{size}mb"))
     row["load_after"] = round(os.getloadavg()[0], 1)
     rows.append(row)
     print(json.dumps(row), flush=True)
-    if i == 0 and _WORKERS.value > 1:
-      one = _prepare(spec, tokenizer, f"{_LAYOUT.value}_{size}mb_1worker", 1)
-      extra["one_worker"] = {k: v for k, v in one.items() if k != "examples_dir"}
-      print(json.dumps(extra), flush=True)
     if i == 0 and _RAW.value:
       extra["raw_in_memory"] = _train(spec, tokenizer, f"raw_{size}mb",
                                       "--config.data.raw_text_limit_mb=0")
@@ -193,6 +209,13 @@ def main(argv):
           f"({r['build_peak_rss_mib']:,} MiB) | {r['train_peak_rss_mib']:,} MiB | "
           f"{r['data_ready_s']} s / {r['first_batch_s']} s | {r['data_build_s']} s | "
           f"{r['load_before']}-{r['load_after']} |")
+  if "one_worker" in extra:
+    print(f"\n| {rows[0]['text_mb']:,.0f} MB, workers | tokenize: wall s (CPU s, cores "
+          "busy) | build: wall s (CPU s, cores busy) |\n|---|---|---|")
+    for n, r in ((_WORKERS.value, rows[0]), (1, extra["one_worker"])):
+      print(f"| {n} | " + " | ".join(
+          f"{r[f'{st}_seconds']} ({r[f'{st}_cpu_seconds']}, {r[f'{st}_cores_busy']})"
+          for st in ("tokenize", "build")) + " |")
   base = rows[0]["train_peak_rss_mib"]
   print(json.dumps({"train_rss_ratio_to_smallest": [
       round(r["train_peak_rss_mib"] / base, 3) for r in rows], **extra}))
