@@ -17,13 +17,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bertjax import convert
+from bertjax import convert, files
 from bertjax.data.tokenizer import Tokenizer, load_tokenizer
 from bertjax.errors import CheckpointError
 from bertjax.model.bert import BertForPreTraining
-from bertjax.model.config import ModelConfig
+from bertjax.model.config import ModelConfig, dtype_of
 
-_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 _BUCKET = 16  # sequence lengths are padded to a multiple of this: fewer recompilations
 
 
@@ -95,10 +94,10 @@ class Pretrained:
 
 
 def _workdir_tokenizer(path: str) -> Tokenizer:
-  if os.path.isfile(os.path.join(path, "task.json")):
+  if os.path.isfile(os.path.join(path, files.TASK_FILE)):
     raise CheckpointError(f"{path} is a fine-tuning workdir: predict with python -m "
                           "bertjax.predict; give a pretraining workdir or a Hugging Face dir.")
-  tokenizer_dir = os.path.join(path, "tokenizer")
+  tokenizer_dir = os.path.join(path, files.TOKENIZER_DIR)
   if not os.path.isdir(tokenizer_dir):
     raise CheckpointError(f"{path} has no tokenizer/ directory (Tokenizer.save writes it).")
   return load_tokenizer(tokenizer_dir)
@@ -115,9 +114,8 @@ def load_pretrained(path: str, dtype: str = "float32") -> Pretrained:
   weights, tokenizer files) or a bertjax workdir (config.json, checkpoints/,
   tokenizer/), with parameters and computation in `dtype`."""
   path = os.fspath(path)
-  if dtype not in _DTYPES:
-    raise CheckpointError(f"dtype={dtype!r}: use one of {sorted(_DTYPES)}.")
-  config_path = os.path.join(path, "config.json")
+  dtype = dtype_of(dtype, "dtype")
+  config_path = os.path.join(path, files.CONFIG_FILE)
   if not os.path.isfile(config_path):
     what = "does not exist" if not os.path.exists(path) else "has no config.json"
     raise CheckpointError(f"{path} {what}: give a Hugging Face model dir or a bertjax "
@@ -139,6 +137,6 @@ def load_pretrained(path: str, dtype: str = "float32") -> Pretrained:
         f"vocabulary only {vocab_size}: these tokenizer files do not belong to these "
         "weights; put the tokenizer the model was trained with next to them.")
   config, params = load(path)
-  config = dataclasses.replace(config, dtype=_DTYPES[dtype], param_dtype=_DTYPES[dtype])
-  params = jax.tree.map(lambda x: jnp.asarray(x, _DTYPES[dtype]), params)
+  config = dataclasses.replace(config, dtype=dtype, param_dtype=dtype)
+  params = jax.tree.map(lambda x: jnp.asarray(x, dtype), params)
   return Pretrained(config, params, tokenizer, BertForPreTraining(config))

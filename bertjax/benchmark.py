@@ -7,9 +7,8 @@ import importlib
 import pkgutil
 import sys
 
-from absl import app
-
 import bertjax.benchmarks
+from bertjax import cli
 
 
 def available() -> list[str]:
@@ -25,7 +24,7 @@ def main() -> None:
   module = importlib.import_module(f"bertjax.benchmarks.{sys.argv[1]}")
   if hasattr(module, "define_flags"):  # Modules whose flags would clash when imported
     module.define_flags()              # next to another benchmark (tests) define late.
-  app.run(module.main, argv=[f"{sys.argv[0]} {sys.argv[1]}", *sys.argv[2:]])
+  cli.run(module.main, argv=[f"{sys.argv[0]} {sys.argv[1]}", *sys.argv[2:]])
 
 
 if __name__ == "__main__":

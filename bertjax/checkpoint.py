@@ -1,16 +1,13 @@
-"""Checkpoints with orbax: the train state and the data-iterator state saved together.
-
-Layout of a workdir:
-  config.json      the full config of the run (written once; the model must not change)
-  tokenizer/       the tokenizer (`Tokenizer.save`)
-  checkpoints/N/   orbax step N: `state` (TrainState) and `data` (grain iterator state)
-"""
+"""Checkpoints with orbax: the train state and the data-iterator state saved together
+in WORKDIR/checkpoints/N/ (`state` and `data`), and the run's config.json (the
+workdir's other files: `bertjax.files`)."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
+import flax.linen as nn
 import grain
 import jax
 import ml_collections
@@ -19,16 +16,11 @@ from absl import logging
 from etils import epath
 from jax.experimental import multihost_utils
 
+from bertjax import files
 from bertjax.errors import CheckpointError, ConfigError
-from bertjax.model.config import ModelConfig
-
-CONFIG_FILE = "config.json"
-TOKENIZER_DIR = "tokenizer"
-CHECKPOINT_DIR = "checkpoints"
-
+from bertjax.model import BertForPreTraining, ModelConfig
 
 ON_CORRUPT = ("error", "previous")
-CORRUPT_DIR = "corrupt_checkpoints"
 # Substrings of OS and TensorStore errors that mean the disk cannot take the checkpoint.
 _WRITE_FAILURES = ("No space left on device", "Read-only file system", "Permission denied",
                    "Disk quota exceeded")
@@ -47,12 +39,9 @@ class Checkpointer:
 
   def __init__(self, workdir: str, max_to_keep: int = 3, read_only: bool = False,
                on_corrupt: str = "error"):
-    if on_corrupt not in ON_CORRUPT:
-      raise ConfigError(f"config.checkpoint.on_corrupt={on_corrupt!r}: use 'error' or "
-                        "'previous'.")
     self.on_corrupt = on_corrupt
     self.workdir = epath.Path(workdir)
-    self.directory = epath.Path(workdir) / CHECKPOINT_DIR
+    self.directory = epath.Path(workdir) / files.CHECKPOINT_DIR
     options = ocp.CheckpointManagerOptions(
         max_to_keep=max_to_keep, create=not read_only, read_only=read_only,
         enable_async_checkpointing=not read_only,
@@ -60,14 +49,18 @@ class Checkpointer:
         # full disk then raises at once (made in orbax's background thread, the failure
         # left `save` waiting 300 s for a signal that never came).
         async_options=ocp.AsyncOptions(create_directories_asynchronously=False))
-    self.manager = ocp.CheckpointManager(self.directory, options=options,
-                                         item_names=("state", "data"))
+    self.manager = ocp.CheckpointManager(
+        self.directory, options=options, item_names=("state", "data"),
+        item_handlers={"state": ocp.PyTreeCheckpointHandler(),
+                       "data": grain.checkpoint.CheckpointHandler()})
 
   def latest_step(self) -> int | None:
     return self.manager.latest_step()
 
   def save(self, step: int, state: Any, data_iterator: Any, force: bool = False) -> None:
-    items = {"state": ocp.args.StandardSave(state)}
+    """Saves `state` (a pytree: a dict or dataclass of fields) and, when given, the data
+    iterator's position (a grain iterator) as step `step`, asynchronously."""
+    items = {"state": ocp.args.PyTreeSave(state)}
     if data_iterator is not None:
       items["data"] = grain.checkpoint.CheckpointSave(data_iterator)
     try:  # An asynchronous save's failure surfaces at the next save or wait.
@@ -97,14 +90,26 @@ class Checkpointer:
       return "no checkpoint had been completed yet"
     return f"the complete checkpoints (steps {', '.join(map(str, steps))}) are intact"
 
-  def restore(self, step: int, abstract_state: Any, data_iterator: Any = None) -> Any:
-    """Restores `state` (onto the shardings of `abstract_state`'s leaves) and, when an
-    iterator is given, sets its position. Returns the state."""
-    items = {"state": ocp.args.StandardRestore(abstract_state)}
-    other_count = data_iterator is not None and self._data_files(step)
-    if data_iterator is not None and not other_count:
-      items["data"] = grain.checkpoint.CheckpointRestore(data_iterator)
+  def restore(self, step: int, target: dict[str, Any], data_iterator: Any = None
+              ) -> dict[str, Any]:
+    """Restores the fields of `target` ({field: abstract tree}, leaves
+    `jax.ShapeDtypeStruct`s with shardings) that step `step` holds, onto those
+    shardings, and, when an iterator is given, sets its position. Returns {field: tree}
+    for the fields present: one the step lacks (a state written before the field
+    existed, or by `bertjax.convert`, which saves parameters only) is left out, for the
+    caller to initialise; a step without the `params` the target asks for is
+    unreadable (a CheckpointError, never a silent fresh start)."""
     try:
+      saved = set(self.manager.item_metadata(step)["state"].tree)
+      if "params" in target and "params" not in saved:  # Never a silent fresh start.
+        raise ValueError(f"it holds {sorted(saved)}, no params")
+      present = {k: v for k, v in target.items() if k in saved}
+      items = {"state": ocp.args.PyTreeRestore(
+          item=present, restore_args=ocp.checkpoint_utils.construct_restore_args(present),
+          partial_restore=True)}
+      other_count = data_iterator is not None and self._data_files(step)
+      if data_iterator is not None and not other_count:
+        items["data"] = grain.checkpoint.CheckpointRestore(data_iterator)
       restored = self.manager.restore(step, args=ocp.args.Composite(**items))
     except Exception as e:  # orbax raises many types for unreadable files.
       raise CheckpointError(
@@ -113,7 +118,7 @@ class Checkpointer:
           "another model: move it aside or use a new --workdir.") from e
     if other_count:
       self._restore_data_position(step, other_count, data_iterator)
-    return restored["state"]
+    return dict(restored["state"])
 
   def _data_files(self, step: int) -> list[epath.Path]:
     """The iterator files of step `step` when another number of processes wrote them
@@ -151,9 +156,10 @@ class Checkpointer:
     any of them (JAX's preemption service; always False in a single process)."""
     return self.manager.reached_preemption(step)
 
-  def restore_latest(self, abstract_state: Any, data_iterator: Any = None
-                     ) -> tuple[int, Any] | None:
-    """(step, state) of the newest step that restores, None when there is none yet.
+  def restore_latest(self, target: dict[str, Any], data_iterator: Any = None
+                     ) -> tuple[int, dict[str, Any]] | None:
+    """(step, `restore`'s fields) of the newest step that restores, None when there is
+    none yet.
 
     A step that fails raises a CheckpointError naming it (on_corrupt='error') or is moved
     aside and the step before is tried (on_corrupt='previous'); when steps exist but
@@ -161,7 +167,7 @@ class Checkpointer:
     tried = []
     for step in sorted(self.manager.all_steps(), reverse=True):
       try:
-        return step, self.restore(step, abstract_state, data_iterator)
+        return step, self.restore(step, target, data_iterator)
       except CheckpointError as e:
         if self.on_corrupt == "error":
           raise CheckpointError(f"{e} To resume from the step before instead, rerun with "
@@ -177,11 +183,11 @@ class Checkpointer:
 
   def _move_aside(self, step: int) -> str:
     """Moves step `step` to WORKDIR/corrupt_checkpoints/ (process 0; all wait)."""
-    target = self.workdir / CORRUPT_DIR / str(step)
+    target = self.workdir / files.CORRUPT_DIR / str(step)
     n = 0
     while target.exists():  # The same step can go bad twice.
       n += 1
-      target = self.workdir / CORRUPT_DIR / f"{step}.{n}"
+      target = self.workdir / files.CORRUPT_DIR / f"{step}.{n}"
     if jax.process_count() > 1:  # Every process has seen the step fail.
       multihost_utils.sync_global_devices(f"bertjax: checkpoint {step} found corrupt")
     if jax.process_index() == 0:
@@ -212,7 +218,7 @@ def abstract_on(abstract_state: Any, shardings: Any) -> Any:
 
 def save_config(workdir: str, config: ml_collections.ConfigDict) -> None:
   """Writes config.json; on resume, checks that the model section is unchanged."""
-  path = epath.Path(workdir) / CONFIG_FILE
+  path = epath.Path(workdir) / files.CONFIG_FILE
   if path.exists():
     old = json.loads(path.read_text()).get("model", {})
     new = json.loads(config.to_json())["model"]
@@ -224,8 +230,9 @@ def save_config(workdir: str, config: ml_collections.ConfigDict) -> None:
       raise CheckpointError(
           f"{workdir} holds a run of another model: {', '.join(changed)}; use a new "
           "--workdir or the run's model config.")
-    old_layout = _optimizer_layout(json.loads(path.read_text()).get("train", {}))
+    old_train = json.loads(path.read_text()).get("train")  # None: parameters only
     new_layout = _optimizer_layout(json.loads(config.to_json()).get("train", {}))
+    old_layout = new_layout if old_train is None else _optimizer_layout(old_train)
     changed = [f"config.train.{k}={new_layout[k]!r} (the run's: {old_layout[k]!r})"
                for k in new_layout if old_layout[k] != new_layout[k]]
     if changed:  # Else every checkpoint would fail to restore, as if corrupt.
@@ -250,25 +257,27 @@ def _optimizer_layout(train: dict) -> dict:
 
 
 def load_config(workdir: str) -> ml_collections.ConfigDict:
-  path = epath.Path(workdir) / CONFIG_FILE
+  path = epath.Path(workdir) / files.CONFIG_FILE
   if not path.exists():
-    raise CheckpointError(f"{workdir} has no {CONFIG_FILE}: it is not a bertjax workdir.")
+    raise CheckpointError(f"{workdir} has no {files.CONFIG_FILE}: it is not a bertjax "
+                          "workdir.")
   return ml_collections.ConfigDict(json.loads(path.read_text()))
 
 
-def restore_params(workdir: str, step: int | None = None) -> tuple[ml_collections.ConfigDict, Any]:
-  """The config and the parameters (a nested dict on the default device) of the newest
-  (or the given) step of a bertjax workdir."""
-  from bertjax.train import state as state_lib  # The trainer imports this module.
-
+def restore_params(workdir: str, step: int | None = None
+                   ) -> tuple[ml_collections.ConfigDict, Any]:
+  """The config and the `BertForPreTraining` parameters (a nested dict on the default
+  device) of the newest (or the given) step of a bertjax workdir."""
   config = load_config(workdir)
   ckpt = Checkpointer(workdir, read_only=True)
   step = ckpt.latest_step() if step is None else step
   if step is None:
-    raise CheckpointError(f"{workdir} has no checkpoint yet under {CHECKPOINT_DIR}/.")
+    raise CheckpointError(f"{workdir} has no checkpoint yet under {files.CHECKPOINT_DIR}/.")
+  model = BertForPreTraining(ModelConfig.from_config(config.model))
+  abstract_params = nn.unbox(jax.eval_shape(model.init_params, jax.random.key(0)))
   device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-  abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device),
-                          state_lib.abstract_state(config)[0])
-  state = ckpt.restore(step, abstract)
+  restored = ckpt.restore(step, {"params": abstract_on(
+      abstract_params, jax.tree.map(lambda _: device, abstract_params))})
   ckpt.close()
-  return config, state.params
+  return config, restored["params"]
+

@@ -15,8 +15,6 @@ import math
 
 from bertjax.errors import ConfigError
 
-DTYPES = ("float32", "bfloat16", "float16")
-OPTIMIZERS = ("adamw", "lamb")
 TOKENIZER_KINDS = ("wordpiece", "sentencepiece")
 MIN_SEQ_LENGTH = 8  # [CLS] a [SEP] b [SEP] with room for a few tokens
 
@@ -53,11 +51,15 @@ def _seed(config) -> None:
                       "(numpy's generators refuse negative seeds).")
 
 
-def _optimizer(t) -> None:
-  """The optimizer fields both pretraining and fine-tuning share."""
+def _trainer(config) -> None:
+  """The fields of the trainer both pretraining and fine-tuning share: optimizer,
+  accumulation, logging, checkpoints, spikes, profiling, multi-process timeouts."""
+  from bertjax import checkpoint  # pylint: disable=g-import-not-at-top
+  from bertjax.train import optimizer  # pylint: disable=g-import-not-at-top
+  t = config.train
   if not (_number(t.learning_rate) and 0 < t.learning_rate < math.inf):
     raise ConfigError(f"config.train.learning_rate={t.learning_rate!r} must be positive.")
-  one_of("train.optimizer", t.optimizer, OPTIMIZERS)
+  one_of("train.optimizer", t.optimizer, optimizer.OPTIMIZERS)
   at_least("train.weight_decay", t.weight_decay, 0)
   within("train.b1", t.b1, 0, 1, "[)")
   within("train.b2", t.b2, 0, 1, "[)")
@@ -68,6 +70,19 @@ def _optimizer(t) -> None:
   at_least("train.log_every", t.log_every, 1)
   at_least("train.checkpoint_every", t.checkpoint_every, 1)
   at_least("train.max_to_keep", t.max_to_keep, 1)
+  at_least("train.grad_accum_steps", t.grad_accum_steps, 1)
+  at_least("train.spike_window", t.spike_window, 2)  # a standard deviation needs two
+  if not (_number(t.spike_sigma) and 0 < t.spike_sigma < math.inf):
+    raise ConfigError(f"config.train.spike_sigma={t.spike_sigma!r} must be positive.")
+  steps = tuple(t.profile_steps)
+  if steps and not (len(steps) == 2 and all(isinstance(s, int) for s in steps)
+                    and 1 <= steps[0] <= steps[1]):
+    raise ConfigError(f"config.train.profile_steps={steps!r}: give (first, last) steps "
+                      "with 1 <= first <= last, or () for no trace.")
+  one_of("checkpoint.on_corrupt", config.checkpoint.on_corrupt, checkpoint.ON_CORRUPT)
+  d = config.distributed
+  at_least("distributed.initialization_timeout_s", d.initialization_timeout_s, 1)
+  at_least("distributed.heartbeat_timeout_s", d.heartbeat_timeout_s, 1)
 
 
 def pretraining(config) -> None:
@@ -80,21 +95,13 @@ def pretraining(config) -> None:
   t, d, tok = config.train, config.data, config.data.tokenizer
   at_least("train.num_steps", t.num_steps, 1)
   at_least("train.batch_size", t.batch_size, 1)
-  at_least("train.grad_accum_steps", t.grad_accum_steps, 1)
   at_least("train.warmup_steps", t.warmup_steps, 0)
   if t.warmup_steps >= t.num_steps:
     raise ConfigError(f"config.train.warmup_steps={t.warmup_steps} must be smaller than "
                       f"config.train.num_steps={t.num_steps}.")
-  _optimizer(t)
+  _trainer(config)
   at_least("train.eval_every", t.eval_every, 1)
   at_least("train.eval_batches", t.eval_batches, 0)
-  at_least("train.spike_window", t.spike_window, 2)  # a standard deviation needs two
-  if not (_number(t.spike_sigma) and 0 < t.spike_sigma < math.inf):
-    raise ConfigError(f"config.train.spike_sigma={t.spike_sigma!r} must be positive.")
-  one_of("checkpoint.on_corrupt", config.checkpoint.on_corrupt, ("error", "previous"))
-  at_least("distributed.initialization_timeout_s",
-           config.distributed.initialization_timeout_s, 1)
-  at_least("distributed.heartbeat_timeout_s", config.distributed.heartbeat_timeout_s, 1)
 
   at_least("data.max_seq_length", d.max_seq_length, MIN_SEQ_LENGTH)
   if d.max_seq_length + model.position_offset > model.max_position_embeddings:
@@ -124,6 +131,9 @@ def pretraining(config) -> None:
   within("data.language_alpha", d.language_alpha, 0, 1)
   one_of("data.language_counts", d.language_counts, multilingual.COUNTS)
   within("data.eval_fraction", d.eval_fraction, 0, 1, "()")
+  if not (isinstance(d.text_field, str) and d.text_field):
+    raise ConfigError(f"config.data.text_field={d.text_field!r} must name the JSON / "
+                      "TFDS field holding the text, e.g. 'text'.")
   at_least("data.worker_count", d.worker_count, 0)
   at_least("data.raw_text_limit_mb", d.raw_text_limit_mb, 0)
   if not tok.path:  # A tokenizer is trained: it must be able to fill the vocabulary.
@@ -138,10 +148,10 @@ def pretraining(config) -> None:
 def finetuning(config) -> None:
   """Every field of a fine-tuning config (configs/finetune/base.py) in range; the
   model section only when it is used (no `init_from`), its dtype always."""
-  from bertjax.model.config import ModelConfig  # pylint: disable=g-import-not-at-top
+  from bertjax.model.config import ModelConfig, dtype_of  # pylint: disable=g-import-not-at-top
 
   _seed(config)
-  one_of("model.dtype", config.model.dtype, DTYPES)
+  dtype_of(config.model.dtype)
   if not config.init_from:
     ModelConfig.from_config(config.model)
   t = config.train
@@ -149,7 +159,7 @@ def finetuning(config) -> None:
   at_least("train.eval_batch_size", t.eval_batch_size, 1)
   at_least("train.num_epochs", t.num_epochs, 1)
   within("train.warmup_fraction", t.warmup_fraction, 0, 1, "[)")
-  _optimizer(t)
+  _trainer(config)
   at_least("task.max_seq_length", config.task.max_seq_length, MIN_SEQ_LENGTH)
   at_least("freeze.top_k_layers", config.freeze.top_k_layers, -1)
   for lr in config.sweep.learning_rates:

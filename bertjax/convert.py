@@ -356,22 +356,17 @@ def save_hf(directory: str, params: dict, config: ModelConfig, tokenizer) -> str
 def save_workdir(directory: str, params: dict, config: ModelConfig, tokenizer) -> None:
   """A bertjax workdir (config.json, tokenizer/, checkpoints/0) holding `params`;
   heads the checkpoint lacks (MLM, NSP, pooler) are freshly initialised, so the
-  workdir can go on pretraining or be fine-tuned."""
+  workdir can go on pretraining (the optimizer starts afresh) or be fine-tuned."""
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
   import ml_collections  # pylint: disable=g-import-not-at-top
 
-  from bertjax import checkpoint  # pylint: disable=g-import-not-at-top
-  from bertjax.train import optimizer, state as state_lib  # pylint: disable=g-import-not-at-top
-  from bertjax.train.step import TrainState  # pylint: disable=g-import-not-at-top
-  from configs import bert_base  # pylint: disable=g-import-not-at-top
+  from bertjax import checkpoint, files  # pylint: disable=g-import-not-at-top
+  from bertjax.model.bert import BertForPreTraining  # pylint: disable=g-import-not-at-top
 
-  run = bert_base.get_config()
-  run.model.update({**config.to_dict(), "attention_impl": config.attention_impl or "",
-                    "pooler": True, "nsp": config.position_offset == 0})
-  run.data.tokenizer.path = os.path.join(directory, checkpoint.TOKENIZER_DIR)
-  tx = optimizer.create_optimizer(run.train)
-  fresh = jax.device_get(state_lib.create_train_state(
-      run, state_lib.build_model(run), tx, None).params)
+  config = dataclasses.replace(config, pooler=True, nsp=config.position_offset == 0)
+  fresh = jax.device_get(nn.unbox(jax.jit(BertForPreTraining(config).init_params)(
+      jax.random.key(0))))
   merged = jax.tree.map(lambda x: x, fresh)
 
   def overlay(dst, src):
@@ -385,42 +380,15 @@ def save_workdir(directory: str, params: dict, config: ModelConfig, tokenizer) -
 
   overlay(merged, params)
   os.makedirs(directory, exist_ok=True)
-  checkpoint.save_config(directory, ml_collections.ConfigDict(run))
-  tokenizer.save(os.path.join(directory, checkpoint.TOKENIZER_DIR))
-  state = TrainState(np.zeros((), np.int32), merged, tx.init(merged))
+  checkpoint.save_config(directory, ml_collections.ConfigDict({"model": {
+      **config.to_dict(), "attention_impl": config.attention_impl or ""}}))
+  tokenizer.save(os.path.join(directory, files.TOKENIZER_DIR))
   ckpt = checkpoint.Checkpointer(directory)
-  ckpt.save(0, state, None, force=True)
+  ckpt.save(0, {"step": np.zeros((), np.int32), "params": merged}, None, force=True)
   ckpt.wait()
   ckpt.close()
 
 
-def main(argv=None) -> None:
-  """python -m bertjax.convert --to=hf|bertjax --src=DIR --dst=DIR"""
-  import argparse  # pylint: disable=g-import-not-at-top
-  import sys  # pylint: disable=g-import-not-at-top
-
-  from bertjax import api  # pylint: disable=g-import-not-at-top
-  from bertjax.errors import BertjaxError  # pylint: disable=g-import-not-at-top
-
-  parser = argparse.ArgumentParser(prog="python -m bertjax.convert", description=(
-      "--to=hf: a bertjax workdir (or HF dir) -> a Hugging Face dir; --to=bertjax: "
-      "a Hugging Face dir -> a bertjax workdir."))
-  parser.add_argument("--to", choices=("hf", "bertjax"), required=True)
-  parser.add_argument("--src", required=True)
-  parser.add_argument("--dst", required=True)
-  args = parser.parse_args(argv)
-  try:
-    pretrained = api.load_pretrained(args.src)
-    if args.to == "hf":
-      kind = save_hf(args.dst, pretrained.params, pretrained.config, pretrained.tokenizer)
-    else:
-      save_workdir(args.dst, pretrained.params, pretrained.config, pretrained.tokenizer)
-      kind = "bertjax"
-  except BertjaxError as e:
-    print(f"error: {e}", file=sys.stderr)
-    sys.exit(2)
-  print(f"wrote {kind} checkpoint to {args.dst}")
-
-
-if __name__ == "__main__":
-  main()
+if __name__ == "__main__":  # The program lives above `bertjax.api`, which imports this.
+  from bertjax import convert_cli  # pylint: disable=g-import-not-at-top
+  convert_cli.main()

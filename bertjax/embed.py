@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 
 from absl import app, flags
 import numpy as np
@@ -32,7 +31,8 @@ import numpy as np
 from bertjax.api import load_pretrained
 from bertjax.data import corpus
 from bertjax.embeddings import analysis, extract, plot, wsd
-from bertjax.errors import BertjaxError, ConfigError, DataError
+from bertjax import cli
+from bertjax.errors import ConfigError, DataError
 
 COMMANDS = ("extract", "stats", "similarity", "wsd", "plot")
 _CHECKPOINT = flags.DEFINE_string("checkpoint", None, "bertjax workdir or Hugging Face "
@@ -234,13 +234,9 @@ def main(argv):
   if command not in COMMANDS or len(argv) > 2:
     raise app.UsageError(f"usage: python -m bertjax.embed [{' | '.join(COMMANDS)}] "
                          f"--flags; got {argv[1:]}.")
-  try:
-    {"extract": _extract, "stats": _stats, "similarity": _similarity, "wsd": _wsd,
-     "plot": _plot}[command]()
-  except BertjaxError as e:
-    print(f"error: {e}", file=sys.stderr)
-    sys.exit(2)
+  {"extract": _extract, "stats": _stats, "similarity": _similarity, "wsd": _wsd,
+   "plot": _plot}[command]()
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

@@ -9,13 +9,13 @@ accepted for both.
 
 from __future__ import annotations
 
-import sys
 
 from absl import app, flags
 import numpy as np
 
 from bertjax.api import Pretrained, load_pretrained
-from bertjax.errors import BertjaxError, DataError
+from bertjax import cli
+from bertjax.errors import DataError
 
 
 def fill_mask(pretrained: Pretrained, text: str, top_k: int = 5
@@ -41,15 +41,11 @@ def main(argv):
   texts = argv[1:]
   if not texts:
     raise app.UsageError("give the text(s) to fill as positional arguments.")
-  try:
-    pretrained = load_pretrained(flags.FLAGS.checkpoint)
-    for text in texts:
-      print(text)
-      for k, fillers in enumerate(fill_mask(pretrained, text, flags.FLAGS.top_k)):
-        print(f"  mask {k + 1}: " + "  ".join(f"{t} {p:.3f}" for t, p in fillers))
-  except BertjaxError as e:
-    print(f"error: {e}", file=sys.stderr)
-    sys.exit(2)
+  pretrained = load_pretrained(flags.FLAGS.checkpoint)
+  for text in texts:
+    print(text)
+    for k, fillers in enumerate(fill_mask(pretrained, text, flags.FLAGS.top_k)):
+      print(f"  mask {k + 1}: " + "  ".join(f"{t} {p:.3f}" for t, p in fillers))
 
 
 def define_flags() -> None:
@@ -61,4 +57,4 @@ def define_flags() -> None:
 
 if __name__ == "__main__":
   define_flags()
-  app.run(main)
+  cli.run(main)

@@ -5,33 +5,30 @@
 
 Any config field can be overridden; `--config.sweep.learning_rates='(5e-5,3e-5)'
 --config.sweep.seeds='(0,1,2)'` runs the paper's grid and reports the best dev run.
-Rerunning the same command resumes.
+Rerunning the same command resumes. The flags are `python -m bertjax.main`'s
+(--config, --workdir and the multi-process ones: --coordinator_address, ...).
 """
 
-import sys
+from absl import app
 
-from absl import app, logging
-
-# The pretraining entry point's --config / --workdir flags and its one-line errors.
+from bertjax import cli
 from bertjax import main as main_lib
-from bertjax.errors import BertjaxError
 
 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  main_lib._quiet_libraries()
-  from bertjax.tasks import sweep  # After flag parsing: keeps --help fast.
-  try:
-    result = sweep.run(main_lib._CONFIG.value, main_lib._WORKDIR.value)
-  except BertjaxError as e:
-    logging.flush()
-    print(f"error: {e}", file=sys.stderr)
-    sys.exit(2)
+  import jax  # pylint: disable=g-import-not-at-top  (after flag parsing: fast --help)
+
+  from bertjax import config_checks  # pylint: disable=g-import-not-at-top
+  from bertjax.tasks import sweep  # pylint: disable=g-import-not-at-top
+  main_lib.start(config_checks.finetuning)
+  result = sweep.run(main_lib.CONFIG.value, main_lib.WORKDIR.value)
   best = result["best"]
-  print(f"best dev: learning rate {best['learning_rate']:g}, seed {best['seed']}: "
-        + ", ".join(f"{k} {v:.4f}" for k, v in best["dev"].items()))
+  if best["dev"] and jax.process_index() == 0:  # {} when preempted
+    print(f"best dev: learning rate {best['learning_rate']:g}, seed {best['seed']}: "
+          + ", ".join(f"{k} {v:.4f}" for k, v in best["dev"].items()))
 
 
 if __name__ == "__main__":
-  app.run(main, flags_parser=main_lib._parse_flags)
+  cli.run(main, flags_parser=main_lib.parse_flags)

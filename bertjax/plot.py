@@ -1,6 +1,7 @@
 """A PNG of a run's curves from its metrics.jsonl: loss, MLM/NSP accuracy, learning rate
-and throughput (tokens/s) against steps, train and eval. TensorBoard stays the live view;
-this is the picture a finished (or stopped) run leaves in its workdir.
+and throughput (tokens/s, the `perf` rows) against steps, train and eval. TensorBoard
+stays the live view; this is the picture a finished (or stopped) run leaves in its
+workdir.
 
   python -m bertjax.plot --workdir=/tmp/bert_tiny   # writes /tmp/bert_tiny/training.png
 
@@ -12,16 +13,14 @@ from __future__ import annotations
 
 import io
 import json
-import sys
 
 from absl import app, flags, logging
 from etils import epath
 from matplotlib.figure import Figure  # No pyplot: no global backend, no display.
 
-from bertjax.errors import BertjaxError, DataError
+from bertjax import cli, files
+from bertjax.errors import DataError
 
-PLOT_FILE = "training.png"
-METRICS_FILE = "metrics.jsonl"
 HELD_OUT = ("eval", "dev")  # Splits drawn as held-out points.
 # Panel title -> the metrics drawn in it (those a run logged; the others are skipped).
 PANELS = {
@@ -37,7 +36,7 @@ _SIZE, _DPI = (12.0, 8.0), 100  # 1200 x 800 pixels.
 def read_metrics(workdir: str) -> dict[str, dict[int, dict[str, float]]]:
   """{split: {step: metrics}} from WORKDIR/metrics.jsonl. A step logged twice (a run
   resumed from a checkpoint before its last log line) keeps its last line."""
-  path = epath.Path(workdir) / METRICS_FILE
+  path = epath.Path(workdir) / files.METRICS_FILE
   if not path.exists():
     raise DataError(f"{path} does not exist; give the workdir of a training run.")
   splits: dict[str, dict[int, dict[str, float]]] = {}
@@ -67,7 +66,9 @@ def training_figure(splits: dict[str, dict[int, dict[str, float]]], title: str =
   markers in the same colour, the eval most-frequent-token baseline dashed."""
   fig = Figure(figsize=_SIZE, dpi=_DPI, layout="constrained")
   axes = fig.subplots(2, 2).ravel()
-  train = splits.get("train", {})
+  # The trainer logs wall-clock rates (tokens/s) apart, as `perf` rows of the same steps.
+  train = {s: {**splits.get("perf", {}).get(s, {}), **r}
+           for s, r in splits.get("train", {}).items()}
   held_out = [(name, splits[name]) for name in HELD_OUT if name in splits]
   for ax, (panel, keys) in zip(axes, PANELS.items()):
     colours = iter(f"C{i}" for i in range(10))
@@ -107,7 +108,7 @@ def plot_training(workdir: str, out: str | None = None) -> Figure:
   fig = training_figure(read_metrics(workdir), title=str(workdir))
   buffer = io.BytesIO()
   fig.savefig(buffer, format="png", dpi=_DPI)
-  (epath.Path(out) if out else epath.Path(workdir) / PLOT_FILE).write_bytes(
+  (epath.Path(out) if out else epath.Path(workdir) / files.PLOT_FILE).write_bytes(
       buffer.getvalue())
   return fig
 
@@ -117,19 +118,15 @@ def plot_after_run(workdir: str) -> None:
   try:
     plot_training(workdir)
   except Exception as e:  # pylint: disable=broad-except
-    logging.warning("No %s written: %s", PLOT_FILE, str(e).splitlines()[0][:300])
+    logging.warning("No %s written: %s", files.PLOT_FILE, str(e).splitlines()[0][:300])
 
 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   f = flags.FLAGS
-  out = f.out or str(epath.Path(f.workdir) / PLOT_FILE)
-  try:
-    fig = plot_training(f.workdir, out)
-  except BertjaxError as e:
-    print(f"error: {e}", file=sys.stderr)
-    sys.exit(2)
+  out = f.out or str(epath.Path(f.workdir) / files.PLOT_FILE)
+  fig = plot_training(f.workdir, out)
   print(f"wrote {out}: " + ", ".join(ax.get_title() for ax in fig.axes))
 
 
@@ -142,4 +139,4 @@ def define_flags() -> None:
 
 if __name__ == "__main__":
   define_flags()
-  app.run(main)
+  cli.run(main)

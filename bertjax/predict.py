@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from typing import Any
 
-from absl import app, flags, logging
+from absl import app, flags
 
-from bertjax.errors import BertjaxError, CheckpointError
+from bertjax import cli, files
+from bertjax.errors import CheckpointError
 
 # Gold fields of the readers' examples: not echoed next to the prediction.
 GOLD = ("label", "tags", "answers", "entities", "is_impossible")
@@ -26,20 +26,19 @@ GOLD = ("label", "tags", "answers", "entities", "is_impossible")
 
 def predict(checkpoint: str, input_path: str, split: str = "test") -> list[dict[str, Any]]:
   """One record per example of `input_path`: its input fields and `prediction`."""
-  import jax  # pylint: disable=g-import-not-at-top  (keeps --help fast)
   from bertjax import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
   from bertjax.data import tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
   from bertjax.model import ModelConfig  # pylint: disable=g-import-not-at-top
   from bertjax.tasks import get_task, loop  # pylint: disable=g-import-not-at-top
 
-  task_path = os.path.join(checkpoint, loop.TASK_FILE)
+  task_path = os.path.join(checkpoint, files.TASK_FILE)
   if not os.path.isfile(task_path):
-    raise CheckpointError(f"{checkpoint} has no {loop.TASK_FILE}: give a fine-tuning "
+    raise CheckpointError(f"{checkpoint} has no {files.TASK_FILE}: give a fine-tuning "
                           "workdir (python -m bertjax.finetune --workdir=...).")
   config = ckpt_lib.load_config(checkpoint)
   with open(task_path) as f:
     saved = json.load(f)
-  tokenizer = tok_lib.load_tokenizer(os.path.join(checkpoint, ckpt_lib.TOKENIZER_DIR))
+  tokenizer = tok_lib.load_tokenizer(os.path.join(checkpoint, files.TOKENIZER_DIR))
   task = get_task(config.task.name)(config.task, tokenizer, config.task.max_seq_length)
   task.labels = saved["labels"]
   examples = task.read(input_path, split)
@@ -47,17 +46,18 @@ def predict(checkpoint: str, input_path: str, split: str = "test") -> list[dict[
     raise CheckpointError(f"{input_path} holds no examples.")
   features = task.featurize(examples, train=False)
   model = ModelConfig.from_config(config.model)
-  runner = loop.Runner(config, task, model, loop.example_batch(features), saved["num_steps"])
+  # Prediction neither accumulates nor skips: runs older than these fields predict too.
+  config.train.update(grad_accum_steps=1, skip_step_on_spikes=False)
+  setup = loop.build(config, task, model, loop.example_batch(features), saved["num_steps"])
   checkpointer = ckpt_lib.Checkpointer(checkpoint, read_only=True)
   step = checkpointer.latest_step()
   if step is None:
     raise CheckpointError(f"{checkpoint} has no checkpoint yet; finish (or resume) the "
                           "fine-tuning run first.")
-  target = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                        runner.abstract, runner.state_shardings)
-  params = checkpointer.restore(step, target).params
+  params = checkpointer.restore(step, {"params": ckpt_lib.abstract_on(
+      setup.abstract.params, setup.shardings.params)})["params"]
   checkpointer.close()
-  outputs, _ = runner.outputs(params, features, config.train.eval_batch_size)
+  outputs, _ = loop.predictor(setup, task)(params, features, config.train.eval_batch_size)
   predictions = task.decode(outputs, features, examples)
   if isinstance(predictions, dict):  # SQuAD: {question id: answer}.
     predictions = [predictions[e["id"]] for e in examples]
@@ -69,13 +69,8 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   f = flags.FLAGS
-  output = f.output or os.path.join(f.checkpoint, "predictions.jsonl")
-  try:
-    records = predict(f.checkpoint, f.input, f.split)
-  except BertjaxError as e:
-    logging.flush()
-    print(f"error: {e}", file=sys.stderr)
-    sys.exit(2)
+  output = f.output or os.path.join(f.checkpoint, files.PREDICTIONS_FILE)
+  records = predict(f.checkpoint, f.input, f.split)
   with open(output, "w", encoding="utf-8") as f:
     for r in records:
       f.write(json.dumps(r, ensure_ascii=False) + "\n")
@@ -93,4 +88,4 @@ def define_flags() -> None:
 
 if __name__ == "__main__":
   define_flags()
-  app.run(main)
+  cli.run(main)

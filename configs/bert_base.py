@@ -67,6 +67,7 @@ def get_config(arg=None):
 
   c.data = ml_collections.ConfigDict()
   c.data.corpus = ""  # 'embedded' (ships with Python) or a path / glob / directory.
+  c.data.text_field = "text"  # JSON-lines and TFDS corpora: the key holding the text.
   c.data.max_seq_length = 128  # Tokens per example, [CLS] and [SEP]s included.
   c.data.max_predictions_per_seq = 20  # Masked positions gathered per example.
   c.data.masked_lm_prob = 0.15  # Fraction of tokens chosen for prediction.
@@ -124,6 +125,9 @@ def get_config(arg=None):
   c.train.skip_step_on_spikes = False
   c.train.spike_window = 100  # Accepted steps in the rolling statistics.
   c.train.spike_sigma = 6.0  # k: a loss above mean + k * std is a spike.
+  # (first, last): a jax.profiler trace of steps first..last into WORKDIR/tensorboard
+  # (TensorBoard's profile tab; process 0); () traces nothing.
+  c.train.profile_steps = ()
 
   c.checkpoint = ml_collections.ConfigDict()
   # A checkpoint that cannot be restored: 'error' stops naming its step; 'previous'

@@ -35,3 +35,45 @@ def tokenizer(documents):
 def tokenized(documents, tokenizer):
   from bertjax.data import pretraining
   return pretraining.tokenize_documents(documents, tokenizer)
+
+
+# The fault tests' fixtures (tests/faults.py holds their other helpers).
+
+
+@pytest.fixture
+def on_train_batch(monkeypatch):
+  """`on_train_batch(fn)`: fn(n, batch) runs before the n-th training batch (1-based)
+  of each run goes to the devices, i.e. just before step n of a fresh run; a dict it
+  returns replaces the batch."""
+  from bertjax.train import trainer
+  put_batch = trainer.put_train_batch
+
+  def install(fn):
+    count = [0]
+
+    def hooked(batch, sharding):
+      count[0] += 1
+      return put_batch(fn(count[0], batch) or batch, sharding)
+
+    monkeypatch.setattr(trainer, "put_train_batch", hooked)
+    return count
+
+  return install
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+  """(directory, mounts): a real 32 MiB tmpfs, or mounts None without mount rights
+  (not root): the test then simulates the fault (`faults.break_disk`)."""
+  import subprocess
+  disk = tmp_path / "disk"
+  disk.mkdir()
+  mounts = [disk]
+  try:
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32m", "tmpfs", str(disk)],
+                   check=True, capture_output=True)
+  except (OSError, subprocess.CalledProcessError):
+    mounts = None
+  yield disk, mounts
+  for path in reversed(mounts or []):
+    subprocess.run(["umount", "-l", str(path)], capture_output=True)

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from bertjax import api, checkpoint as ckpt_lib, config_checks
+from bertjax import api, checkpoint as ckpt_lib, config_checks, files
 from bertjax.data import tokenizer as tok_lib
 from bertjax.errors import CheckpointError, ConfigError
 from bertjax.model.config import ModelConfig
@@ -97,6 +97,9 @@ PRETRAINING = [
     ("train.max_to_keep", 0, ["config.train.max_to_keep=0"]),
     ("train.spike_window", 1, ["config.train.spike_window=1"]),
     ("train.spike_sigma", 0.0, ["config.train.spike_sigma=0.0"]),
+    ("train.profile_steps", (5, 2), ["config.train.profile_steps=(5, 2)"]),
+    ("train.profile_steps", (0, 3), ["config.train.profile_steps=(0, 3)"]),
+    ("data.text_field", "", ["config.data.text_field=''"]),
     ("checkpoint.on_corrupt", "skip", ["config.checkpoint.on_corrupt='skip'"]),
     ("distributed.initialization_timeout_s", 0,
      ["config.distributed.initialization_timeout_s=0"]),
@@ -121,6 +124,11 @@ FINETUNING = [
     ("train.log_every", 0, ["config.train.log_every=0"]),
     ("train.checkpoint_every", 0, ["config.train.checkpoint_every=0"]),
     ("train.max_to_keep", 0, ["config.train.max_to_keep=0"]),
+    ("train.grad_accum_steps", 0, ["config.train.grad_accum_steps=0"]),
+    ("train.spike_window", 1, ["config.train.spike_window=1"]),
+    ("train.profile_steps", (3,), ["config.train.profile_steps=(3,)"]),
+    ("checkpoint.on_corrupt", "skip", ["config.checkpoint.on_corrupt='skip'"]),
+    ("distributed.heartbeat_timeout_s", 0, ["config.distributed.heartbeat_timeout_s=0"]),
     ("task.max_seq_length", 4, ["config.task.max_seq_length=4"]),
     ("freeze.top_k_layers", -2, ["config.freeze.top_k_layers=-2"]),
     ("sweep.learning_rates", (3e-5, -1.0), ["config.sweep.learning_rates"]),
@@ -199,7 +207,7 @@ def _workdir_with_tokenizer(path, tokenizer_dir: str, vocab_size: int) -> str:
   config = bert_tiny.get_config()
   config.model.vocab_size = vocab_size
   ckpt_lib.save_config(str(path), config)
-  tok_lib.load_tokenizer(tokenizer_dir).save(str(path / ckpt_lib.TOKENIZER_DIR))
+  tok_lib.load_tokenizer(tokenizer_dir).save(str(path / files.TOKENIZER_DIR))
   return str(path)
 
 
@@ -217,7 +225,8 @@ def test_resumed_run_refuses_another_tokenizer(tmp_path):
   tokens[7], tokens[8] = tokens[8], tokens[7]
   (tmp_path / "vocab.txt").write_text("\n".join(tokens) + "\n", encoding="utf-8")
   config.data.tokenizer.path = str(tmp_path / "vocab.txt")
-  with pytest.raises(ConfigError, match=r"differs from the resumed run's tokenizer .*id 7"):
+  with pytest.raises(ConfigError, match=r"differs from the tokenizer .* was trained with "
+                     r"\(id 7"):
     loop.get_tokenizer(config, workdir)
   config.data.tokenizer.path = WORDPIECE  # the run's own tokenizer: fine
   assert loop.get_tokenizer(config, workdir).vocab_size == 400
@@ -246,7 +255,7 @@ def test_checkpoint_with_a_larger_tokenizer_is_refused_before_the_weights(tmp_pa
 
 def test_finetune_resume_refuses_another_tokenizer(tmp_path):
   workdir = _workdir_with_tokenizer(tmp_path, WORDPIECE, 400)
-  (tmp_path / task_loop.TASK_FILE).write_text(json.dumps({"labels": ["0", "1"]}))
+  (tmp_path / files.TASK_FILE).write_text(json.dumps({"labels": ["0", "1"]}))
   config = glue.get_config("sst2")
   config.tokenizer = BPE
   with pytest.raises(ConfigError) as e:

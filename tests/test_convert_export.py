@@ -10,7 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from bertjax import api, convert  # pylint: disable=wrong-import-position
+from bertjax import api, convert, convert_cli  # pylint: disable=wrong-import-position
 from bertjax.data import tokenizer as tokenizer_lib  # pylint: disable=wrong-import-position
 
 CORPUS = ["The quick brown fox jumps over the lazy dog.",
@@ -61,8 +61,8 @@ def hf_bert(tmp_path_factory):
 def test_bert_roundtrip_through_bertjax_and_back(hf_bert, tmp_path):
   src, model = hf_bert
   workdir, exported = str(tmp_path / "workdir"), str(tmp_path / "exported")
-  convert.main(["--to=bertjax", f"--src={src}", f"--dst={workdir}"])
-  convert.main(["--to=hf", f"--src={workdir}", f"--dst={exported}"])
+  convert_cli.main(["--to=bertjax", f"--src={src}", f"--dst={workdir}"])
+  convert_cli.main(["--to=hf", f"--src={workdir}", f"--dst={exported}"])
   assert json.load(open(os.path.join(exported, "config.json")))["architectures"] == [
       "BertForPreTraining"]
   # The tokenizer: transformers' reading of the export == bertjax's == the original's.

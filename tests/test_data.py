@@ -340,7 +340,7 @@ def test_restore_onto_another_process_count(data_cfg, tokenizer, tmp_path, monke
   exactly the rows the 2 processes would have read next (the global stream goes on)."""
   import jax
   from grain._src.python.checkpoint import handler
-  from bertjax import checkpoint as ckpt_lib
+  from bertjax import checkpoint as ckpt_lib, files
   n, length, b, k = 48, 24, 4, 7  # per-process batch b; 7 batches cross an epoch
   examples = _indexed_examples(n, length)
   cfg = masking.MaskingConfig.create(data_cfg, tokenizer)
@@ -359,7 +359,7 @@ def test_restore_onto_another_process_count(data_cfg, tokenizer, tmp_path, monke
     m.setattr(handler.sharding, "get_process_index_and_count", lambda: (0, 2))
     ckpt.save(k, state, its[0], force=True)
     ckpt.wait()
-  data = tmp_path / ckpt_lib.CHECKPOINT_DIR / str(k) / "data"
+  data = tmp_path / files.CHECKPOINT_DIR / str(k) / "data"
   (data / "process_1-of-2.json").write_text(json.dumps(its[1].get_state()))
   expected = sorted(np.concatenate([_example_index(next(it)) for it in its]))
 

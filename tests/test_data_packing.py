@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 from bertjax.data import pipeline, pretraining
-from bertjax.errors import ConfigError
 from bertjax.train import state as state_lib
 from configs import bert_tiny
 from tests import helpers
@@ -42,8 +41,6 @@ def test_doc_sentences_never_crosses_documents(tokenized, tokenizer):
     doc = [t for s in tokenized[d] for t in s]
     assert pipeline_offsets(doc, body)
   assert ex.lengths.sum() / ex.input_ids.size < 0.99  # it pays for it in padding
-  with pytest.raises(ConfigError, match="config.data.packing"):
-    _pack(tokenized, tokenizer, packing="sentences")
 
 
 def pipeline_offsets(haystack, needle) -> bool:
@@ -146,5 +143,3 @@ def test_pipeline_isolated_batches(tokenizer):
     assert (b["segment_ids"] > 0).sum() == b["attention_mask"].sum()
     assert b["position_ids"].min() == 2
   assert (batch["segment_ids"].max(axis=1) > 1).any()
-  with pytest.raises(ConfigError, match="isolate_documents"):
-    pipeline.build_pretraining_data(cfg, tokenizer, batch_size=4, seed=0, nsp=True)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from bertjax.data import (build_examples, manifest, multilingual, permutation, pipeline,
-                          prepare, pretraining, rows as rows_lib, seeds)
+                          prepare, prepare_run, pretraining, rows as rows_lib, seeds)
 from bertjax.data.tokenizer import load_tokenizer
 from bertjax.errors import ConfigError, DataError
 from configs import bert_tiny
@@ -331,7 +331,7 @@ def test_beam_runner_without_beam_is_one_config_error(prepared, monkeypatch):
   monkeypatch.delattr(sys.modules["bertjax.data"], "prepare_beam", raising=False)
   config = bert_tiny.get_config()
   with pytest.raises(ConfigError, match=r"--runner needs Apache Beam: pip install") as e:
-    list(build_examples.prepare_config(config, input_spec=str(prepared / "tokens6"),
-                                       tokenizer_path=None, output=str(prepared / "no"),
-                                       workers=0, runner="DirectRunner"))
+    list(prepare_run.prepare_config(config, input_spec=str(prepared / "tokens6"),
+                                    tokenizer_path=None, output=str(prepared / "no"),
+                                    workers=0, runner="DirectRunner"))
   assert "\n" not in str(e.value)

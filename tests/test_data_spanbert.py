@@ -7,7 +7,7 @@ import numpy as np
 
 from bertjax.data import masking
 from bertjax.parallel import mesh as mesh_lib
-from bertjax.train import optimizer, state as state_lib, step as step_lib
+from bertjax.train import state as state_lib
 from configs import spanbert_base
 from tests.helpers import tiny_config
 
@@ -46,21 +46,13 @@ def test_sbo_loss_is_added_and_falls():
   config.data.max_predictions_per_seq = 4
   batches = _span_batches(config, 2)
   assert {"span_left_positions", "span_relative_positions"} <= batches[0].keys()
-  rules = tuple(map(tuple, config.logical_axis_rules))
-  mesh = mesh_lib.create_mesh(config.mesh)
-  model, tx = state_lib.build_model(config), optimizer.create_optimizer(config.train)
-  _, boxed = state_lib.abstract_state(config)
-  assert "sbo" in boxed.params
-  shardings = mesh_lib.logical_shardings(boxed, mesh, rules)
-  bsh = mesh_lib.batch_sharding(mesh, rules)
-  state = state_lib.create_train_state(config, model, tx, shardings)
-  fn = step_lib.make_train_step(model, tx, optimizer.learning_rate_schedule(config.train),
-                                config.seed)
-  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    step = jax.jit(fn, in_shardings=(shardings, bsh), out_shardings=(shardings, None))
+  t = state_lib.build_trainer(config)
+  assert "sbo" in t.abstract.params
+  state = t.init_state(config)
+  with jax.set_mesh(t.mesh), nn.logical_axis_rules(t.rules):
     history = []
     for k in range(16):
-      state, m = step(state, mesh_lib.put_batch(batches[k % 2], bsh))
+      state, m = t.train_step(state, mesh_lib.put_batch(batches[k % 2], t.batch_sharding))
       history.append(jax.device_get(m))
   first, last = history[0], history[-1]
   np.testing.assert_allclose(first["loss"], first["mlm_loss"] + first["sbo_loss"], rtol=1e-5)

@@ -18,7 +18,7 @@ from bertjax import checkpoint as ckpt_lib
 from bertjax.model import BertForPreTraining, ModelConfig, layers
 from bertjax.model.layout import scan_params, to_layout, unscan_params
 from bertjax.parallel import mesh as mesh_lib
-from bertjax.train import optimizer, state as state_lib
+from bertjax.train import state as state_lib
 from tests.helpers import synthetic_batch, tiny_config
 
 INPUTS = ("input_ids", "attention_mask", "token_type_ids", "masked_lm_positions")
@@ -97,16 +97,12 @@ def test_remat_policy_equals_plain_gradients(setup, scan, policies):
 def test_scanned_and_unscanned_checkpoints_load_each_other(setup, tmp_path):
   config, cfg, inputs, params = setup
   config.train.num_steps = 10
-  tx = optimizer.create_optimizer(config.train)
   for scan in (False, True):
     config.model.scan_layers = scan
     workdir = str(tmp_path / f"scan_{scan}")
     ckpt_lib.save_config(workdir, config)
-    model = state_lib.build_model(config)
-    state = jax.jit(lambda: nn.unbox(state_lib._init_fn(config, model, tx)()))()
-    state = state.replace(params=to_layout(params, scan))
     saver = ckpt_lib.Checkpointer(workdir)
-    saver.save(1, state, None, force=True)
+    saver.save(1, {"params": to_layout(params, scan)}, None, force=True)
     saver.wait()
     saver.close()
     _, restored = ckpt_lib.restore_params(workdir)

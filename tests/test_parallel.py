@@ -15,7 +15,7 @@ import pytest
 from bertjax import checkpoint as ckpt_lib
 from bertjax.errors import ConfigError
 from bertjax.parallel import mesh as mesh_lib
-from bertjax.train import state as state_lib
+from bertjax.train import state as state_lib, step as step_lib
 from configs import bert_base
 from tests.helpers import synthetic_batch, tiny_config
 
@@ -140,7 +140,7 @@ def test_checkpoint_restores_onto_another_mesh(tmp_path):
   config = parallel_config(8, 1, 1)
   state, _ = train_3_steps(config)
   saver = ckpt_lib.Checkpointer(str(tmp_path))
-  saver.save(3, state, None, force=True)
+  saver.save(3, state.fields(), None, force=True)
   saver.wait()
   saver.close()
   expected = jax.device_get(state)
@@ -149,8 +149,9 @@ def test_checkpoint_restores_onto_another_mesh(tmp_path):
     c = parallel_config(*shape)
     mesh = mesh_lib.create_mesh(c.mesh, devices)
     shardings = mesh_lib.logical_shardings(boxed, mesh, c.logical_axis_rules)
-    restored = ckpt_lib.Checkpointer(str(tmp_path), read_only=True).restore(
-        3, ckpt_lib.abstract_on(abstract, shardings))
+    restored = step_lib.TrainState(**ckpt_lib.Checkpointer(
+        str(tmp_path), read_only=True).restore(3, ckpt_lib.abstract_on(abstract,
+                                                                       shardings).fields()))
     kernel = restored.params["encoder"]["layer_0"]["intermediate"]["kernel"]
     assert kernel.sharding.spec == jax.sharding.PartitionSpec("fsdp", "tensor")
     assert len(kernel.sharding.device_set) == len(devices or jax.devices())

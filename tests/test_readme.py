@@ -163,13 +163,14 @@ def expected_pattern(output: str, tmp: str) -> re.Pattern:
 
 def _module_files(words: list[str]) -> list[str]:
   """The source files that may define the flags of `python -m bertjax.X [subcommand]`:
-  the module (a benchmark's own file) and the bertjax modules it imports."""
+  the module (a benchmark's own file) and the bertjax modules it imports (at any
+  indentation: `bertjax.convert` imports its program in its `__main__` block)."""
   module = words[words.index("-m") + 1]
   if module == "bertjax.benchmark":
     module = f"bertjax.benchmarks.{words[words.index('-m') + 2]}"
   path = os.path.join(REPO, *module.split(".")) + ".py"
   files = [path]
-  for m in re.finditer(r"^from (bertjax[\w.]*) import (\w+)", open(path).read(), re.M):
+  for m in re.finditer(r"^\s*from (bertjax[\w.]*) import (\w+)", open(path).read(), re.M):
     for candidate in (f"{m.group(1)}.{m.group(2)}", m.group(1)):
       f = os.path.join(REPO, *candidate.split(".")) + ".py"
       if os.path.isfile(f):

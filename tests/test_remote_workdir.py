@@ -23,9 +23,12 @@ def test_tokenizer_round_trips_through_the_remote_path(tmp_path, monkeypatch):
 
 def test_metrics_are_rewritten_whole_on_a_remote_workdir(tmp_path, monkeypatch):
   monkeypatch.setattr(logger_lib, "is_remote", lambda path: True)
-  for step in (1, 2):  # a second logger = a resumed run: earlier lines are kept
-    log = logger_lib.MetricLogger(str(tmp_path))
+  steps = lambda: [json.loads(line)["step"]
+                   for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+  for step in (1, 2, 3):  # each logger a run resumed at the step before: lines kept
+    log = logger_lib.MetricLogger(str(tmp_path), step - 1)
     log.write(step, {"loss": 1.0 / step})
     log.close()
-  rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-  assert [r["step"] for r in rows] == [1, 2]
+  assert steps() == [1, 2, 3]
+  logger_lib.MetricLogger(str(tmp_path), 1).close()  # resumed at 1: 2 and 3 go
+  assert steps() == [1]

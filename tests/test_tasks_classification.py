@@ -1,13 +1,15 @@
-"""Sequence classification (SST-2), pairs with regression (STS-B), unseen labels,
-freezing, and exact resume of fine-tuning."""
+"""Sequence classification (SST-2), pairs with regression (STS-B, with a profile),
+unseen labels, freezing. Fine-tuning's faults and exact resume:
+test_reliability_finetune.py."""
 
+import glob
 import json
 import os
-import shutil
 
 import numpy as np
 import pytest
 
+from bertjax.parallel import mesh as mesh_lib
 from bertjax.tasks import loop
 from configs.finetune import glue
 from tests.tasks_helpers import fixture, fixture_tokenizer, tiny_finetune
@@ -33,8 +35,7 @@ def _losses(workdir):
 @pytest.fixture(scope="module")
 def sst2_run(vocab, tmp_path_factory):
   workdir = str(tmp_path_factory.mktemp("sst2"))
-  config = _sst2(vocab, num_epochs=8, learning_rate=2e-3, checkpoint_every=12,
-                  max_to_keep=5)
+  config = _sst2(vocab, num_epochs=8, learning_rate=2e-3)
   return config, workdir, loop.finetune(config, workdir)
 
 
@@ -52,27 +53,25 @@ def test_sst2_learns_the_training_words(sst2_run):
   assert len(predictions) == 24 and set(predictions) <= {"0", "1"}
 
 
-def test_finetuning_resumes_exactly(sst2_run, tmp_path):
-  config, workdir, scores = sst2_run
-  resumed = str(tmp_path / "resumed")
-  shutil.copytree(workdir, resumed)
-  for step in ("24", "36", "48"):  # Restart from the step-12 checkpoint.
-    shutil.rmtree(os.path.join(resumed, "checkpoints", step))
-  os.remove(os.path.join(resumed, "metrics.jsonl"))
-  assert loop.finetune(config, resumed) == scores
-  expected, got = _losses(workdir), _losses(resumed)
-  assert sorted(got) == list(range(13, 49))
-  assert all(got[s] == expected[s] for s in got), (got, expected)
+def profile_files(workdir) -> list[str]:
+  return glob.glob(os.path.join(workdir, "tensorboard", "plugins", "profile", "*", "*"))
 
 
-def test_stsb_pair_regression(vocab, tmp_path):
+def test_stsb_pair_regression_with_a_profile_of_steps_2_to_3(vocab, tmp_path, sst2_run):
+  """Also `config.train.profile_steps`: a jax.profiler trace of the train step in
+  WORKDIR/tensorboard, for TensorBoard's profile tab (the sst2 run asked for none)."""
   c = tiny_finetune(glue.get_config("stsb"), vocab, num_epochs=3)
   c.data.train, c.data.dev = fixture("stsb_train.tsv"), fixture("stsb_dev.tsv")
+  c.train.profile_steps = (2, 3)
   scores = loop.finetune(c, str(tmp_path))
   assert set(scores) == {"pearson", "spearman", "loss"}
   assert all(np.isfinite(v) for v in scores.values())
   with open(os.path.join(tmp_path, "dev_predictions.json")) as f:
     assert all(isinstance(p, float) for p in json.load(f))
+  (trace,) = [p for p in profile_files(tmp_path) if p.endswith(".xplane.pb")]
+  with open(trace, "rb") as f:
+    assert b"train_step" in f.read()
+  assert not profile_files(sst2_run[1])
 
 
 def test_a_dev_label_never_seen_in_training(vocab, tmp_path):
@@ -103,12 +102,12 @@ def test_freeze_all_but_the_top_layer(vocab, tmp_path):
   task = Classification(c.task, start.tokenizer, 32)
   task.labels = ["0", "1"]
   features = task.featurize(task.read(c.data.train, "train"), train=True)
-  runner = loop.Runner(c, task, start.model, loop.example_batch(features), 6)
-  state = runner.init_state()
+  setup = loop.build(c, task, start.model, loop.example_batch(features), 6)
+  state = setup.init_state(c)
   before = jax.device_get(state.params)
-  with jax.set_mesh(runner.mesh):
-    state, _ = runner.train_step(state, runner.put(loop.rows(
-        features, np.arange(8), np.ones(8, bool))))
+  with jax.set_mesh(setup.mesh):
+    state, _ = setup.train_step(state, mesh_lib.put_batch(loop.rows(
+        features, np.arange(8), np.ones(8, bool)), setup.batch_sharding))
   after = jax.device_get(state.params)
   changed = lambda a, b: not np.array_equal(a, b)
   enc_b, enc_a = before["encoder"], after["encoder"]

@@ -42,8 +42,7 @@ from unittest import mock
 from absl import flags
 from ml_collections import config_flags
 
-import configs
-from bertjax import checkpoint as ckpt_lib
+from bertjax import checkpoint as ckpt_lib, files
 from bertjax.errors import ConfigError
 
 
@@ -52,8 +51,8 @@ def define_flags() -> None:
   """Defined by `python -m bertjax.benchmark soak` only: importing this module (the
   tests do, next to the other benchmarks) defines no flags."""
   config_flags.DEFINE_config_file(
-      "config", os.path.join(os.path.dirname(configs.__file__), "bert_tiny.py"),
-      "Recipe file.", lock_config=True)
+      "config", "configs/bert_tiny.py", "Recipe file (default: the checkout's bert_tiny, "
+      "run from the repository root).", lock_config=True)
   flags.DEFINE_integer("steps", 2000, "Training steps.")
   flags.DEFINE_integer("every", 100, "Steps between evaluations, logs and checkpoints "
                        "(one window).")
@@ -125,7 +124,7 @@ def run(config, workdir: str, every: int) -> dict[str, Any]:
   with mock.patch.object(ckpt_lib.Checkpointer, "save", watched_save):
     loop.train_and_evaluate(config, workdir)
   return {"samples": samples, "seconds": time.perf_counter() - start,
-          "final_checkpoints": checkpoint_count(os.path.join(workdir, ckpt_lib.CHECKPOINT_DIR))}
+          "final_checkpoints": checkpoint_count(os.path.join(workdir, files.CHECKPOINT_DIR))}
 
 
 def verdict(result: dict[str, Any], *, batch_size: int, max_to_keep: int,

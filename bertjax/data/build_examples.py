@@ -27,7 +27,7 @@ import json
 import multiprocessing
 import os
 import time
-from typing import Any, Iterator, NamedTuple
+from typing import Any, NamedTuple
 
 from etils import epath
 import numpy as np
@@ -104,7 +104,9 @@ class _WithOwn:
     return self._documents[k] if document is None else document
 
 
-def _init_worker(tokens: str, settings: dict[str, Any]) -> None:
+def init_worker(tokens: str, settings: dict[str, Any]) -> None:
+  """Readies this process (a pool worker, a Beam worker, or the driver) to build units
+  of the tokenized directory `tokens` with `settings` (see `plan`)."""
   tok = tok_lib.load_tokenizer(os.path.join(tokens, manifest.TOKENIZER_DIR))
   documents = prepare.TokenizedDocuments(tokens)
   split_seed = seeds.stream_seed(settings["seed"], seeds.SPLIT, 0)
@@ -115,7 +117,7 @@ def _init_worker(tokens: str, settings: dict[str, Any]) -> None:
               for held in (False, True)})
 
 
-def _build_unit(task: tuple[str, int, int, str, bool]) -> dict[str, int]:
+def build_unit(task: tuple[str, int, int, str, bool]) -> dict[str, int]:
   """Builds one (split, length, tokenized shard) unit into `path`; returns its counts."""
   split, length, shard, path, count_tokens = task
   tok, settings = _worker["tokenizer"], _worker["settings"]
@@ -159,7 +161,7 @@ class Plan(NamedTuple):
   output: str
   settings: dict[str, Any]
   units: list[tuple[str, int, int]]  # every (split, length, tokenized shard)
-  todo: list[tuple[str, int, int, str, bool]]  # the unfinished ones: `_build_unit`'s tasks
+  todo: list[tuple[str, int, int, str, bool]]  # the unfinished ones: `build_unit`'s tasks
   names: dict[tuple[str, int], str]  # (split, length) -> its directory name
 
   def path(self, split: str, length: int, shard: int) -> str:
@@ -171,9 +173,6 @@ def plan(tokens: str, output: str, data_cfg, *, nsp: bool, seed: int) -> Plan:
   """Checks the settings (a rerun must match the output's), writes them and the split
   directories, and lists the units still to build (a unit is done once its `.json`
   exists). Leaves this process initialised as a worker."""
-  if not 0.0 < data_cfg.eval_fraction < 1.0:
-    raise ConfigError(f"config.data.eval_fraction={data_cfg.eval_fraction} must lie in "
-                      "(0, 1): some documents must be held out for evaluation")
   settings = _settings(data_cfg, nsp, seed, tokens)
   os.makedirs(output, exist_ok=True)
   settings_path = os.path.join(output, manifest.SETTINGS)
@@ -186,7 +185,7 @@ def plan(tokens: str, output: str, data_cfg, *, nsp: bool, seed: int) -> Plan:
       raise DataError(f"{output} holds examples built with other settings: "
                       f"{', '.join(changed)}; use a new --output")
   _write_json(settings_path, settings)
-  _init_worker(tokens, settings)  # The split's counts per shard, here too.
+  init_worker(tokens, settings)  # The split's counts per shard, here too.
   splits = _worker["splits"]
   lengths, eval_length = settings["train_lengths"], settings["eval_length"]
   for held, name in ((False, "training"), (True, "held-out")):
@@ -268,67 +267,13 @@ def build(tokens: str, output: str, data_cfg, *, nsp: bool, seed: int, workers: 
   with contextlib.ExitStack() as stack:
     if workers > 0:
       pool = stack.enter_context(multiprocessing.get_context("spawn").Pool(
-          workers, _init_worker, (tokens, plan_.settings)))
-      built = pool.imap(_build_unit, plan_.todo)
+          workers, init_worker, (tokens, plan_.settings)))
+      built = pool.imap(build_unit, plan_.todo)
     else:  # In this process (small corpora, tests).
-      built = map(_build_unit, plan_.todo)
+      built = map(build_unit, plan_.todo)
     bar = stack.enter_context(
         progress_lib.Progress("examples", len(plan_.units), "shards", enable=progress))
     bar.update(len(plan_.units) - len(plan_.todo))
     for _ in built:
       bar.update()
   return finish(plan_, start)
-
-
-def prepare_config(config, *, input_spec: str | None, tokenizer_path: str | None,
-                   output: str, workers: int, chunk_documents: int = 1000,
-                   runner: str | None = None, beam_options: str = "") -> Iterator[str]:
-  """The `prepare --config` command: for the corpus (or each of `config.data.languages`)
-  stage 1 when it is raw text (into OUTPUT[/LANG]/tokens), then stage 2 into
-  OUTPUT[/LANG] (on the Apache Beam `runner` with `beam_options` when given, see
-  `prepare_beam`); yields summary lines and the flags to train with."""
-  data = config.data
-  beam = _beam() if runner else None  # before any work: Beam may not be installed
-  languages = multilingual.parse_languages(data.get("languages", ""))
-  if languages and input_spec:
-    raise ConfigError("--input and config.data.languages both name corpora: give one")
-  jobs = ([(name, spec, os.path.join(output, name)) for name, spec in languages]
-          or [("", input_spec or data.corpus, output)])
-  for name, spec, out in jobs:
-    tokens = spec
-    if manifest.kind_of(spec) != "tokens":
-      path = tokenizer_path or data.tokenizer.path
-      if not path:
-        raise ConfigError("raw text needs a tokenizer: give --tokenizer or "
-                          "config.data.tokenizer.path (train one with "
-                          "python -m bertjax.data.train_tokenizer)")
-      tokens = os.path.join(out, "tokens")
-      totals = prepare.prepare(spec, path, tokens, workers, chunk_documents,
-                               data.get("text_field", "text"))
-      yield " | ".join(f"{k} {v:,}" for k, v in totals.items())
-    if runner:
-      built = beam.build(tokens, out, data, nsp=config.model.nsp, seed=config.seed,
-                           runner=runner, options=beam_options)
-    else:
-      built = build(tokens, out, data, nsp=config.model.nsp, seed=config.seed,
-                    workers=workers)
-    parts = [f"{split} {info['examples']:,}" for split, info in built["splits"].items()]
-    yield (f"{name + ': ' if name else ''}examples {' | '.join(parts)} | documents "
-           f"{built['documents']['train']:,} + {built['documents']['eval']:,} held out | "
-           f"seconds {built['seconds']:,}")
-  corpus_flag = (f"--config.data.languages='{','.join(f'{n}={o}' for n, _, o in jobs)}'"
-                 if languages else f"--config.data.corpus={output}")
-  tokenizer_dir = os.path.join(jobs[0][2], manifest.TOKENIZER_DIR)
-  yield f"train with {corpus_flag} --config.data.tokenizer.path={tokenizer_dir}"
-
-
-def _beam():
-  """The `prepare_beam` module, or a one-line error saying how to install Beam."""
-  try:
-    from bertjax.data import prepare_beam  # pylint: disable=g-import-not-at-top
-  except ImportError as e:
-    if "apache_beam" not in str(e):
-      raise
-    raise ConfigError("--runner needs Apache Beam: pip install 'bertjax[beam]' (or drop "
-                      "--runner to prepare with --workers processes)") from e
-  return prepare_beam

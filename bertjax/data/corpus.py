@@ -14,18 +14,13 @@
 
 from __future__ import annotations
 
-import glob
-import os
 import re
 
+from bertjax.data import sources
 from bertjax.errors import DataError
 
-EMBEDDED = "embedded"
+EMBEDDED = sources.EMBEDDED
 
-# A sentence ends at . ! or ? (optionally closed by a quote or bracket) followed by
-# whitespace and an upper-case letter, digit, quote or bracket.
-_SENTENCE_END = re.compile(r"(?<=[.!?])(?<!\be\.g\.)(?<!\bi\.e\.)(?<!\betc\.)"
-                           r"([\"'”’)\]]?)\s+(?=[A-Z0-9\"“‘(\[])")
 # A section heading: a title line underlined with *, =, - or ~ of the same length.
 _UNDERLINE = re.compile(r"^([*=\-~^])\1{2,}$")
 # A definition entry: a signature such as `str.split(sep=None, maxsplit=-1)` at column 0.
@@ -37,28 +32,6 @@ _EMPHASIS = re.compile(r"\*{1,2}([^*\s][^*]*?)\*{1,2}")
 _LITERAL = re.compile(r'"([^"\s]{1,40})"')
 _MIN_SENTENCE_CHARS = 12
 _MIN_DOCUMENT_SENTENCES = 2
-# Lone UTF-16 surrogates: a Python str may hold them (JSON "\ud800" escapes) but they
-# are not Unicode text and the tokenizer libraries refuse them.
-_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def repair_unicode(text: str) -> str:
-  """`text` with each lone surrogate replaced by U+FFFD (as invalid UTF-8 bytes are)."""
-  return _SURROGATE.sub("\ufffd", text)
-
-
-def split_sentences(text: str) -> list[str]:
-  """Splits a paragraph into sentences with a simple punctuation regex."""
-  text = " ".join(text.split())
-  if not text:
-    return []
-  parts = _SENTENCE_END.split(text)
-  # split() keeps the captured closing quote: glue it back onto its sentence.
-  sentences = [parts[0]]
-  for i in range(1, len(parts), 2):
-    sentences[-1] += parts[i]
-    sentences.append(parts[i + 1])
-  return [s.strip() for s in sentences if s.strip()]
 
 
 def load_documents(spec: str, text_field: str = "text") -> list[list[str]]:
@@ -75,33 +48,11 @@ def load_documents(spec: str, text_field: str = "text") -> list[list[str]]:
   if spec == EMBEDDED:
     documents = _embedded_documents()
   else:
-    from bertjax.data import sources  # pylint: disable=g-import-not-at-top (cycle)
     documents = list(sources.iter_documents(spec, text_field))
   if not documents:
     raise DataError(f"corpus {spec!r} contains no text: give files with one sentence a "
                     "line and a blank line between documents")
   return documents
-
-
-def resolve_paths(spec: str) -> list[str]:
-  """Expands a path, directory (recursively, hidden files skipped) or glob."""
-  spec = os.path.expanduser(spec)
-  if os.path.isdir(spec):
-    paths = []
-    for root, dirs, files in os.walk(spec):
-      dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-      paths.extend(os.path.join(root, f) for f in sorted(files) if not f.startswith("."))
-    if not paths:
-      raise DataError(f"corpus directory {spec!r} holds no files: put text files "
-                      "(one sentence a line, blank line between documents) in it")
-    return paths
-  if os.path.isfile(spec):
-    return [spec]
-  paths = sorted(p for p in glob.glob(spec, recursive=True) if os.path.isfile(p))
-  if not paths:
-    raise DataError(f"corpus {spec!r} matches no file: check the path or glob, or use "
-                    "--config.data.corpus=embedded")
-  return paths
 
 
 def _embedded_documents() -> list[list[str]]:
@@ -116,7 +67,8 @@ def _embedded_documents() -> list[list[str]]:
   for name in sorted(topics.topics):
     topic_documents = []
     for section in _split_sections(topics.topics[name]):
-      sentences = [s for p in _prose_paragraphs(section) for s in split_sentences(p)]
+      sentences = [s for p in _prose_paragraphs(section)
+                   for s in sources.split_sentences(p)]
       sentences = [s for s in sentences if len(s) >= _MIN_SENTENCE_CHARS]
       if len(sentences) < _MIN_DOCUMENT_SENTENCES and topic_documents:
         topic_documents[-1].extend(sentences)

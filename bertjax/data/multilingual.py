@@ -85,7 +85,7 @@ def tokenizer_sentences(data_cfg, seed: int) -> list[str]:
   """The sentences to train a tokenizer on: the corpus's, or with
   `config.data.languages` as many sentences as all languages hold, drawn with q."""
   from bertjax.data import corpus  # pylint: disable=g-import-not-at-top (cycle)
-  field = data_cfg.get("text_field", "text")
+  field = data_cfg.text_field
   languages = parse_languages(data_cfg.get("languages", ""))
   for spec in [s for _, s in languages] or [data_cfg.corpus]:
     if manifest.kind_of(spec):

@@ -333,7 +333,7 @@ def _memory_corpus(spec: str, data_cfg, tokenizer, *, seed: int, k: int, nsp: bo
     documents = list(prepare.read_documents(spec))
     characters = prepare.summary(spec).get("characters", 0)
   else:
-    text = corpus.load_documents(spec, data_cfg.get("text_field", "text"))
+    text = corpus.load_documents(spec, data_cfg.text_field)
     characters = sum(len(s) for d in text for s in d)
     documents = pretraining.tokenize_documents(text, tokenizer)
     del text
@@ -392,13 +392,7 @@ def build_pretraining_data(data_cfg, tokenizer, *, batch_size: int, seed: int, n
     raise ConfigError(f"per-process batch size must be >= 1, got {batch_size}")
   if not 0 <= process_index < process_count:
     raise ConfigError(f"process_index={process_index} must lie in [0, {process_count})")
-  if not 0.0 < data_cfg.eval_fraction < 1.0:
-    raise ConfigError(f"config.data.eval_fraction={data_cfg.eval_fraction} must lie in "
-                      "(0, 1): some documents must be held out for evaluation")
   isolate = bool(data_cfg.get("isolate_documents", False))
-  if nsp and isolate:
-    raise ConfigError("config.data.isolate_documents applies to packed rows: set "
-                      "config.model.nsp=False or isolate_documents=False")
   masking.MaskingConfig.create(data_cfg, tokenizer, np.ones(tokenizer.vocab_size))
   phases = length_phases(data_cfg, num_steps)
   lengths = sorted({t for _, t, _ in phases})

@@ -29,10 +29,11 @@ import os
 import time
 from typing import Iterator
 
-from absl import app, flags
+from absl import flags
 from etils import epath
 import numpy as np
 
+from bertjax import cli
 from bertjax import progress as progress_lib
 from bertjax.data import corpus, manifest
 from bertjax.data import sources
@@ -241,32 +242,10 @@ def prepare(input_spec: str, tokenizer_path: str, output: str, workers: int = 1,
   return totals
 
 
-def main(argv):
-  del argv
-  f = flags.FLAGS
-  if f.config is None:
-    if f.runner:
-      raise app.UsageError("--runner builds a config's examples: give --config=RECIPE "
-                           "(tokenizing raw text runs on --workers processes)")
-    missing = [n for n in ("input", "tokenizer") if not f[n].value]
-    if missing:
-      raise app.UsageError(f"--{' and --'.join(missing)} needed (or --config=RECIPE to "
-                           "build its training examples)")
-    totals = prepare(f.input, f.tokenizer, f.output, f.workers, f.chunk_documents,
-                     f.text_field)
-    print(" | ".join(f"{k} {v:,}" for k, v in totals.items()))
-    return
-  from bertjax.data import build_examples  # pylint: disable=g-import-not-at-top
-  for line in build_examples.prepare_config(
-      f.config, input_spec=f.input, tokenizer_path=f.tokenizer, output=f.output,
-      workers=f.workers, chunk_documents=f.chunk_documents, runner=f.runner,
-      beam_options=f.beam_pipeline_options):
-    print(line)
-
-
 if __name__ == "__main__":
   # Defined only when run as a program, so importing the module defines no flags.
   from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
+  from bertjax.data import prepare_run  # pylint: disable=g-import-not-at-top
   flags.DEFINE_string("input", None, "Corpus: file, glob, directory, tfds:NAME, embedded; "
                       "with --config also a tokenized directory (default: its corpus).")
   flags.DEFINE_string("tokenizer", None, "vocab.txt, .model, tokenizer.json or dir "
@@ -287,4 +266,4 @@ if __name__ == "__main__":
       "(every length phase and the held-out documents) from the tokenized documents.",
       lock_config=True)
   flags.mark_flags_as_required(["output"])
-  app.run(main)
+  cli.run(prepare_run.main)

@@ -11,8 +11,8 @@ This driver does what `build_examples.build` does around its worker pool: `plan`
 (settings check, split directories, the units left to build), then, once the
 pipeline has finished, `finish` (unigram counts, tokenizer, manifest). The pipeline
 only distributes the units: `Create(units) | Reshuffle | ParDo(build a unit)`, each
-Beam worker initialised by `build_examples._init_worker` and building a unit with
-`build_examples._build_unit`, so the shards and the manifest are those of the
+Beam worker initialised by `build_examples.init_worker` and building a unit with
+`build_examples.build_unit`, so the shards and the manifest are those of the
 multiprocessing path, byte for byte (tests/test_data_prepared.py checks it). A rerun
 skips the units already written, whichever path wrote them.
 
@@ -43,10 +43,10 @@ class _BuildUnits(beam.DoFn):
     self._tokens, self._settings = tokens, settings
 
   def setup(self):
-    build_examples._init_worker(self._tokens, self._settings)  # pylint: disable=protected-access
+    build_examples.init_worker(self._tokens, self._settings)
 
   def process(self, task):
-    counts = build_examples._build_unit(tuple(task))  # pylint: disable=protected-access
+    counts = build_examples.build_unit(tuple(task))
     beam.metrics.Metrics.counter("bertjax", "units").inc()
     beam.metrics.Metrics.counter("bertjax", "examples").inc(counts["examples"])
     yield task[:3]

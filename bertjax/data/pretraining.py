@@ -204,8 +204,6 @@ def _nsp_rows(documents: Sequence[Document], document_indices: Sequence[int], to
   if max_num_tokens < 2:
     raise ConfigError(f"config.data.max_seq_length={max_seq_length} leaves no room for "
                       "a sentence pair: use at least 8")
-  if dupe_factor < 1:
-    raise ConfigError(f"config.data.dupe_factor={dupe_factor} must be >= 1")
   rows, sources = [], []
   for _ in range(dupe_factor):
     for document_index in document_indices:
@@ -233,8 +231,6 @@ def create_packed_examples(documents: Sequence[Document], tokenizer, *,
   another document's tokens) and `position_ids` restarting at `position_offset` for
   each document; a separator belongs to the document it ends, [CLS] to the first.
   """
-  if packing not in PACKINGS:
-    raise ConfigError(f"config.data.packing={packing!r}: use one of {PACKINGS}")
   max_num_tokens = max_seq_length - tokenizer.num_special(pair=False)
   if max_num_tokens < 1:
     raise ConfigError(f"config.data.max_seq_length={max_seq_length} leaves no room for "

@@ -11,7 +11,7 @@
   a prepared TFDS dataset read through `tfds.data_source` from ArrayRecord, no
   TensorFlow needed; the text is in `text_field`. `data_dir` is TFDS's data dir.
 
-Paragraph lines are split into sentences with `corpus.split_sentences`. Bad input
+Paragraph lines are split into sentences with `split_sentences`. Bad input
 raises `DataError` before any document of that file is yielded (binary file) or is
 repaired (invalid UTF-8 bytes and lone surrogates of JSON escapes become U+FFFD; a
 text line longer than `MAX_LINE_CHARS` is cut into pieces, a JSON line is read whole),
@@ -20,22 +20,71 @@ so a long preparation never dies midway.
 
 from __future__ import annotations
 
+import glob
 import gzip
 import io
 import json
 import os
+import re
 from typing import Iterator
 
-from bertjax.data import corpus
 from bertjax.errors import DataError
 
 TFDS_PREFIX = "tfds:"
+EMBEDDED = "embedded"  # the corpus shipped inside bertjax (`corpus.load_documents`)
 MAX_LINE_CHARS = 1 << 20
 # A text document is cut into documents of about this many characters (a file with no
 # blank line is one document; bounded, it never has to fit in memory whole).
 MAX_DOCUMENT_CHARS = 1 << 24
 _BINARY_SAMPLE = 1 << 16
 _MAX_REPLACED_FRACTION = 0.3
+# A sentence ends at . ! or ? (optionally closed by a quote or bracket) followed by
+# whitespace and an upper-case letter, digit, quote or bracket.
+_SENTENCE_END = re.compile(r"(?<=[.!?])(?<!\be\.g\.)(?<!\bi\.e\.)(?<!\betc\.)"
+                           r"([\"'”’)\]]?)\s+(?=[A-Z0-9\"“‘(\[])")
+# Lone UTF-16 surrogates: a Python str may hold them (JSON "\ud800" escapes) but they
+# are not Unicode text and the tokenizer libraries refuse them.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def repair_unicode(text: str) -> str:
+  """`text` with each lone surrogate replaced by U+FFFD (as invalid UTF-8 bytes are)."""
+  return _SURROGATE.sub("\ufffd", text)
+
+
+def split_sentences(text: str) -> list[str]:
+  """Splits a paragraph into sentences with a simple punctuation regex."""
+  text = " ".join(text.split())
+  if not text:
+    return []
+  parts = _SENTENCE_END.split(text)
+  # split() keeps the captured closing quote: glue it back onto its sentence.
+  sentences = [parts[0]]
+  for i in range(1, len(parts), 2):
+    sentences[-1] += parts[i]
+    sentences.append(parts[i + 1])
+  return [s.strip() for s in sentences if s.strip()]
+
+
+def resolve_paths(spec: str) -> list[str]:
+  """Expands a path, directory (recursively, hidden files skipped) or glob."""
+  spec = os.path.expanduser(spec)
+  if os.path.isdir(spec):
+    paths = []
+    for root, dirs, files in os.walk(spec):
+      dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+      paths.extend(os.path.join(root, f) for f in sorted(files) if not f.startswith("."))
+    if not paths:
+      raise DataError(f"corpus directory {spec!r} holds no files: put text files "
+                      "(one sentence a line, blank line between documents) in it")
+    return paths
+  if os.path.isfile(spec):
+    return [spec]
+  paths = sorted(p for p in glob.glob(spec, recursive=True) if os.path.isfile(p))
+  if not paths:
+    raise DataError(f"corpus {spec!r} matches no file: check the path or glob, or use "
+                    "--config.data.corpus=embedded")
+  return paths
 
 
 def is_jsonl(path: str) -> bool:
@@ -48,7 +97,7 @@ def iter_documents(spec: str, text_field: str = "text", data_dir: str | None = N
   if spec.startswith(TFDS_PREFIX):
     yield from _tfds_documents(spec[len(TFDS_PREFIX):], text_field, data_dir)
     return
-  for path in corpus.resolve_paths(spec):
+  for path in resolve_paths(spec):
     if is_jsonl(path):
       yield from _jsonl_documents(path, text_field)
     else:
@@ -85,8 +134,8 @@ def _open_lines(path: str, max_chars: int | None = None) -> Iterator[str]:
 
 
 def _paragraph_sentences(text: str) -> list[str]:
-  text = corpus.repair_unicode(text)  # JSON may escape lone surrogates ("\ud800")
-  return [s for line in text.splitlines() for s in corpus.split_sentences(line)]
+  text = repair_unicode(text)  # JSON may escape lone surrogates ("\ud800")
+  return [s for line in text.splitlines() for s in split_sentences(line)]
 
 
 def _text_documents(path: str) -> Iterator[list[str]]:
@@ -94,7 +143,7 @@ def _text_documents(path: str) -> Iterator[list[str]]:
   characters = 0
   for line in _open_lines(path, MAX_LINE_CHARS):
     if line.strip():
-      current.extend(corpus.split_sentences(line))
+      current.extend(split_sentences(line))
       characters += len(line)
     if current and (not line.strip() or characters >= MAX_DOCUMENT_CHARS):
       yield current
@@ -144,10 +193,10 @@ def _tfds_documents(name: str, text_field: str, data_dir: str | None
 def text_bytes(spec: str) -> int | None:
   """The size of a corpus's text in bytes (a .gz counts uncompressed, from its
   trailer), or None when it cannot be told cheaply (the embedded corpus, TFDS)."""
-  if spec == corpus.EMBEDDED or spec.startswith(TFDS_PREFIX):
+  if spec == EMBEDDED or spec.startswith(TFDS_PREFIX):
     return None
   total = 0
-  for path in corpus.resolve_paths(spec):
+  for path in resolve_paths(spec):
     if path.endswith(".gz"):
       with open(path, "rb") as f:  # ISIZE: the uncompressed size modulo 2**32
         f.seek(-4, os.SEEK_END)

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from absl import app, flags
+from absl import flags
 import tensorflow_datasets as tfds
 
+from bertjax import cli
 from bertjax.data import sources
 
 
@@ -72,4 +73,4 @@ if __name__ == "__main__":
   flags.DEFINE_string("name", "local_corpus", "Dataset name (snake_case).")
   flags.DEFINE_string("text_field", "text", "JSON-lines text key.")
   flags.mark_flags_as_required(["input", "data_dir"])
-  app.run(main)
+  cli.run(main)

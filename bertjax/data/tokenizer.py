@@ -24,7 +24,7 @@ import tokenizers
 from etils import epath
 from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
 
-from bertjax.data import corpus
+from bertjax.data import sources
 from bertjax.errors import ConfigError, DataError
 
 _BERT_SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")  # pad unk cls sep mask
@@ -203,7 +203,7 @@ class Tokenizer:
       bad = [type(t).__name__ for t in texts if not isinstance(t, str)]
       if bad:
         raise DataError(f"the tokenizer takes text (str), got {bad[0]}.") from None
-      return self._backend.encode_batch([corpus.repair_unicode(t) for t in texts])
+      return self._backend.encode_batch([sources.repair_unicode(t) for t in texts])
 
   def num_special(self, pair: bool) -> int:
     """How many special tokens `build_inputs` adds to a single text or a pair."""
@@ -295,6 +295,27 @@ class Tokenizer:
       return
     os.makedirs(directory, exist_ok=True)
     self._backend.save(directory)
+
+
+def check_same_vocabulary(given: Tokenizer, used: Tokenizer, given_name: str,
+                          used_name: str, fix: str) -> None:
+  """A one-line ConfigError naming `given_name` (a config field) unless `given` has the
+  vocabulary of `used`, the tokenizer `used_name` (a checkpoint) was trained with: the
+  same size and the same token at every id."""
+  if given.vocab_size != used.vocab_size:
+    raise ConfigError(f"{given_name} has {given.vocab_size} tokens but {used_name} was "
+                      f"trained with a {used.vocab_size}-token tokenizer: {fix}.")
+
+  def token(tok, i):
+    try:
+      return tok.id_to_token(i)
+    except DataError:  # an id without a token (a gap in a tokenizer.json)
+      return None
+
+  for i in range(used.vocab_size):
+    if token(given, i) != token(used, i):
+      raise ConfigError(f"{given_name} differs from the tokenizer {used_name} was trained "
+                        f"with (id {i}: {token(given, i)!r} vs {token(used, i)!r}): {fix}.")
 
 
 def is_remote(path) -> bool:

@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import time
 
-from absl import app, flags
+from absl import flags
 import ml_collections
 
+from bertjax import cli
 from bertjax import progress
 from bertjax.data import multilingual
 from bertjax.data import tokenizer as tok_lib
@@ -67,4 +68,4 @@ if __name__ == "__main__":
   flags.DEFINE_string("text_field", "text", "JSON-lines / TFDS text key.")
   flags.DEFINE_string("output", None, "Directory to write the tokenizer to.")
   flags.mark_flags_as_required(["output"])
-  app.run(main)
+  cli.run(main)

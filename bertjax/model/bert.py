@@ -133,3 +133,10 @@ class BertForPreTraining(nn.Module):
     """The encoder alone (for `load_pretrained(...).encode`)."""
     return self.encoder(input_ids, attention_mask, token_type_ids,
                         output_hidden_states=output_hidden_states)
+
+  def init_params(self, rng: jax.Array):
+    """The parameters (boxed in `nn.Partitioned`, with their logical axes) drawn from
+    `rng`; their shapes do not depend on the dummy [1, 8] input used to create them."""
+    ids = jnp.zeros((1, 8), jnp.int32)
+    return self.init({"params": rng}, ids,
+                     masked_lm_positions=jnp.zeros((1, 2), jnp.int32))["params"]

@@ -10,7 +10,15 @@ import jax.numpy as jnp
 
 from bertjax.errors import ConfigError
 
-_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+# Dtype names accepted wherever a config or an API takes one.
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+
+def dtype_of(name: str, field: str = "config.model.dtype") -> Any:
+  """The dtype named `name` (a key of DTYPES), or a one-line ConfigError naming `field`."""
+  if name not in DTYPES:
+    raise ConfigError(f"{field}={name!r}: use one of {sorted(DTYPES)}.")
+  return DTYPES[name]
 
 # Rematerialisation: what each block saves for the backward pass ('none': everything,
 # no recomputation; 'full': only its input, the block is recomputed; 'dots': matmul
@@ -101,9 +109,7 @@ class ModelConfig:
       raise ConfigError(f"Unknown config.model fields {sorted(unknown)}; known: {sorted(fields)}.")
     for key in ("dtype", "param_dtype"):
       if isinstance(d.get(key), str):
-        if d[key] not in _DTYPES:
-          raise ConfigError(f"config.model.{key}={d[key]!r}: use one of {sorted(_DTYPES)}.")
-        d[key] = _DTYPES[d[key]]
+        d[key] = dtype_of(d[key], f"config.model.{key}")
     if d.get("attention_impl") in ("", "none", "None"):
       d["attention_impl"] = None
     return cls(**d)

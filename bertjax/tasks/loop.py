@@ -1,42 +1,45 @@
-"""The one fine-tuning loop every task shares.
+"""Fine-tuning on the trainer: every task of `bertjax.tasks` becomes an objective, a
+data stream and a dev evaluator handed to `bertjax.train.trainer.Trainer`, which
+resumes, checkpoints, logs and stops cleanly exactly as in pretraining.
 
 Start from a pretrained encoder (`config.init_from`: a bertjax workdir or a Hugging
 Face dir) or from scratch, add the task's head, train `num_epochs` over shuffled
-features with BERT's warm-up + linear decay, checkpoint with orbax (resume is exact:
-the data order is a pure function of (seed, epoch), so the step alone says where the
-data stands), evaluate on dev and write `dev_results.json` and `dev_predictions.json`.
+features with BERT's warm-up + linear decay, evaluate on dev at the end and write
+dev_results.json and dev_predictions.json. The pieces are separate so a task can
+bring its own: `objective(task, model, sample)`, `train_stream(...)` (any grain
+iterator of host batches: bucketed or packed batches fit), `dev_evaluator(...)`.
 
 The workdir holds config.json (the model section is the encoder actually used),
-tokenizer/, task.json (labels and the step count) and checkpoints/.
+tokenizer/, task.json (labels and the step count) and checkpoints/ (`bertjax.files`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import os
-from typing import Any, Sequence
+from typing import Any, Callable
 
 import flax.linen as nn
+import grain
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import optax
+from jax.experimental import multihost_utils
 
-from bertjax import api, checkpoint as ckpt_lib, config_checks, progress
+from bertjax import api, checkpoint as ckpt_lib, config_checks, files, progress
 from bertjax.data import tokenizer as tok_lib
-from bertjax.errors import CheckpointError, ConfigError, TrainingError
+from bertjax.errors import CheckpointError, ConfigError
 from bertjax.model import ModelConfig
+from bertjax.model.config import dtype_of
 from bertjax.parallel import mesh as mesh_lib
 from bertjax.tasks import base, get_task
-from bertjax.train import optimizer
-from bertjax.train.logger import MetricLogger, format_metrics
-from bertjax.train.loop import _Preemption
-from bertjax.train.step import TrainState
-
-TASK_FILE = "task.json"
+from bertjax.train import optimizer, state as state_lib
+from bertjax.train.step import Objective
+from bertjax.train.trainer import Evaluator, Trainer
 
 
 @dataclasses.dataclass
@@ -56,7 +59,7 @@ def load_start(config: ml_collections.ConfigDict) -> Start:
   if config.init_from:
     pretrained = api.load_pretrained(config.init_from)
     _refuse_other_tokenizer(config, pretrained.tokenizer, f"config.init_from={config.init_from}")
-    model = dataclasses.replace(pretrained.config, dtype=jnp.dtype(dtype))
+    model = dataclasses.replace(pretrained.config, dtype=dtype_of(dtype))
     return Start(model, pretrained.params["encoder"], pretrained.tokenizer)
   if not config.tokenizer:
     raise ConfigError("set config.init_from (a pretrained checkpoint) or, to train from "
@@ -70,17 +73,13 @@ def load_start(config: ml_collections.ConfigDict) -> Start:
 
 
 def _refuse_other_tokenizer(config, tokenizer: tok_lib.Tokenizer, source: str) -> None:
-  """ConfigError when `config.tokenizer` is set to a tokenizer of another size than
-  `tokenizer`, the one `source` (a checkpoint) was trained with and that is used."""
-  if not config.tokenizer:
-    return
-  given = tok_lib.load_tokenizer(config.tokenizer)
-  if given.vocab_size != tokenizer.vocab_size:
-    raise ConfigError(
-        f"config.tokenizer={config.tokenizer} has {given.vocab_size} tokens but "
-        f"{source} was trained with a {tokenizer.vocab_size}-token tokenizer (the one "
-        "used): set config.tokenizer to that one or leave it empty, or use a new "
-        "--workdir.")
+  """ConfigError when `config.tokenizer` is set to another tokenizer than `tokenizer`,
+  the one `source` (a checkpoint) was trained with and that is used."""
+  if config.tokenizer:
+    tok_lib.check_same_vocabulary(
+        tok_lib.load_tokenizer(config.tokenizer), tokenizer,
+        f"config.tokenizer={config.tokenizer}", source, "it is the one used: set "
+        "config.tokenizer to it or leave it empty, or use a new --workdir")
 
 
 def _with_model(config, model: ModelConfig) -> ml_collections.ConfigDict:
@@ -115,128 +114,22 @@ def freeze_labels(params, model: ModelConfig, freeze_cfg):
   return jax.tree_util.tree_map_with_path(lambda p, _: label(p), params)
 
 
-def train_settings(config, num_steps: int) -> ml_collections.ConfigDict:
-  """config.train with the step count of the data and warm-up as a fraction of it."""
+def make_optimizer(config, model: ModelConfig, num_steps: int):
+  """The optimizer and schedule of `config.train` over `num_steps` steps (warm-up: a
+  fraction of them), with the parameters `config.freeze` names kept fixed."""
   t = ml_collections.ConfigDict(config.train.to_dict())
   t.num_steps = num_steps
   t.warmup_steps = int(config.train.warmup_fraction * num_steps)
-  return t
-
-
-def make_optimizer(config, model: ModelConfig, num_steps: int):
-  settings = train_settings(config, num_steps)
-  tx = optimizer.create_optimizer(settings)
+  frozen = None
   if config.freeze.embeddings or config.freeze.top_k_layers >= 0:
-    # Frozen parameters get a zero update (their unused moments keep the state's shape
-    # equal to the parameters', so shardings and checkpoints stay uniform).
-    tx = optax.chain(tx, optax.masked(optax.set_to_zero(), lambda params: jax.tree.map(
-        lambda label: label == "frozen", freeze_labels(params, model, config.freeze))))
-  return tx, optimizer.learning_rate_schedule(settings)
+    frozen = lambda params: jax.tree.map(lambda label: label == "frozen",
+                                         freeze_labels(params, model, config.freeze))
+  return optimizer.create_optimizer(t, frozen), optimizer.learning_rate_schedule(t)
 
 
 def example_batch(features: base.Features) -> dict[str, np.ndarray]:
   """A one-row batch (shapes for initialisation)."""
-  batch = {k: v[:1] for k, v in features.arrays.items()}
-  batch["example_weights"] = np.ones((1,), np.float32)
-  return batch
-
-
-class Runner:
-  """The model, optimizer, shardings and jitted steps of one task + encoder."""
-
-  def __init__(self, config, task: base.Task, model_cfg: ModelConfig, sample: dict,
-               num_steps: int):
-    self.config, self.task = config, task
-    self.rules = tuple(map(tuple, config.logical_axis_rules))
-    self.mesh = mesh_lib.create_mesh(config.mesh)
-    self.dp = mesh_lib.data_parallel_size(self.mesh, self.rules)
-    self.model = base.FinetuneModel(model_cfg, task.head(model_cfg))
-    self.tx, self.schedule = make_optimizer(config, model_cfg, num_steps)
-    sample = {k: jnp.asarray(v) for k, v in sample.items()}
-
-    def init_params():
-      return self.model.init(jax.random.key(config.seed), sample)["params"]
-
-    def init_boxed():
-      params = init_params()
-      return TrainState(jnp.zeros((), jnp.int32), params, self.tx.init(params))
-
-    boxed = jax.eval_shape(init_boxed)
-    self.abstract = nn.unbox(boxed)
-    self.state_shardings = mesh_lib.logical_shardings(boxed, self.mesh, self.rules)
-    self.params_shardings = self.state_shardings.params
-    self._init_params = jax.jit(lambda: nn.unbox(init_params()),
-                                out_shardings=self.params_shardings)
-    self.batch_sharding = mesh_lib.batch_sharding(self.mesh, self.rules)
-    with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
-      self.train_step = jax.jit(self._train_step, in_shardings=(
-          self.state_shardings, self.batch_sharding), out_shardings=(
-              self.state_shardings, None), donate_argnums=0)
-      self.eval_step = jax.jit(self._eval_step, in_shardings=(
-          self.params_shardings, self.batch_sharding))
-
-  def init_state(self, encoder_params=None) -> TrainState:
-    """A fresh state: the head from `config.seed`, the encoder from `encoder_params`
-    (pretrained) or random."""
-    params = self._init_params()
-    if encoder_params is not None:
-      want = jax.tree.structure(params["encoder"])
-      if jax.tree.structure(encoder_params) != want:
-        raise CheckpointError("the pretrained encoder's parameters do not match the "
-                              "model built from its config.")
-      # A copy (may_alias=False): the train step donates the state, and on one device
-      # an aliased `encoder_params` would be deleted before the next run from the same
-      # start (a sweep's next point, another task).
-      params = dict(params, encoder=jax.device_put(
-          jax.tree.map(lambda x, a: jnp.asarray(x, a.dtype), encoder_params,
-                       self.abstract.params["encoder"]), self.params_shardings["encoder"],
-          may_alias=False))
-    opt_state = jax.jit(self.tx.init, out_shardings=self.state_shardings.opt_state)(params)
-    # Placed like the step's output: an unplaced step would retrace the step once.
-    step = jax.device_put(jnp.zeros((), jnp.int32), self.state_shardings.step)
-    return TrainState(step, params, opt_state)
-
-  def _train_step(self, state: TrainState, batch: dict):
-    rng = jax.random.fold_in(jax.random.key(self.config.seed), state.step)
-
-    def loss_fn(params):
-      out = self.model.apply({"params": params}, batch, deterministic=False,
-                             rngs={"dropout": rng})
-      total, count = self.task.loss(out, batch)
-      return total / jnp.maximum(count, 1.0)
-
-    loss, grads = jax.value_and_grad(loss_fn)(state.params)
-    updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
-    return TrainState(state.step + 1, params, opt_state), {
-        "loss": loss, "grad_norm": optax.tree.norm(grads),
-        "learning_rate": self.schedule(state.step)}
-
-  def _eval_step(self, params, batch: dict):
-    out = self.model.apply({"params": params}, batch, deterministic=True)
-    total, count = self.task.loss(out, batch)
-    return dict(self.task.predict_outputs(out), loss_sum=total, loss_count=count)
-
-  def put(self, batch: dict) -> dict:
-    return mesh_lib.put_batch(batch, self.batch_sharding)
-
-  def outputs(self, params, features: base.Features, batch_size: int
-              ) -> tuple[dict[str, np.ndarray], float]:
-    """The task's prediction outputs over all features ([N, ...] numpy) and the mean
-    loss (over rows that have a known target)."""
-    n = len(features)
-    batch_size = -(-batch_size // self.dp) * self.dp
-    parts, loss, count = [], 0.0, 0.0
-    starts = range(0, n, batch_size)
-    with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
-      for lo in progress.Progress("eval", len(starts), "batches").wrap(starts):
-        idx = np.arange(lo, lo + batch_size)
-        batch = rows(features, np.minimum(idx, n - 1), idx < n)
-        out = jax.device_get(self.eval_step(params, self.put(batch)))
-        loss, count = loss + float(out.pop("loss_sum")), count + float(out.pop("loss_count"))
-        parts.append(out)
-    merged = {k: np.concatenate([p[k] for p in parts])[:n] for k in parts[0]}
-    return merged, loss / max(count, 1.0)
+  return rows(features, np.zeros(1, np.int64), np.ones(1, bool))
 
 
 def rows(features: base.Features, idx: np.ndarray, valid: np.ndarray) -> dict:
@@ -246,6 +139,39 @@ def rows(features: base.Features, idx: np.ndarray, valid: np.ndarray) -> dict:
   return batch
 
 
+def objective(task: base.Task, model: base.FinetuneModel, sample: dict) -> Objective:
+  """The task's summed loss over its count of terms (`Task.loss`). The count depends
+  on the batch alone (its weights), so it is taken from the task's loss of zero
+  outputs, which XLA computes without the model. `sample`: a one-row batch."""
+  sample = {k: jnp.asarray(v) for k, v in sample.items()}
+  init = lambda rng: model.init(rng, sample)["params"]
+  abstract = nn.unbox(jax.eval_shape(init, jax.random.key(0)))
+
+  def sums(params, batch, rng):
+    out = model.apply({"params": params}, batch, deterministic=rng is None,
+                      rngs=None if rng is None else {"dropout": rng})
+    return {"loss": task.loss(out, batch)[0]}
+
+  def counts(batch):
+    shapes = jax.eval_shape(lambda p, b: model.apply({"params": p}, b), abstract, batch)
+    zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+    return {"loss": task.loss(zeros, batch)[1]}
+
+  return Objective(init=init, sums=sums, counts=counts,
+                   loss=lambda s, c: s["loss"] / jnp.maximum(c["loss"], 1.0),
+                   metrics=lambda s, c: {}, metric_names=())
+
+
+def build(config, task: base.Task, model_cfg: ModelConfig, sample: dict, num_steps: int
+          ) -> state_lib.Setup:
+  """The task's model (encoder + head), objective, optimizer, shardings and jitted
+  step on `config.mesh`."""
+  model = base.FinetuneModel(model_cfg, task.head(model_cfg))
+  tx, schedule = make_optimizer(config, model_cfg, num_steps)
+  return state_lib.setup(config, model, objective(task, model, sample), tx, schedule)
+
+
+@functools.lru_cache(maxsize=2)  # The epochs a stream's prefetching spans.
 def epoch_order(seed: int, epoch: int, n: int, batch_size: int) -> np.ndarray:
   """The feature order of one epoch, padded with -1 to whole batches."""
   perm = np.random.default_rng([seed, epoch]).permutation(n)
@@ -255,6 +181,84 @@ def epoch_order(seed: int, epoch: int, n: int, batch_size: int) -> np.ndarray:
 
 def steps_per_epoch(n: int, batch_size: int) -> int:
   return max(1, math.ceil(n / batch_size))
+
+
+def train_stream(features: base.Features, batch_size: int, seed: int, num_steps: int
+                 ) -> grain.DatasetIterator:
+  """The training batches of `num_steps` steps: epoch after epoch of shuffled features
+  (`epoch_order`), the last batch of an epoch padded with rows of weight 0. Batch k is
+  a pure function of (seed, k), whatever the number of processes: this process gets
+  its contiguous share of the global batch. A grain iterator: its position is
+  checkpointed with the train state."""
+  per_epoch = steps_per_epoch(len(features), batch_size)
+  share = batch_size // jax.process_count()
+  mine = slice(jax.process_index() * share, (jax.process_index() + 1) * share)
+
+  def batch(step: int) -> dict[str, np.ndarray]:
+    epoch, i = divmod(step, per_epoch)
+    order = epoch_order(seed, epoch, len(features), batch_size)
+    order = order[i * batch_size:(i + 1) * batch_size][mine]
+    return rows(features, np.maximum(order, 0), order >= 0)
+
+  return iter(grain.MapDataset.range(num_steps).map(batch).to_iter_dataset(
+      grain.ReadOptions(num_threads=1, prefetch_buffer_size=4)))
+
+
+def predictor(setup: state_lib.Setup, task: base.Task
+              ) -> Callable[[Any, base.Features, int], tuple[dict[str, np.ndarray], float]]:
+  """`(params, features, batch_size) -> (outputs, loss)`: the task's prediction outputs
+  over all features ([N, ...] numpy, on every process) and the mean loss (over rows
+  with a known target). Each process feeds its share of every batch."""
+
+  def eval_step(params, batch):
+    out = setup.model.apply({"params": params}, batch, deterministic=True)
+    total, count = task.loss(out, batch)
+    return dict(task.predict_outputs(out), loss_sum=total, loss_count=count)
+
+  step = jax.jit(eval_step, in_shardings=(setup.shardings.params, setup.batch_sharding))
+  dp = mesh_lib.data_parallel_size(setup.mesh, setup.rules)
+
+  def outputs(params, features: base.Features, batch_size: int):
+    n = len(features)
+    batch_size = -(-batch_size // dp) * dp
+    share = batch_size // jax.process_count()
+    parts, loss, count = [], 0.0, 0.0
+    starts = range(0, n, batch_size)
+    with jax.set_mesh(setup.mesh), nn.logical_axis_rules(setup.rules):
+      for lo in progress.Progress("eval", len(starts), "batches").wrap(starts):
+        idx = np.arange(lo, lo + batch_size)[jax.process_index() * share:][:share]
+        out = step(params, mesh_lib.put_batch(rows(features, np.minimum(idx, n - 1),
+                                                   idx < n), setup.batch_sharding))
+        out = (multihost_utils.process_allgather(out, tiled=True)
+               if jax.process_count() > 1 else jax.device_get(out))
+        loss, count = loss + float(out.pop("loss_sum")), count + float(out.pop("loss_count"))
+        parts.append(out)
+    merged = {k: np.concatenate([p[k] for p in parts])[:n] for k in parts[0]}
+    return merged, loss / max(count, 1.0)
+
+  return outputs
+
+
+def dev_evaluator(setup: state_lib.Setup, task: base.Task, config, workdir: str
+                  ) -> Evaluator:
+  """After training: the task's dev metrics (and the mean dev loss) of the decoded
+  dev predictions; process 0 writes dev_results.json and dev_predictions.json."""
+  examples = read_split(task, config, "dev")
+  features = task.featurize(examples, train=False)
+  outputs = predictor(setup, task)
+
+  def run(params) -> dict[str, float]:
+    out, loss = outputs(params, features, config.train.eval_batch_size)
+    predictions = task.decode(out, features, examples)
+    scores = dict(task.score(predictions, examples), loss=loss)
+    if jax.process_index() == 0:
+      with open(os.path.join(workdir, files.DEV_RESULTS_FILE), "w") as f:
+        json.dump(scores, f, indent=2)
+      with open(os.path.join(workdir, files.DEV_PREDICTIONS_FILE), "w") as f:
+        json.dump(predictions, f, indent=1)
+    return scores
+
+  return Evaluator("dev", run, every=0)
 
 
 def read_split(task: base.Task, config, split: str) -> list[dict]:
@@ -267,15 +271,6 @@ def read_split(task: base.Task, config, split: str) -> list[dict]:
   return examples
 
 
-def evaluate(runner: Runner, params, task: base.Task, features: base.Features,
-             examples: Sequence[dict]) -> tuple[dict[str, float], list]:
-  outputs, loss = runner.outputs(params, features, runner.config.train.eval_batch_size)
-  predictions = task.decode(outputs, features, examples)
-  scores = task.score(predictions, examples)
-  scores["loss"] = loss
-  return scores, predictions
-
-
 def _check(config, model: ModelConfig) -> None:
   """The checks that need the encoder (the rest: `config_checks.finetuning`)."""
   if config.task.max_seq_length + model.position_offset > model.max_position_embeddings:
@@ -284,99 +279,66 @@ def _check(config, model: ModelConfig) -> None:
                       "positions.")
 
 
+def _initial_params(setup: state_lib.Setup, config, encoder_params) -> Any:
+  """The head drawn from `config.seed` and the encoder `encoder_params` (pretrained)
+  or drawn too (None)."""
+  params = setup.init_params(config)
+  if encoder_params is None:
+    return params
+  if jax.tree.structure(encoder_params) != jax.tree.structure(params["encoder"]):
+    raise CheckpointError("the pretrained encoder's parameters do not match the model "
+                          "built from its config.")
+  # A copy (may_alias=False): the train step donates the state, and on one device an
+  # aliased `encoder_params` would be deleted before the next run from the same start
+  # (a sweep's next point, another task).
+  return dict(params, encoder=jax.device_put(
+      jax.tree.map(lambda x, a: jnp.asarray(x, a.dtype), encoder_params,
+                   setup.abstract.params["encoder"]), setup.shardings.params["encoder"],
+      may_alias=False))
+
+
 def finetune(config: ml_collections.ConfigDict, workdir: str, start: Start | None = None
              ) -> dict[str, float]:
-  """Runs (or resumes) one fine-tuning run in `workdir`; returns the dev metrics.
-  `start` (the loaded pretrained encoder) lets a sweep load it once."""
+  """Runs (or resumes) one fine-tuning run in `workdir`; returns the dev metrics ({}
+  when stopped by SIGTERM). `start` (the loaded pretrained encoder) lets a sweep load
+  it once."""
   config_checks.finetuning(config)
   os.makedirs(workdir, exist_ok=True)
-  task_path = os.path.join(workdir, TASK_FILE)
-  resuming = os.path.isfile(task_path)
+  task_path = os.path.join(workdir, files.TASK_FILE)
+  resuming = os.path.isfile(task_path)  # Read by every process before save_config.
   if resuming:
     saved = ckpt_lib.load_config(workdir)
-    tokenizer = tok_lib.load_tokenizer(os.path.join(workdir, ckpt_lib.TOKENIZER_DIR))
+    tokenizer = tok_lib.load_tokenizer(os.path.join(workdir, files.TOKENIZER_DIR))
     _refuse_other_tokenizer(config, tokenizer, f"the run being resumed in {workdir}")
     start = Start(ModelConfig.from_config(saved.model), None, tokenizer)
   elif start is None:
     start = load_start(config)
   _check(config, start.model)
-  run_config = _with_model(config, start.model)
-  ckpt_lib.save_config(workdir, run_config)
-  log = MetricLogger(workdir)
+  ckpt_lib.save_config(workdir, _with_model(config, start.model))
   task = get_task(config.task.name)(config.task, start.tokenizer, config.task.max_seq_length)
   train_examples = read_split(task, config, "train")
-  dev_examples = read_split(task, config, "dev")
   if resuming:
     with open(task_path) as f:
       task.labels = json.load(f)["labels"]
   else:
     task.labels = task.fit_labels(train_examples)
   train = task.featurize(train_examples, train=True)
-  dev = task.featurize(dev_examples, train=False)
-  B = config.train.batch_size
-  per_epoch = steps_per_epoch(len(train), B)
-  num_steps = per_epoch * config.train.num_epochs
+  num_steps = steps_per_epoch(len(train), config.train.batch_size) * config.train.num_epochs
   if not resuming and jax.process_index() == 0:
-    start.tokenizer.save(os.path.join(workdir, ckpt_lib.TOKENIZER_DIR))
+    start.tokenizer.save(os.path.join(workdir, files.TOKENIZER_DIR))
     with open(task_path, "w") as f:
       json.dump({"name": task.name, "labels": task.labels, "num_steps": num_steps}, f)
-  runner = Runner(config, task, start.model, example_batch(train), num_steps)
-  if B % runner.dp:
-    raise ConfigError(f"config.train.batch_size={B} is not divisible by the {runner.dp} "
-                      "data-parallel devices.")
-  log.info("Task %s: %d train features, %d dev examples, %d labels, %d steps.",
-           task.name, len(train), len(dev_examples), len(task.labels), num_steps)
+  setup = build(config, task, start.model, example_batch(train), num_steps)
+  trainer = Trainer(setup, config, workdir, num_steps)
+  evaluate = dev_evaluator(setup, task, config, workdir)
+  trainer.info("Task %s: %d train features, %d labels, %d steps.", task.name,
+                   len(train), len(task.labels), num_steps)
 
-  checkpointer = ckpt_lib.Checkpointer(workdir, config.train.max_to_keep)
-  step0 = checkpointer.latest_step()
-  if step0 is not None:
-    target = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                          runner.abstract, runner.state_shardings)
-    state = checkpointer.restore(step0, target)
-    log.info("Resumed from step %d.", step0)
-  else:
-    if resuming:
-      start = load_start(config)
-    state = runner.init_state(start.encoder_params)
-  step = int(jax.device_get(state.step))
-  preemption = _Preemption(checkpointer)
-  # A bar on a terminal; elsewhere the step lines below carry its rate and ETA.
-  bar = progress.Progress("train", num_steps, "steps", initial=step, interval=None)
-  try:
-    with jax.set_mesh(runner.mesh), nn.logical_axis_rules(runner.rules):
-      while step < num_steps:
-        epoch, i = divmod(step, per_epoch)
-        order = epoch_order(config.seed, epoch, len(train), B)[i * B:(i + 1) * B]
-        state, m = runner.train_step(state, runner.put(rows(train, np.maximum(order, 0),
-                                                            order >= 0)))
-        step += 1
-        bar.update()
-        done = step == num_steps
-        if step % config.train.log_every == 0 or done:
-          m = {k: float(v) for k, v in jax.device_get(m).items()}
-          if not math.isfinite(m["loss"]):
-            raise TrainingError(f"non-finite loss at step {step}; lower "
-                                "config.train.learning_rate or check the data.")
-          log.write(step, m)
-          log.info("step %d/%d | %s | %s", step, num_steps, format_metrics(m), bar.status())
-        stop = preemption.reached(step)
-        if step % config.train.checkpoint_every == 0 or done or stop:
-          checkpointer.save(step, state, None, force=True)
-        if stop:
-          log.info("SIGTERM: saved step %d; exiting. Rerun the same command to resume.", step)
-          return {}
-  finally:
-    bar.close()
-    preemption.restore()
-    checkpointer.wait()
-    checkpointer.close()
-  scores, predictions = evaluate(runner, state.params, task, dev, dev_examples)
-  log.write(step, scores, prefix="dev")
-  log.info("dev | %s", format_metrics(scores))
-  log.close()
-  if jax.process_index() == 0:
-    with open(os.path.join(workdir, "dev_results.json"), "w") as f:
-      json.dump(scores, f, indent=2)
-    with open(os.path.join(workdir, "dev_predictions.json"), "w") as f:
-      json.dump(predictions, f, indent=1)
-  return scores
+  def init_params():
+    encoder = start.encoder_params
+    if resuming:  # A run that stopped before its first checkpoint: load it again.
+      encoder = load_start(config).encoder_params
+    return _initial_params(setup, config, encoder)
+
+  data = train_stream(train, config.train.batch_size, config.seed, num_steps)
+  return trainer.fit(data, [evaluate], init_params).get("dev", {})

@@ -10,7 +10,7 @@ import os
 
 import ml_collections
 
-from bertjax import config_checks
+from bertjax import config_checks, files
 from bertjax.tasks import get_task, loop
 
 
@@ -52,7 +52,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   rows = []
   for lr, seed in points:
     run_dir = os.path.join(workdir, f"lr{lr:g}_seed{seed}")
-    if start is None and not os.path.isfile(os.path.join(run_dir, loop.TASK_FILE)):
+    if start is None and not os.path.isfile(os.path.join(run_dir, files.TASK_FILE)):
       start = loop.load_start(config)  # The pretrained weights, read once.
     c = ml_collections.ConfigDict(config.to_dict())
     c.train.learning_rate, c.seed = lr, seed
@@ -61,8 +61,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   metric = selection_metric(config)
   best = max(rows, key=lambda r: r["dev"][metric])
   result = {"metric": metric, "best": best, "runs": rows}
-  with open(os.path.join(workdir, "sweep_results.json"), "w") as f:
+  with open(os.path.join(workdir, files.SWEEP_RESULTS_FILE), "w") as f:
     json.dump(result, f, indent=2)
-  with open(os.path.join(workdir, "sweep_results.md"), "w") as f:
+  with open(os.path.join(workdir, files.SWEEP_TABLE_FILE), "w") as f:
     f.write(markdown(rows, metric))
   return result

@@ -6,27 +6,38 @@ import json
 import os
 
 import jax
-from absl import logging
 from etils import epath
 
+from bertjax import files
 from bertjax.data.tokenizer import is_remote
 
 
 class MetricLogger:
-  """Writes scalars to the console, `WORKDIR/tensorboard` and `WORKDIR/metrics.jsonl`.
-  Every other process does nothing. Object stores (gs://) cannot append, so for a
-  remote workdir metrics.jsonl is rewritten whole at each write (a line per log step)."""
+  """Writes scalars to `WORKDIR/tensorboard` and `WORKDIR/metrics.jsonl` (process 0;
+  every other process does nothing) for a run that resumes at `step`: what an earlier
+  attempt logged after `step` (before it was killed) is dropped, so every step is
+  logged once. Object stores (gs://) cannot append, so for a remote workdir
+  metrics.jsonl is rewritten whole at each write (a line per log step)."""
 
-  def __init__(self, workdir: str):
+  def __init__(self, workdir: str, step: int = 0):
     self.active = jax.process_index() == 0
     if self.active:
       from tensorboardX import SummaryWriter  # TensorBoard events without TensorFlow.
-      self.tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
-      self.path = epath.Path(workdir) / "metrics.jsonl"
-      self.remote_lines = None
-      if is_remote(workdir):
-        self.remote_lines = self.path.read_text() if self.path.exists() else ""
-      else:
+      # TensorBoard hides the events of steps >= purge_step written before.
+      self.tb = SummaryWriter(os.path.join(workdir, files.TENSORBOARD_DIR),
+                              purge_step=step + 1)
+      self.path = epath.Path(workdir) / files.METRICS_FILE
+      old = self.path.read_text() if self.path.exists() else ""
+      kept = "".join(line for line in old.splitlines(keepends=True)
+                     if _logged_step(line) <= step)
+      self.remote_lines = kept if is_remote(workdir) else None
+      if kept != old and self.remote_lines is not None:
+        self.path.write_text(kept)  # An object is replaced whole.
+      elif kept != old:  # A new file, renamed over the old one: never half written.
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text(kept)
+        os.replace(tmp, self.path)
+      if self.remote_lines is None:
         self.jsonl = open(self.path, "a")
 
   def write(self, step: int, metrics: dict[str, float], prefix: str = "train") -> None:
@@ -45,15 +56,20 @@ class MetricLogger:
     # would die silently on it and the next add_scalar block forever on its full queue.
     self.tb.flush()
 
-  def info(self, msg: str, *args) -> None:
-    if self.active:
-      logging.info(msg, *args)
-
   def close(self) -> None:
     if self.active:
       self.tb.close()
       if self.remote_lines is None:
         self.jsonl.close()
+
+
+def _logged_step(line: str) -> float:
+  """The step of a metrics.jsonl line; inf for a line a killed process left half
+  written (dropped)."""
+  try:
+    return json.loads(line)["step"]
+  except (json.JSONDecodeError, KeyError, TypeError):
+    return float("inf")
 
 
 def format_metrics(metrics: dict[str, float]) -> str:

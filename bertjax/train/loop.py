@@ -1,40 +1,36 @@
-"""The pretraining loop: build everything from the config, resume, train, evaluate,
-checkpoint, stop cleanly on SIGTERM or a non-finite loss."""
+"""Pretraining on the trainer: the tokenizer, the grain data stream and the held-out
+evaluation of `config`, handed with pretraining's objective to
+`bertjax.train.trainer.Trainer` (which resumes, checkpoints, logs and stops cleanly).
+
+  python -m bertjax.main --config=configs/bert_tiny.py --workdir=DIR   # runs this
+"""
 
 from __future__ import annotations
 
-import errno
-import math
 import os
-import signal
-import time
-from typing import Any
 
 import flax.linen as nn
 import jax
 import ml_collections
-from etils import epath
 import numpy as np
 from absl import logging
+from etils import epath
 from jax.experimental import multihost_utils
 
 from bertjax import checkpoint as ckpt_lib
-from bertjax import config_checks
-from bertjax import plot
-from bertjax import progress
-from bertjax.data import multilingual
-from bertjax.data import pipeline
+from bertjax import config_checks, files, progress
+from bertjax.data import multilingual, pipeline
 from bertjax.data import tokenizer as tok_lib
-from bertjax.errors import ConfigError, DataError, TrainingError
+from bertjax.errors import ConfigError
 from bertjax.parallel import mesh as mesh_lib
-from bertjax.train import state as state_lib, step as step_lib
-from bertjax.train.logger import MetricLogger, format_metrics
+from bertjax.train import pretraining, state as state_lib
+from bertjax.train.trainer import Evaluator, Trainer
 
 
 def get_tokenizer(config, workdir: str) -> tok_lib.Tokenizer:
   """The workdir's tokenizer on resume; else the configured file; else one trained on
   the corpus (saved into the workdir so the checkpoint carries it)."""
-  saved = os.path.join(workdir, ckpt_lib.TOKENIZER_DIR)
+  saved = os.path.join(workdir, files.TOKENIZER_DIR)
   tcfg = config.data.tokenizer
   resumed = epath.Path(saved).is_dir()  # The workdir may be remote (gs://).
   multihost = jax.process_count() > 1
@@ -43,7 +39,11 @@ def get_tokenizer(config, workdir: str) -> tok_lib.Tokenizer:
   if resumed:
     tokenizer = tok_lib.load_tokenizer(saved)
     if tcfg.path:  # The checkpoint was trained with the saved one: refuse another.
-      _check_same_tokenizer(tok_lib.load_tokenizer(tcfg.path), tokenizer, tcfg.path, saved)
+      tok_lib.check_same_vocabulary(
+          tok_lib.load_tokenizer(tcfg.path), tokenizer, f"config.data.tokenizer.path="
+          f"{tcfg.path}", f"the run being resumed in {workdir}", "drop "
+          "--config.data.tokenizer.path to resume with the run's own tokenizer, or use a "
+          "new --workdir to train with this one")
   else:
     if tcfg.path:
       tokenizer = tok_lib.load_tokenizer(tcfg.path)
@@ -67,219 +67,52 @@ def get_tokenizer(config, workdir: str) -> tok_lib.Tokenizer:
   return tokenizer
 
 
-def _check_same_tokenizer(given, saved, given_path: str, saved_path: str) -> None:
-  """ConfigError unless `given` (config.data.tokenizer.path) has the vocabulary of the
-  resumed run's own tokenizer `saved`."""
-  fix = ("drop --config.data.tokenizer.path to resume with the run's own tokenizer, or "
-         "use a new --workdir to train with this one")
-  if given.vocab_size != saved.vocab_size:
-    raise ConfigError(
-        f"config.data.tokenizer.path={given_path} has {given.vocab_size} tokens but the "
-        f"checkpoints being resumed were trained with the {saved.vocab_size}-token "
-        f"tokenizer in {saved_path}: {fix}.")
+def evaluator(setup: state_lib.Setup, data: pipeline.PretrainingData, batches: int,
+              every: int) -> Evaluator:
+  """Every `every` steps: the held-out MLM (+ NSP, SBO) metrics over `batches` of the
+  eval batches (0: all) and the accuracy of always predicting the corpus's most
+  frequent token."""
+  eval_step = jax.jit(pretraining.make_eval_step(setup.model),
+                      in_shardings=(setup.shardings.params, setup.batch_sharding))
+  chosen = data.eval_batches[:batches or None]
 
-  def token(tok, i):
-    try:
-      return tok.id_to_token(i)
-    except DataError:  # an id without a token (a gap in a tokenizer.json)
-      return None
-
-  for i in range(saved.vocab_size):
-    if token(given, i) != token(saved, i):
-      raise ConfigError(
-          f"config.data.tokenizer.path={given_path} differs from the resumed run's "
-          f"tokenizer in {saved_path} (id {i}: {token(given, i)!r} vs "
-          f"{token(saved, i)!r}): {fix}.")
-
-
-class _Preemption:
-  """SIGTERM to any process makes every process save at the same step, then exit.
-
-  One process: a SIGTERM handler sets a flag checked at each step boundary. Several:
-  JAX's preemption service (started by `jax.distributed.initialize`) catches SIGTERM
-  and agrees on a step with the other processes; `reached(step)` is then True on all
-  of them at that step (orbax `CheckpointManager.reached_preemption`).
-  """
-
-  def __init__(self, checkpointer: ckpt_lib.Checkpointer):
-    self.requested = False
-    self._checkpointer = checkpointer
-    self._previous = None
-    if jax.process_count() == 1:
-      self._previous = signal.signal(signal.SIGTERM, self._handle)
-
-  def _handle(self, signum, frame):
-    del signum, frame
-    self.requested = True
-
-  def reached(self, step: int) -> bool:
-    if jax.process_count() > 1:
-      self.requested = self._checkpointer.reached_preemption(step)
-    return self.requested
-
-  def restore(self):
-    if self._previous is not None:
-      signal.signal(signal.SIGTERM, self._previous)
-
-
-# errno values of a write that failed because of the disk (full, quota, read-only, mode).
-_WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM)
-
-
-def _mean_metrics(host: list[dict[str, Any]]) -> dict[str, float]:
-  return {k: float(np.mean([m[k] for m in host])) for k in host[0]}
-
-
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
-  """Runs (or resumes) pretraining in `workdir`; returns the last eval metrics."""
-  config_checks.pretraining(config)
-  epath.Path(workdir).mkdir(parents=True, exist_ok=True)
-  ckpt_lib.save_config(workdir, config)
-  log = MetricLogger(workdir)
-  rules = tuple(map(tuple, config.logical_axis_rules))
-  mesh = mesh_lib.create_mesh(config.mesh)
-  dp = mesh_lib.data_parallel_size(mesh, rules)
-  accum = config.train.grad_accum_steps
-  if config.train.batch_size % (dp * accum):
-    raise ConfigError(
-        f"config.train.batch_size={config.train.batch_size} is not divisible by the "
-        f"{dp} data-parallel devices x {accum} grad_accum_steps; use a multiple of "
-        f"{dp * accum}.")
-
-  tokenizer = get_tokenizer(config, workdir)
-  data = pipeline.build_pretraining_data(
-      config.data, tokenizer, batch_size=config.train.batch_size // jax.process_count(),
-      seed=config.seed, nsp=config.model.nsp, process_index=jax.process_index(),
-      process_count=jax.process_count(), position_offset=config.model.position_offset,
-      num_steps=config.train.num_steps)
-  log.info("Data: %s", data.stats)
-
-  trainer = state_lib.build_trainer(config, mesh)
-  abstract, state_shardings = trainer.abstract, trainer.shardings
-  batch_sharding, train_step = trainer.batch_sharding, trainer.train_step
-  log.info("Model: %s parameters; mesh %s.", f"{state_lib.param_count(abstract.params):,}",
-           dict(mesh.shape))
-  eval_step = jax.jit(step_lib.make_eval_step(trainer.model),
-                      in_shardings=(state_shardings.params, batch_sharding))
-
-  checkpointer = ckpt_lib.Checkpointer(workdir, config.train.max_to_keep,
-                                      on_corrupt=config.checkpoint.on_corrupt)
-  train_iter = iter(data.train)
-  restored = checkpointer.restore_latest(
-      ckpt_lib.abstract_on(abstract, state_shardings), train_iter)
-  start = None
-  if restored is not None:
-    start, state = restored
-    log.info("Resumed from step %d in %s.", start, checkpointer.directory)
-  else:
-    state = trainer.init_state(config)
-
-  def evaluate(params) -> dict[str, float]:
+  def run(params) -> dict[str, float]:
     totals: dict[str, float] = {}
     baseline = 0.0
-    batches = data.eval_batches[:config.train.eval_batches or None]
-    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-      for batch in progress.Progress("eval", len(batches), "batches", leave=False).wrap(
-          batches):
-        sums = jax.device_get(eval_step(params, mesh_lib.put_batch(batch, batch_sharding)))
+    with jax.set_mesh(setup.mesh), nn.logical_axis_rules(setup.rules):
+      for batch in progress.Progress("eval", len(chosen), "batches", leave=False).wrap(
+          chosen):
+        sums = jax.device_get(eval_step(params, mesh_lib.put_batch(batch,
+                                                                   setup.batch_sharding)))
         for k, v in sums.items():
           totals[k] = totals.get(k, 0.0) + float(v)
         baseline += float(np.sum((batch["masked_lm_ids"] == data.most_frequent_token)
                                  * batch["masked_lm_weights"]))
     if jax.process_count() > 1:  # Each process counted its own eval rows.
       baseline = float(np.sum(multihost_utils.process_allgather(np.float32(baseline))))
-    metrics = step_lib.eval_metrics(totals)
+    metrics = pretraining.eval_metrics(totals)
     metrics["mlm_accuracy_most_frequent_baseline"] = baseline / max(totals["mlm_count"], 1)
     return metrics
 
-  preemption = _Preemption(checkpointer)
-  pending: list[dict[str, Any]] = []
-  eval_result: dict[str, float] = {}
-  step = int(jax.device_get(state.step))
-  last_good = start
-  consecutive_skips = 0  # skip_step_on_spikes: stops the run at spike_window in a row.
-  t0, tokens = time.perf_counter(), 0
-  # A bar on a terminal; elsewhere the step lines below carry its rate and ETA.
-  bar = progress.Progress("train", config.train.num_steps, "steps", initial=step,
-                          interval=None)
+  return Evaluator("eval", run, every)
 
-  def flush(step: int) -> None:
-    nonlocal t0, tokens, consecutive_skips
-    if not pending:
-      return
-    host = jax.device_get(pending)
-    pending.clear()
-    for i, m in enumerate(host):  # skip_step_on_spikes: skipped steps are only logged.
-      if m.get("skipped") and log.active:
-        logging.warning("Skipped step %d (update dropped, %d so far): loss %.4g, grad "
-                        "norm %.4g.", step - len(host) + 1 + i, m["skipped_steps"],
-                        m["loss"], m["grad_norm"])
-      consecutive_skips = consecutive_skips + 1 if m.get("skipped") else 0
-      if consecutive_skips >= config.train.spike_window:
-        raise TrainingError(
-            f"{consecutive_skips} steps in a row up to step {step} were skipped as spikes; "
-            f"the last good checkpoint is step {last_good} in {checkpointer.directory}. "
-            "Lower config.train.learning_rate or raise config.train.spike_sigma, then "
-            "rerun to resume.")
-    kept = [m for m in host if not m.get("skipped")]
-    metrics = _mean_metrics(kept or host)
-    metrics.pop("skipped", None)
-    if "skipped_steps" in host[-1]:
-      metrics["skipped_steps"] = float(host[-1]["skipped_steps"])
-    for m in kept:  # The loss, the gradients and the updated parameters.
-      bad = [k for k in ("loss", "grad_norm", "param_norm") if not math.isfinite(m[k])]
-      if bad:
-        raise TrainingError(
-            f"non-finite {', '.join(bad)} at or before step {step}; the last good "
-            f"checkpoint is step {last_good} in {checkpointer.directory}. Lower "
-            "config.train.learning_rate or check the data, then rerun to resume.")
-    elapsed = time.perf_counter() - t0
-    metrics["tokens_per_s"] = tokens / max(elapsed, 1e-9)
-    log.write(step, metrics)
-    log.info("step %d/%d | %s | %s", step, config.train.num_steps,
-             format_metrics(metrics), bar.status())
-    t0, tokens = time.perf_counter(), 0
 
-  try:
-    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-      while step < config.train.num_steps:
-        batch = next(train_iter)
-        tokens += int(batch["attention_mask"].sum()) * jax.process_count()
-        state, metrics = train_step(state, mesh_lib.put_batch(batch, batch_sharding))
-        step += 1
-        bar.update()
-        pending.append(metrics)
-        done = step == config.train.num_steps
-        preempted = preemption.reached(step)
-        if step % config.train.log_every == 0 or done or preempted:
-          flush(step)
-        if step % config.train.eval_every == 0 or done:
-          eval_result = evaluate(state.params)
-          log.write(step, eval_result, prefix="eval")
-          log.info("eval at step %d | %s", step, format_metrics(eval_result))
-        if step % config.train.checkpoint_every == 0 or done or preempted:
-          flush(step)
-          checkpointer.save(step, state, train_iter, force=True)
-          last_good = step
-        if preempted:
-          log.info("SIGTERM: saved step %d; exiting. Rerun the same command to resume.", step)
-          break
-    checkpointer.wait()  # The last asynchronous save's error, if any, surfaces here.
-  except OSError as e:  # metrics.jsonl and TensorBoard writes on a full/read-only disk.
-    if e.errno not in _WRITE_ERRNOS:
-      raise
-    raise TrainingError(
-        f"cannot write to {workdir}: {e.strerror} ({e.filename or 'a log file'}). The run "
-        f"stopped at step {step}; {checkpointer.intact()}. Free space or make the workdir "
-        "writable, then rerun the same command to resume.") from e
-  finally:
-    preemption.restore()
-    # After a failure these may fail again (a full disk); the first error is the one raised.
-    for close in (bar.close, checkpointer.wait, checkpointer.close, log.close):
-      try:
-        close()
-      except Exception as e:  # pylint: disable=broad-except
-        logging.warning("While stopping: %s", str(e).splitlines()[0][:300])
-  if jax.process_index() == 0:  # WORKDIR/training.png; a failure only warns.
-    plot.plot_after_run(workdir)
-  return eval_result
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
+  """Runs (or resumes) pretraining in `workdir`; returns the last eval metrics ({} when
+  stopped by SIGTERM before the first evaluation)."""
+  config_checks.pretraining(config)
+  epath.Path(workdir).mkdir(parents=True, exist_ok=True)
+  ckpt_lib.save_config(workdir, config)
+  setup = state_lib.build_trainer(config)
+  tokenizer = get_tokenizer(config, workdir)
+  data = pipeline.build_pretraining_data(
+      config.data, tokenizer, batch_size=config.train.batch_size // jax.process_count(),
+      seed=config.seed, nsp=config.model.nsp, process_index=jax.process_index(),
+      process_count=jax.process_count(), position_offset=config.model.position_offset,
+      num_steps=config.train.num_steps)
+  trainer = Trainer(setup, config, workdir)
+  trainer.info("Data: %s", data.stats)
+  trainer.info("Model: %s parameters; mesh %s.",
+                   f"{state_lib.param_count(setup.abstract.params):,}", dict(setup.mesh.shape))
+  evaluate = evaluator(setup, data, config.train.eval_batches, config.train.eval_every)
+  return trainer.fit(iter(data.train), [evaluate]).get("eval", {})

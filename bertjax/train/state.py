@@ -1,4 +1,5 @@
-"""Building the model, the optimizer and the (sharded) train state from a config."""
+"""An objective, an optimizer and a mesh -> the sharded state and the jitted step
+(`setup`); pretraining's model and optimizer from a config (`build_trainer`)."""
 
 from __future__ import annotations
 
@@ -11,78 +12,106 @@ import ml_collections
 import optax
 from jax.sharding import Mesh, NamedSharding
 
+from bertjax.errors import ConfigError
 from bertjax.model import BertForPreTraining, ModelConfig
 from bertjax.parallel import mesh as mesh_lib
-from bertjax.train import optimizer
-from bertjax.train.step import TrainState, make_train_step
+from bertjax.train import optimizer, pretraining
+from bertjax.train.step import Objective, TrainState, make_train_step, new_window
 
 
-def build_model(config: ml_collections.ConfigDict) -> BertForPreTraining:
-  return BertForPreTraining(ModelConfig.from_config(config.model))
-
-
-def _init_fn(config, model, tx):
-  """() -> TrainState with boxed (nn.Partitioned) params and optimizer state."""
-  T, P = 8, 2  # Shapes do not matter for the parameters.
-
-  def init():
-    ids = jnp.zeros((1, T), jnp.int32)
-    params = model.init({"params": jax.random.key(config.seed)}, ids,
-                        masked_lm_positions=jnp.zeros((1, P), jnp.int32))["params"]
-    return TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
-
-  return init
-
-
-def abstract_state(config: ml_collections.ConfigDict) -> tuple[TrainState, Any]:
-  """(unboxed abstract TrainState, boxed abstract TrainState) — no memory used."""
-  model, tx = build_model(config), optimizer.create_optimizer(config.train)
-  boxed = jax.eval_shape(_init_fn(config, model, tx))
-  return nn.unbox(boxed), boxed
-
-
-class Trainer(NamedTuple):
-  """Everything one training step needs on one mesh, built in one place."""
+class Setup(NamedTuple):
+  """Everything one training step needs on one mesh, built in one place (`setup`)."""
 
   mesh: Mesh
   rules: tuple
-  model: BertForPreTraining
+  model: nn.Module
   tx: optax.GradientTransformation
   schedule: optax.Schedule
   abstract: TrainState  # unboxed, no memory
   shardings: TrainState  # NamedShardings of every leaf
   batch_sharding: NamedSharding
   train_step: Callable  # jitted `(state, batch) -> (state, metrics)`, state donated
+  objective: Objective
 
-  def init_state(self, config) -> TrainState:
-    return create_train_state(config, self.model, self.tx, self.shardings)
+  def init_params(self, config) -> Any:
+    """Parameters drawn from `config.seed`, directly onto their shardings. Traced
+    without a context mesh: flax's DenseGeneral constrains its flattened kernel during
+    init, so the placement comes from `out_shardings` alone."""
+    return jax.jit(lambda: nn.unbox(self.objective.init(jax.random.key(config.seed))),
+                   out_shardings=self.shardings.params)()
+
+  def init_state(self, config, params: Any = None) -> TrainState:
+    """A fresh state on the shardings: `params` (default: `init_params(config)`),
+    the optimizer's initial state, step 0 and an empty log window."""
+    params = self.init_params(config) if params is None else params
+    # Made by jit, placed like the step's output (an unplaced state would retrace the
+    # step once), each leaf its own buffer (the step donates them all).
+    step, opt_state, window = jax.jit(
+        lambda p: (jnp.zeros((), jnp.int32), self.tx.init(p), new_window(self.objective)),
+        out_shardings=(self.shardings.step, self.shardings.opt_state,
+                       self.shardings.window))(params)
+    return TrainState(step, params, opt_state, window)
 
 
-def build_trainer(config: ml_collections.ConfigDict, mesh: Mesh | None = None) -> Trainer:
-  """Model, optimizer, shardings from the logical-axis rules, and the jitted step
-  (explicit in/out shardings, donated state). Call the step under
-  `jax.set_mesh(trainer.mesh), nn.logical_axis_rules(trainer.rules)`."""
+def setup(config: ml_collections.ConfigDict, model: nn.Module, objective: Objective,
+          tx: optax.GradientTransformation, schedule: optax.Schedule,
+          mesh: Mesh | None = None) -> Setup:
+  """Shardings of the state from the logical-axis rules (`config.logical_axis_rules`)
+  on `mesh` (default: `config.mesh`'s), and the jitted step (explicit in/out
+  shardings, donated state; `config.train.grad_accum_steps`, `log_every`). Call the
+  step under `jax.set_mesh(setup.mesh), nn.logical_axis_rules(setup.rules)`."""
   rules = tuple(map(tuple, config.logical_axis_rules))
   mesh = mesh if mesh is not None else mesh_lib.create_mesh(config.mesh)
-  model, tx = build_model(config), optimizer.create_optimizer(config.train)
-  schedule = optimizer.learning_rate_schedule(config.train)
-  boxed = jax.eval_shape(_init_fn(config, model, tx))
+  accum = config.train.grad_accum_steps
+  dp = mesh_lib.data_parallel_size(mesh, rules)
+  if config.train.batch_size % (dp * accum):
+    raise ConfigError(
+        f"config.train.batch_size={config.train.batch_size} is not divisible by the "
+        f"{dp} data-parallel devices x {accum} grad_accum_steps; use a multiple of "
+        f"{dp * accum}.")
+
+  boxed = jax.eval_shape(_initial_state(objective, tx, config.seed))
   shardings = mesh_lib.logical_shardings(boxed, mesh, rules)
   batch_sharding = mesh_lib.batch_sharding(mesh, rules)
   step = jax.jit(
-      make_train_step(model, tx, schedule, config.seed, config.train.grad_accum_steps),
+      make_train_step(objective, tx, schedule, config.seed, accum, config.train.log_every),
       in_shardings=(shardings, batch_sharding), out_shardings=(shardings, None),
       donate_argnums=0)
-  return Trainer(mesh, rules, model, tx, schedule, nn.unbox(boxed), shardings,
-                 batch_sharding, step)
+  return Setup(mesh, rules, model, tx, schedule, nn.unbox(boxed), shardings,
+               batch_sharding, step, objective)
 
 
-def create_train_state(config, model, tx, shardings) -> TrainState:
-  """Initialises the state directly onto its shardings (no host copy). Traced without
-  a context mesh: flax's DenseGeneral constrains its flattened kernel during init, so
-  the placement comes from `out_shardings` alone."""
-  init = _init_fn(config, model, tx)
-  return jax.jit(lambda: nn.unbox(init()), out_shardings=shardings)()
+def build_model(config: ml_collections.ConfigDict) -> BertForPreTraining:
+  return BertForPreTraining(ModelConfig.from_config(config.model))
+
+
+def build_trainer(config: ml_collections.ConfigDict, mesh: Mesh | None = None) -> Setup:
+  """Pretraining's `Setup`: BERT with its heads, the optimizer and schedule of
+  `config.train`, the sharded state and the jitted step. No data, no workdir."""
+  model = build_model(config)
+  return setup(config, model, pretraining.objective(model),
+               optimizer.create_optimizer(config.train),
+               optimizer.learning_rate_schedule(config.train), mesh)
+
+
+def abstract_state(config: ml_collections.ConfigDict) -> tuple[TrainState, Any]:
+  """Pretraining's (unboxed abstract TrainState, boxed abstract TrainState) — no
+  memory, no mesh."""
+  tx = optimizer.create_optimizer(config.train)
+  boxed = jax.eval_shape(_initial_state(pretraining.objective(build_model(config)), tx,
+                                        config.seed))
+  return nn.unbox(boxed), boxed
+
+
+def _initial_state(objective: Objective, tx: optax.GradientTransformation, seed: int):
+  """() -> the initial TrainState, parameters boxed with their logical axes."""
+
+  def init():
+    params = objective.init(jax.random.key(seed))
+    return TrainState(jnp.zeros((), jnp.int32), params, tx.init(params),
+                      new_window(objective))
+
+  return init
 
 
 def param_count(params) -> int:

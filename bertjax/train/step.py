@@ -1,14 +1,16 @@
-"""Pure train and eval steps: `(state, batch) -> (state, metrics)`.
+"""The pure train step every run shares: `(state, batch) -> (state, metrics)`.
 
-Batch keys (global arrays, leading dim B): input_ids, attention_mask, token_type_ids
-[B, T]; masked_lm_positions, masked_lm_ids, masked_lm_weights [B, P];
-next_sentence_labels [B] (NSP only); optionally position_ids, segment_ids [B, T];
-span_left_positions, span_right_positions, span_relative_positions [B, P] (SBO only:
-the SBO loss is the mean cross-entropy of the same targets as the MLM loss).
+What is trained is an `Objective` (pretraining's: `bertjax.train.pretraining`; each
+fine-tuning task's: `bertjax.tasks.loop`). The step draws dropout from (seed, step),
+splits the batch into `grad_accum_steps` micro-batches whose gradients add up to the
+whole batch's exactly, applies the optimizer (whose `skip_spikes` wrapper may drop the
+update), and adds the step's metrics to the log window held in the state, so the
+numbers logged for a step do not depend on where a run was interrupted and resumed.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable
 
 import flax
@@ -16,12 +18,10 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from bertjax.model import BertForPreTraining
 from bertjax.train import spikes
 
-MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids", "masked_lm_positions",
-                "position_ids", "segment_ids", "span_left_positions",
-                "span_right_positions", "span_relative_positions")
+# Metrics of every step besides the objective's own (`Objective.metric_names`).
+STEP_METRICS = ("loss", "grad_norm", "param_norm", "learning_rate")
 
 
 @flax.struct.dataclass
@@ -29,65 +29,67 @@ class TrainState:
   step: jax.Array  # [] int32, steps taken (batches consumed; skipped spikes included)
   params: Any
   opt_state: Any
+  # The current log window (`new_window`): sums of the metrics of its accepted steps.
+  window: Any
+
+  def fields(self) -> dict[str, Any]:
+    """{field name: value}: what `Checkpointer.save` stores and `restore` targets."""
+    return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
 
-def _loss_sums(model: BertForPreTraining, params, batch, rng, deterministic: bool):
-  """Summed (not averaged) losses and correct counts over the batch's predictions."""
-  inputs = {k: batch[k] for k in MODEL_INPUTS if k in batch}
-  out = model.apply({"params": params}, **inputs, deterministic=deterministic,
-                    rngs=None if deterministic else {"dropout": rng})
-  logits, labels = out["mlm_logits"], batch["masked_lm_ids"]  # [B, P, V], [B, P]
-  weights = batch["masked_lm_weights"]
-  xent = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
-  sums = {"mlm_loss": jnp.sum(xent * weights),
-          "mlm_correct": jnp.sum((jnp.argmax(logits, -1) == labels) * weights)}
-  if "sbo_logits" in out:
-    sbo = optax.softmax_cross_entropy_with_integer_labels(out["sbo_logits"], labels)
-    sums["sbo_loss"] = jnp.sum(sbo * weights)
-    sums["sbo_correct"] = jnp.sum((jnp.argmax(out["sbo_logits"], -1) == labels) * weights)
-  if "nsp_logits" in out:
-    nsp_w = batch.get("example_weights", jnp.ones(labels.shape[:1], jnp.float32))
-    nsp_labels = batch["next_sentence_labels"]
-    sums["nsp_loss"] = jnp.sum(optax.softmax_cross_entropy_with_integer_labels(
-        out["nsp_logits"], nsp_labels) * nsp_w)
-    sums["nsp_correct"] = jnp.sum((jnp.argmax(out["nsp_logits"], -1) == nsp_labels) * nsp_w)
-  return sums
+@dataclasses.dataclass(frozen=True)
+class Objective:
+  """What the trainer minimises, given as sums so that micro-batches add up exactly.
+
+  init: rng -> the parameters, boxed in `nn.Partitioned` (traced: no memory when
+    shapes are all that is asked).
+  sums: (params, batch, dropout rng or None: deterministic) -> {name: []} losses and
+    correct counts summed over the batch's targets (rows weighing 0 add nothing).
+  counts: batch -> {name: []} the denominators, from the batch alone.
+  loss: (sums, counts) -> [] the objective; linear in `sums`.
+  metrics: (sums, counts) -> {name: []} logged each step, named `metric_names`.
+  """
+
+  init: Callable[[jax.Array], Any]
+  sums: Callable[[Any, dict, jax.Array | None], dict[str, jax.Array]]
+  counts: Callable[[dict], dict[str, jax.Array]]
+  loss: Callable[[dict, dict], jax.Array]
+  metrics: Callable[[dict, dict], dict[str, jax.Array]]
+  metric_names: tuple[str, ...]
 
 
-def _counts(batch) -> dict[str, jax.Array]:
-  counts = {"mlm": jnp.sum(batch["masked_lm_weights"])}
-  if "next_sentence_labels" in batch:
-    counts["nsp"] = jnp.sum(batch.get(
-        "example_weights", jnp.ones(batch["next_sentence_labels"].shape, jnp.float32)))
-  return counts
+def new_window(objective: Objective) -> dict[str, Any]:
+  """An empty log window: the metric sums over its accepted (not skipped) steps, their
+  count, and the current and the window's longest runs of skipped steps."""
+  zero = lambda dtype=jnp.float32: jnp.zeros((), dtype)
+  return {"sums": {k: zero() for k in (*objective.metric_names, *STEP_METRICS)},
+          "steps": zero(), "skip_run": zero(jnp.int32),
+          "longest_skip_run": zero(jnp.int32)}
 
 
-def _objective(sums, counts):
-  """Mean MLM cross-entropy over the chosen tokens (+ mean NSP cross-entropy, + mean
-  SBO cross-entropy over the same tokens)."""
-  loss = sums["mlm_loss"] / jnp.maximum(counts["mlm"], 1.0)
-  if "sbo_loss" in sums:
-    loss = loss + sums["sbo_loss"] / jnp.maximum(counts["mlm"], 1.0)
-  if "nsp_loss" in sums:
-    loss = loss + sums["nsp_loss"] / jnp.maximum(counts["nsp"], 1.0)
-  return loss
-
-
-def make_train_step(model: BertForPreTraining, tx: optax.GradientTransformation,
-                    schedule: optax.Schedule, seed: int, grad_accum_steps: int = 1
+def make_train_step(objective: Objective, tx: optax.GradientTransformation,
+                    schedule: optax.Schedule, seed: int, grad_accum_steps: int = 1,
+                    log_every: int = 1
                     ) -> Callable[[TrainState, dict], tuple[TrainState, dict]]:
-  """The train step. Dropout RNG is folded from (seed, step). With gradient
-  accumulation the batch is split into `grad_accum_steps` micro-batches whose summed
-  gradients equal the full batch's exactly (losses are normalised by whole-batch counts)."""
+  """The train step. With gradient accumulation the batch is split into
+  `grad_accum_steps` micro-batches whose summed gradients equal the full batch's
+  (losses are normalised by whole-batch counts). A log window starts at every step
+  that is a multiple of `log_every` (counted before the step).
+
+  Returns metrics: this step's (`STEP_METRICS`, the objective's; with spike skipping
+  `skipped` and `skipped_steps`), and `window`: the means over the window's accepted
+  steps so far (this step's values when it has none) with `skipped_steps`,
+  `window_steps` and `longest_skip_run`.
+  """
 
   def train_step(state: TrainState, batch: dict) -> tuple[TrainState, dict]:
     rng = jax.random.fold_in(jax.random.key(seed), state.step)
-    counts = _counts(batch)
+    counts = objective.counts(batch)
 
     def grads_of(micro, micro_rng):
       def loss_fn(params):
-        sums = _loss_sums(model, params, micro, micro_rng, deterministic=False)
-        return _objective(sums, counts), sums
+        sums = objective.sums(params, micro, micro_rng)
+        return objective.loss(sums, counts), sums
       return jax.grad(loss_fn, has_aux=True)(state.params)
 
     if grad_accum_steps == 1:
@@ -107,51 +109,43 @@ def make_train_step(model: BertForPreTraining, tx: optax.GradientTransformation,
       (grads, sums), _ = jax.lax.scan(
           body, zeros, (jnp.arange(grad_accum_steps), micro))
 
-    loss = _objective(sums, counts)
-    metrics = _metrics(sums, counts)
+    loss = objective.loss(sums, counts)
+    metrics = dict(objective.metrics(sums, counts))
     optimizer_steps = state.step  # Steps the optimizer took: the schedule's position.
+    skipped = jnp.zeros((), bool)
     if isinstance(state.opt_state, spikes.SpikeState):  # skip_step_on_spikes
       updates, opt_state = tx.update(grads, state.opt_state, state.params, loss=loss)
       optimizer_steps = state.step - state.opt_state.skipped
-      metrics["skipped"] = opt_state.last_skipped.astype(jnp.float32)
-      metrics["skipped_steps"] = opt_state.skipped.astype(jnp.float32)
+      skipped = opt_state.last_skipped
     else:
       updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    metrics["loss"] = loss
-    metrics["grad_norm"] = optax.tree.norm(grads)
-    metrics["param_norm"] = optax.tree.norm(params)
-    metrics["learning_rate"] = schedule(optimizer_steps)
-    return TrainState(state.step + 1, params, opt_state), metrics
+    metrics.update(loss=loss, grad_norm=optax.tree.norm(grads),
+                   param_norm=optax.tree.norm(params),
+                   learning_rate=schedule(optimizer_steps))
+    metrics = {k: jnp.asarray(v, jnp.float32) for k, v in metrics.items()}
+    window = _add_to_window(state.window, metrics, skipped, state.step % log_every == 0)
+    means = jax.tree.map(lambda s, m: jnp.where(window["steps"] > 0,
+                                                s / jnp.maximum(window["steps"], 1.0), m),
+                         window["sums"], metrics)
+    out = dict(metrics, window=dict(means, window_steps=window["steps"],
+                                     longest_skip_run=window["longest_skip_run"]))
+    if isinstance(opt_state, spikes.SpikeState):
+      out["skipped"] = skipped.astype(jnp.float32)
+      out["skipped_steps"] = out["window"]["skipped_steps"] = (
+          opt_state.skipped.astype(jnp.float32))
+    return TrainState(state.step + 1, params, opt_state, window), out
 
   return train_step
 
 
-def _metrics(sums, counts):
-  m = {"mlm_loss": sums["mlm_loss"] / jnp.maximum(counts["mlm"], 1.0),
-       "mlm_accuracy": sums["mlm_correct"] / jnp.maximum(counts["mlm"], 1.0)}
-  if "sbo_loss" in sums:
-    m["sbo_loss"] = sums["sbo_loss"] / jnp.maximum(counts["mlm"], 1.0)
-    m["sbo_accuracy"] = sums["sbo_correct"] / jnp.maximum(counts["mlm"], 1.0)
-  if "nsp_loss" in sums:
-    m["nsp_loss"] = sums["nsp_loss"] / jnp.maximum(counts["nsp"], 1.0)
-    m["nsp_accuracy"] = sums["nsp_correct"] / jnp.maximum(counts["nsp"], 1.0)
-  return m
-
-
-def make_eval_step(model: BertForPreTraining) -> Callable[[Any, dict], dict]:
-  """`(params, batch) -> sums`: summed losses, correct counts and counts (no dropout);
-  sum over batches on the host, then divide (`eval_metrics`)."""
-
-  def eval_step(params, batch):
-    sums = _loss_sums(model, params, batch, None, deterministic=True)
-    sums.update({f"{k}_count": v for k, v in _counts(batch).items()})
-    return sums
-
-  return eval_step
-
-
-def eval_metrics(totals: dict[str, float]) -> dict[str, float]:
-  """Accumulated eval sums -> means."""
-  counts = {"mlm": totals["mlm_count"], "nsp": totals.get("nsp_count", 0.0)}
-  return {k: float(v) for k, v in _metrics(totals, counts).items()}
+def _add_to_window(window, metrics, skipped, fresh):
+  """The window after a step: emptied first when `fresh`; a skipped step adds nothing
+  to the sums (its values may be NaN) and extends the run of skips."""
+  keep = lambda x: jnp.where(fresh, jnp.zeros_like(x), x)
+  sums = jax.tree.map(lambda s, m: keep(s) + jnp.where(skipped, 0.0, m), window["sums"],
+                      metrics)
+  run = jnp.where(skipped, window["skip_run"] + 1, 0)
+  return {"sums": sums, "steps": keep(window["steps"]) + jnp.where(skipped, 0.0, 1.0),
+          "skip_run": run, "longest_skip_run": jnp.maximum(keep(window["longest_skip_run"]),
+                                                           run)}

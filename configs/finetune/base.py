@@ -33,6 +33,7 @@ def get_config():
 
   c.train = ml_collections.ConfigDict()
   c.train.batch_size = 32  # Global batch of features.
+  c.train.grad_accum_steps = 1  # Micro-batches accumulated per optimizer step.
   c.train.eval_batch_size = 64  # Dev batch (rounded up to the data-parallel size).
   c.train.num_epochs = 3  # Passes over the training features.
   c.train.learning_rate = 2e-5  # Peak learning rate (the paper sweeps 5e-5..2e-5).
@@ -46,11 +47,18 @@ def get_config():
   c.train.log_every = 50  # Steps between logged training metrics.
   c.train.checkpoint_every = 1000  # Steps between checkpoints (and at the end).
   c.train.max_to_keep = 1  # Checkpoints kept in the workdir.
+  # Spike skipping (skip_step_on_spikes, spike_window, spike_sigma), profile_steps and
+  # checkpoint.on_corrupt: the trainer's, as in pretraining (described in bert_base.py).
+  for field in ("skip_step_on_spikes", "spike_window", "spike_sigma", "profile_steps"):
+    c.train[field] = bert_base.get_config().train[field]
+  c.checkpoint = bert_base.get_config().checkpoint
 
   c.sweep = ml_collections.ConfigDict()
   c.sweep.learning_rates = ()  # The paper's grid, e.g. (5e-5, 4e-5, 3e-5, 2e-5).
   c.sweep.seeds = ()  # Restarts: new head init and data order, same pretrained weights.
 
+  # Multi-process jobs (--coordinator_address / --multihost): join and heartbeat timeouts.
+  c.distributed = bert_base.get_config().distributed
   c.mesh = bert_base.get_config().mesh
   c.logical_axis_rules = bert_base.LOGICAL_AXIS_RULES
   return c

@@ -1,0 +1,33 @@
+"""The files of a run's workdir, named in this one place.
+
+A pretraining workdir (`python -m bertjax.main --workdir=DIR`) holds:
+  config.json            the run's config (its model section must not change on resume)
+  tokenizer/             the tokenizer (`Tokenizer.save`)
+  checkpoints/N/         orbax step N: `state` (the train state) and `data` (the
+                         data-iterator position)
+  corrupt_checkpoints/N  steps moved aside by `config.checkpoint.on_corrupt=previous`
+  metrics.jsonl          one JSON line per logged step and split (process 0)
+  tensorboard/           TensorBoard events, and `jax.profiler` traces of
+                         `config.train.profile_steps`
+  training.png           the curves of metrics.jsonl (`bertjax.plot`)
+A fine-tuning workdir (`python -m bertjax.finetune`) holds the same, and:
+  task.json              the task's name, labels and step count
+  dev_results.json       the dev metrics at the end of training
+  dev_predictions.json   one dev prediction per example
+  predictions.jsonl      `python -m bertjax.predict`'s output (default location)
+  sweep_results.json/.md a sweep's table (its runs in lr{LR}_seed{SEED}/)
+"""
+
+CONFIG_FILE = "config.json"
+TOKENIZER_DIR = "tokenizer"
+CHECKPOINT_DIR = "checkpoints"
+CORRUPT_DIR = "corrupt_checkpoints"
+METRICS_FILE = "metrics.jsonl"
+TENSORBOARD_DIR = "tensorboard"
+PLOT_FILE = "training.png"
+TASK_FILE = "task.json"
+DEV_RESULTS_FILE = "dev_results.json"
+DEV_PREDICTIONS_FILE = "dev_predictions.json"
+PREDICTIONS_FILE = "predictions.jsonl"
+SWEEP_RESULTS_FILE = "sweep_results.json"
+SWEEP_TABLE_FILE = "sweep_results.md"
