@@ -15,7 +15,7 @@ import math
 
 from bertjax.errors import ConfigError
 
-TOKENIZER_KINDS = ("wordpiece", "sentencepiece")
+TOKENIZER_KINDS = ("wordpiece", "sentencepiece", "byte_level_bpe")
 MIN_SEQ_LENGTH = 8  # [CLS] a [SEP] b [SEP] with room for a few tokens
 
 
