@@ -9,6 +9,8 @@
       --output=/data/bert_base_examples --workers=8 [--config.data.dupe_factor=10]
   # then train with --config.data.corpus=/data/bert_base_examples
   #                 --config.data.tokenizer.path=/data/bert_base_examples/tokenizer
+  # Stage 2 on Apache Beam instead of --workers: --runner=DirectRunner|DataflowRunner|
+  # FlinkRunner|SparkRunner --beam_pipeline_options=key=value,... (`prepare_beam`).
 
 Stage 1 streams documents from `sources.iter_documents` in chunks of `--chunk_documents`
 (or `CHUNK_CHARACTERS` of text); worker processes tokenize a chunk each and write
@@ -17,7 +19,7 @@ atomically, and a copy of the tokenizer goes to `tokenizer/`. A rerun skips chun
 whose shard exists, so an interrupted preparation continues where it stopped; memory
 stays bounded by the chunks in flight. The summary (documents, sentences, tokens,
 characters, seconds) is printed and written to `summary.json`. Stage 2 is
-`bertjax.data.build_examples`.
+`bertjax.data.build_examples` (or `prepare_beam`); the program is `prepare_run.main`.
 """
 
 from __future__ import annotations
