@@ -1,4 +1,6 @@
-"""Hugging Face BERT / RoBERTa / XLM-R checkpoints <-> bertjax parameters.
+"""Hugging Face BERT / RoBERTa / XLM-R checkpoints <-> bertjax parameters; fine-tuned
+models out as Hugging Face's *ForSequenceClassification / ForTokenClassification /
+ForQuestionAnswering / ForMultipleChoice.
 
 One table, `param_table(config, ...)`, lists every parameter as (bertjax path, Hugging
 Face key, kind); `kind` names the layout change between the two (`_to_bertjax` applies
@@ -270,17 +272,42 @@ def _json(path: str) -> Any:
     return json.load(f)
 
 
+def _save_byte_level_bpe(directory: str, state: dict) -> None:
+  """RoBERTa's files of a byte-level BPE tokenizer.json `state`: vocab.json (the model's
+  vocabulary and the added tokens, <mask> included) and merges.txt."""
+  vocab = dict(state["model"]["vocab"])
+  vocab.update({t["content"]: t["id"] for t in state.get("added_tokens", [])})
+  with open(os.path.join(directory, "vocab.json"), "w", encoding="utf-8") as f:
+    json.dump(vocab, f, ensure_ascii=False)
+  merges = [m if isinstance(m, str) else " ".join(m) for m in state["model"]["merges"]]
+  with open(os.path.join(directory, "merges.txt"), "w", encoding="utf-8") as f:
+    f.write("#version: 0.2\n" + "".join(m + "\n" for m in merges))
+
+
 def save_hf_tokenizer(directory: str, tokenizer) -> str:
   """Writes the tokenizer as Hugging Face reads it: a WordPiece vocabulary as vocab.txt
-  (+ do_lower_case), a SentencePiece model as sentencepiece.bpe.model (XLM-R), any
-  other `tokenizers` model as tokenizer.json. Returns 'wordpiece', 'sentencepiece' or
-  'json'."""
+  (+ do_lower_case), a SentencePiece model as sentencepiece.bpe.model (XLM-R), a
+  byte-level BPE as vocab.json + merges.txt (RoBERTa), any other `tokenizers` model as
+  tokenizer.json. Returns 'wordpiece', 'sentencepiece', 'byte_level_bpe' or 'json'."""
   from bertjax.data.tokenizer import SENTENCEPIECE_FILE  # pylint: disable=g-import-not-at-top
   tokenizer.save(directory)
   json_path = os.path.join(directory, "tokenizer.json")
-  if os.path.isfile(os.path.join(directory, SENTENCEPIECE_FILE)):
+  state = None if os.path.isfile(os.path.join(directory, SENTENCEPIECE_FILE)) else _json(
+      json_path)
+  if state is None:
     kind, settings = "sentencepiece", {"tokenizer_class": "XLMRobertaTokenizer"}
-  elif tokenizer.style == "bert" and _json(json_path)["model"]["type"] == "WordPiece":
+  elif (tokenizer.style == "roberta" and state["model"]["type"] == "BPE"
+        and (state.get("pre_tokenizer") or {}).get("type") == "ByteLevel"
+        and not state.get("normalizer")):
+    # vocab.json + merges.txt rebuild RoBERTa's whole pipeline (<s> a </s></s> b </s>).
+    os.remove(json_path)
+    _save_byte_level_bpe(directory, state)
+    # RoBERTa's <mask> swallows the space before it (lstrip), as bertjax's does.
+    kind, settings = "byte_level_bpe", {"tokenizer_class": "RobertaTokenizer", "mask_token": {
+        "__type": "AddedToken", "content": tokenizer.id_to_token(tokenizer.mask_id),
+        "lstrip": True, "rstrip": False, "normalized": False, "single_word": False,
+        "special": True}}
+  elif tokenizer.style == "bert" and state["model"]["type"] == "WordPiece":
     # vocab.txt + do_lower_case rebuild BERT's full pipeline (with [CLS]/[SEP]) on
     # both sides; the bare tokenizer.json would lack the post-processor.
     os.remove(json_path)
@@ -291,7 +318,8 @@ def save_hf_tokenizer(directory: str, tokenizer) -> str:
   else:
     kind, settings = "json", {}
   pad, mask = tokenizer.id_to_token(tokenizer.pad_id), tokenizer.id_to_token(tokenizer.mask_id)
-  settings.update(pad_token=pad, mask_token=mask, model_max_length=512)
+  settings.setdefault("mask_token", mask)
+  settings.update(pad_token=pad, model_max_length=512)
   with open(os.path.join(directory, "tokenizer_config.json"), "w") as f:
     json.dump(settings, f, indent=2)
   return kind
@@ -335,20 +363,109 @@ def params_to_hf(params: dict, config: ModelConfig, model_type: str) -> dict[str
   return state
 
 
+def _model_type(config: ModelConfig, tokenizer_kind: str) -> str:
+  return ("bert" if config.position_offset == 0 else
+          "xlm-roberta" if tokenizer_kind == "sentencepiece" else "roberta")
+
+
 def save_hf(directory: str, params: dict, config: ModelConfig, tokenizer) -> str:
   """Writes config.json, model.safetensors and the tokenizer files of a Hugging Face
   model dir that `transformers.AutoModel*.from_pretrained` loads. Returns the type."""
   from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
 
   os.makedirs(directory, exist_ok=True)
-  kind = save_hf_tokenizer(directory, tokenizer)
-  model_type = ("bert" if config.position_offset == 0 else
-                "xlm-roberta" if kind == "sentencepiece" else "roberta")
+  model_type = _model_type(config, save_hf_tokenizer(directory, tokenizer))
   with open(os.path.join(directory, "config.json"), "w") as f:
     json.dump(hf_config(config, model_type, "mlm" in params), f, indent=2)
   save_file(params_to_hf(params, config, model_type),
             os.path.join(directory, "model.safetensors"), metadata={"format": "pt"})
   return model_type
+
+
+# ---- Export of fine-tuned models: a task head -> *For<Task> -------------------------
+
+# bertjax task -> the Hugging Face class suffix of its head.
+TASK_CLASSES = {"classification": "ForSequenceClassification",
+                "tagging": "ForTokenClassification", "squad": "ForQuestionAnswering",
+                "multiple_choice": "ForMultipleChoice"}
+
+
+def task_head_table(task: str, model_type: str, config: ModelConfig
+                    ) -> tuple[list[Entry], bool]:
+  """The head's entries (bertjax path under 'encoder' / 'head', Hugging Face key) of a
+  fine-tuned `task` model, and whether the encoder keeps its pooler in the export.
+
+  The dense + tanh on [CLS] is the encoder's pooler, or the head's own 'pooler' when
+  the encoder has none; Hugging Face holds it as the model's pooler (BERT's sequence
+  classification, multiple choice) or as RoBERTa's `classifier.dense`."""
+  p = "bert." if model_type == "bert" else "roberta."
+  pooler = ("encoder", "pooler") if config.pooler else ("head", "pooler")
+  if task == "classification" and model_type != "bert":  # RobertaClassificationHead
+    return (_dense(pooler, "classifier.dense")
+            + _dense(("head", "classifier"), "classifier.out_proj"), False)
+  if task in ("classification", "multiple_choice"):
+    name = "classifier" if task == "classification" else "scorer"
+    table = [] if config.pooler else _dense(pooler, f"{p}pooler.dense")
+    return table + _dense(("head", name), "classifier"), True
+  if task == "tagging":
+    return _dense(("head", "tagger"), "classifier"), False
+  check_exportable(task)
+  return _dense(("head", "qa"), "qa_outputs"), False
+
+
+def check_exportable(task: str) -> None:
+  """CheckpointError unless a fine-tuned `task` model has a Hugging Face class."""
+  if task not in TASK_CLASSES:
+    raise CheckpointError(
+        f"a {task!r} model has no Hugging Face class" + (
+            " (span-based NER classifies spans; transformers has no such head): use "
+            "python -m bertjax.predict on it" if task == "span_ner" else "") + ".")
+
+
+def finetuned_hf_config(config: ModelConfig, model_type: str, task, regression: bool
+                        ) -> dict[str, Any]:
+  """config.json of the Hugging Face *For<Task> model of a fine-tuned `task` (its
+  name and labels): the class, and the labels (id2label / label2id; one output and
+  problem_type 'regression' for regression)."""
+  stem = {"bert": "Bert", "roberta": "Roberta", "xlm-roberta": "XLMRoberta"}[model_type]
+  out = dict(hf_config(config, model_type, False),
+             architectures=[stem + TASK_CLASSES[task.name]])
+  if regression:
+    out.update(num_labels=1, problem_type="regression")
+  elif task.labels:
+    out.update(id2label={str(i): l for i, l in enumerate(task.labels)},
+               label2id={l: i for i, l in enumerate(task.labels)})
+    if task.name == "classification":
+      out["problem_type"] = "single_label_classification"
+  return out
+
+
+def save_hf_finetuned(directory: str, finetuned) -> str:
+  """Writes the Hugging Face *For<Task> dir (config.json with the labels,
+  model.safetensors, tokenizer files) of a fine-tuned model (`api.load_finetuned`).
+  Returns its class name."""
+  from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
+  from bertjax.model import layout  # pylint: disable=g-import-not-at-top
+
+  task, config = finetuned.task, finetuned.model
+  check_exportable(task.name)
+  os.makedirs(directory, exist_ok=True)
+  model_type = _model_type(config, save_hf_tokenizer(directory, finetuned.tokenizer))
+  head, keep_pooler = task_head_table(task.name, model_type, config)
+  params = layout.to_layout(finetuned.params, False)
+  encoder = dataclasses.replace(config, pooler=config.pooler and keep_pooler, nsp=False)
+  state = {}
+  for entry in param_table(encoder, "bert." if model_type == "bert" else "roberta.",
+                           None) + head:
+    node = params
+    for name in entry.path:
+      node = node[name]
+    state[entry.key] = np.ascontiguousarray(_to_hf(entry.kind, np.asarray(node, np.float32)))
+  hf = finetuned_hf_config(config, model_type, task, getattr(task, "regression", False))
+  with open(os.path.join(directory, "config.json"), "w") as f:
+    json.dump(hf, f, indent=2)
+  save_file(state, os.path.join(directory, "model.safetensors"), metadata={"format": "pt"})
+  return hf["architectures"][0]
 
 
 # ---- Import: Hugging Face -> a bertjax workdir --------------------------------------

@@ -1,9 +1,13 @@
 """BERT-base (Devlin et al. 2019): L=12, H=768, A=12, ~110M parameters.
 
-The paper's recipe: Adam lr 1e-4, b1 0.9, b2 0.999, weight decay 0.01 (not on LayerNorm
-or biases), 10k warmup steps then linear decay, batch 256, 1M steps, MLM 15% (80/10/10)
-plus NSP, dropout 0.1 everywhere, GELU. Every other recipe imports this file and
-overrides what differs.
+Reproduces the pretraining behind the paper's BERT-base rows of Table 1 (GLUE test)
+and Table 2 (SQuAD v1.1), its appendix A.2 recipe: Adam lr 1e-4, b1 0.9, b2 0.999,
+weight decay 0.01 (not on LayerNorm or biases), 10k warm-up steps then linear decay,
+batch 256, 1M steps, MLM 15% (80/10/10) plus NSP, dropout 0.1 everywhere, GELU; 90% of
+the steps on sequences of 128 tokens, then 10% on 512 (to learn the positions), with
+at most 20 then 80 masked predictions per sequence (about 15% of the length, as
+google-research/bert sets max_predictions_per_seq). Adam epsilon 1e-6 is
+google-research/bert's. Every other recipe imports this file and overrides what differs.
 
 Launch (the corpus: text files, one sentence a line, a blank line between documents):
 
@@ -68,8 +72,8 @@ def get_config(arg=None):
   c.data = ml_collections.ConfigDict()
   c.data.corpus = ""  # 'embedded' (ships with Python) or a path / glob / directory.
   c.data.text_field = "text"  # JSON-lines and TFDS corpora: the key holding the text.
-  c.data.max_seq_length = 128  # Tokens per example, [CLS] and [SEP]s included.
-  c.data.max_predictions_per_seq = 20  # Masked positions gathered per example.
+  c.data.max_seq_length = 512  # Tokens per example, [CLS] and [SEP]s included.
+  c.data.max_predictions_per_seq = 80  # Masked positions gathered per example.
   c.data.masked_lm_prob = 0.15  # Fraction of tokens chosen for prediction.
   c.data.mask_token_prob = 0.8  # Of the chosen: replaced by [MASK] ...
   c.data.random_token_prob = 0.1  # ... by a random token; the rest stay unchanged.
@@ -81,15 +85,22 @@ def get_config(arg=None):
   c.data.dupe_factor = 5  # NSP: passes over the corpus with different pairings.
   c.data.packing = "full_sentences"  # No NSP: rows cross documents, or 'doc_sentences'.
   c.data.isolate_documents = False  # Packed rows: no attention across documents.
-  # Sequence-length phases: ((fraction of steps, length[, max predictions]), ...), e.g.
-  # the paper's ((0.9, 128), (0.1, 512)); () trains at max_seq_length throughout.
-  c.data.length_phases = ()
+  # Sequence-length phases: ((fraction of steps, length[, max predictions]), ...); the
+  # predictions scale with the length unless given (80 at 512 -> 20 at 128). The paper:
+  # 90% of the steps at 128, then 512. () trains at max_seq_length throughout.
+  c.data.length_phases = ((0.9, 128), (0.1, 512))
   c.data.languages = ""  # Multilingual: 'en=/data/en/*.txt,sw=/data/sw/*.txt' (no corpus).
   c.data.language_alpha = 0.3  # Languages sampled with q_i ~ p_i^alpha (XLM-R: 0.3).
+  # p_i = n_i / sum_j n_j of eq. 11.7 counts each language's 'sentences' (the
+  # textbook's n_i), or its 'tokens' or 'characters' (tokenizer text and batches alike).
+  c.data.language_counts = "sentences"
   c.data.eval_fraction = 0.02  # Documents held out for evaluation.
   c.data.worker_count = 0  # grain worker processes (0: in the main process).
+  # Raw text (or tokenized documents) above this many MB is not built in memory: the
+  # run stops and asks for `python -m bertjax.data.prepare --config=...` (0: no limit).
+  c.data.raw_text_limit_mb = 64
   c.data.tokenizer = ml_collections.ConfigDict()
-  c.data.tokenizer.kind = "wordpiece"  # 'wordpiece' or 'sentencepiece'.
+  c.data.tokenizer.kind = "wordpiece"  # 'wordpiece', 'sentencepiece' or 'byte_level_bpe'.
   c.data.tokenizer.path = ""  # vocab.txt / .model / directory; '' trains one.
   c.data.tokenizer.lowercase = True  # Uncased WordPiece (bert-base-uncased).
   c.data.tokenizer.vocab_size = 30522  # Size when training a tokenizer.

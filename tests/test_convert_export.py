@@ -107,3 +107,36 @@ def test_xlmr_export_runs_in_transformers(tmp_path):
   hf = _run_hf(model, {"input_ids": batch["input_ids"],
                        "attention_mask": batch["attention_mask"]})
   _masked_close(logits["mlm_logits"], hf.logits.numpy(), batch["attention_mask"])
+
+
+def test_roberta_roundtrip_through_bertjax_and_back(tmp_path):
+  """A model_type=roberta dir with a byte-level BPE -> bertjax workdir -> Hugging Face:
+  RoBERTa's files and class, the same ids and the same logits."""
+  src = tmp_path / "hf_roberta"
+  tok = tokenizer_lib.train_tokenizer(CORPUS, "byte_level_bpe", vocab_size=300,
+                                      lowercase=False)
+  convert.save_hf_tokenizer(str(src), tok)
+  config = transformers.RobertaConfig(**_small(
+      tok.vocab_size, max_position_embeddings=66, type_vocab_size=1, pad_token_id=1,
+      bos_token_id=0, eos_token_id=2, layer_norm_eps=1e-5))
+  torch.manual_seed(0)
+  model = _perturb(transformers.RobertaForMaskedLM(config))
+  model.save_pretrained(str(src))
+  workdir, exported = str(tmp_path / "workdir"), str(tmp_path / "exported")
+  convert.main(["--to=bertjax", f"--src={src}", f"--dst={workdir}"])
+  convert.main(["--to=hf", f"--src={workdir}", f"--dst={exported}"])
+  saved = json.load(open(os.path.join(exported, "config.json")))
+  assert (saved["model_type"], saved["architectures"]) == ("roberta", ["RobertaForMaskedLM"])
+  assert {"vocab.json", "merges.txt"} <= set(os.listdir(exported))
+  ours = api.load_pretrained(workdir)
+  batch = transformers.AutoTokenizer.from_pretrained(exported)(
+      TEXTS, PAIRS, padding=True, return_tensors="np")
+  ids = ours.tokenizer(TEXTS, PAIRS)
+  for k in ("input_ids", "attention_mask"):
+    np.testing.assert_array_equal(batch[k], ids[k])
+  inputs = {k: ids[k] for k in ("input_ids", "attention_mask")}
+  reloaded = transformers.AutoModelForMaskedLM.from_pretrained(exported).eval()
+  np.testing.assert_allclose(_run_hf(reloaded, inputs).logits.numpy(),
+                             _run_hf(model, inputs).logits.numpy(), atol=1e-5)
+  _masked_close(ours.logits(TEXTS, PAIRS)["mlm_logits"], _run_hf(model, inputs).logits.numpy(),
+                ids["attention_mask"])

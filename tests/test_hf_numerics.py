@@ -63,13 +63,63 @@ def xlmr_dir(tmp_path_factory):
   tok = tokenizer_lib.train_tokenizer(CORPUS, "sentencepiece", vocab_size=120,
                                       lowercase=False)
   tok.save(str(d))
-  config = transformers.XLMRobertaConfig(**_small(
-      tok.vocab_size, max_position_embeddings=66, type_vocab_size=1,
+  return str(d), _fairseq_style_mlm(d, "XLMRoberta", tok.vocab_size)
+
+
+def _fairseq_style_mlm(directory, stem: str, vocab_size: int):
+  """A perturbed {stem}ForMaskedLM with fairseq's special ids and positions past the
+  padding index (RoBERTa, XLM-R), saved to `directory`."""
+  config = getattr(transformers, f"{stem}Config")(**_small(
+      vocab_size, max_position_embeddings=66, type_vocab_size=1,
       pad_token_id=1, bos_token_id=0, eos_token_id=2, layer_norm_eps=1e-5))
   torch.manual_seed(0)
-  model = _perturb(transformers.XLMRobertaForMaskedLM(config))
-  model.save_pretrained(str(d))
-  return str(d), model
+  model = _perturb(getattr(transformers, f"{stem}ForMaskedLM")(config))
+  model.save_pretrained(str(directory))
+  return model
+
+
+@pytest.fixture(scope="module")
+def roberta_dir(tmp_path_factory):
+  """A RobertaForMaskedLM on a byte-level BPE trained here, with RoBERTa's files
+  (vocab.json + merges.txt); also the trained tokenizer itself."""
+  d = tmp_path_factory.mktemp("hf_roberta")
+  tok = tokenizer_lib.train_tokenizer(CORPUS, "byte_level_bpe", vocab_size=400,
+                                      lowercase=False)
+  assert convert.save_hf_tokenizer(str(d), tok) == "byte_level_bpe"
+  return str(d), _fairseq_style_mlm(d, "Roberta", tok.vocab_size), tok
+
+
+def test_byte_level_bpe_ids_equal_robertas(roberta_dir):
+  path, _, trained = roberta_dir
+  assert (trained.cls_id, trained.pad_id, trained.sep_id, trained.unk_id) == (0, 1, 2, 3)
+  assert trained.mask_id == trained.vocab_size - 1 == 399
+  hf = transformers.RobertaTokenizerFast.from_pretrained(path)  # vocab.json + merges.txt
+  texts = TEXTS + ["hello <mask> world", " a leading space", "Héllo wörld 中文 🤗"]
+  pairs = PAIRS + ["x <mask>", "y", "z"]
+  loaded = api.load_pretrained(path).tokenizer
+  for tok in (trained, loaded):
+    for second in (None, pairs):
+      ours = tok(texts, second)
+      theirs = hf(texts, second, padding=True, return_tensors="np")
+      for k in ("input_ids", "attention_mask"):
+        np.testing.assert_array_equal(ours[k], theirs[k])
+
+
+def test_roberta_matches_hf(roberta_dir):
+  path, model, _ = roberta_dir
+  pretrained = api.load_pretrained(path)
+  cfg = pretrained.config
+  assert (cfg.position_offset, cfg.type_vocab_size, cfg.pad_token_id) == (2, 1, 1)
+  assert not cfg.nsp and pretrained.has_mlm and pretrained.tokenizer.style == "roberta"
+  for pairs in (None, PAIRS):
+    batch = pretrained.tokenizer(TEXTS, pairs)
+    assert 0 in batch["attention_mask"]  # the batch is padded
+    hf = _hf_outputs(model, {k: batch[k] for k in ("input_ids", "attention_mask")})
+    theirs = np.stack([h.numpy() for h in hf.hidden_states])
+    _assert_close_masked(pretrained.encode(TEXTS, pairs)["hidden_states"], theirs,
+                         batch["attention_mask"])
+    _assert_close_masked(pretrained.logits(TEXTS, pairs)["mlm_logits"], hf.logits.numpy(),
+                         batch["attention_mask"])
 
 
 def _hf_outputs(model, batch):

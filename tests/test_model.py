@@ -10,27 +10,51 @@ from bertjax.model import BertForPreTraining, ModelConfig
 from bertjax.train import state as state_lib
 from configs import bert_base, bert_large, roberta_base, xlmr_base, xlmr_large
 
-# Parameter counts of the Hugging Face models of these names (encoder + pooler, i.e.
-# `BertModel` / `XLMRobertaModel`); ours must be within 2%.
-HF_COUNTS = {
-    bert_base: 109_482_240,       # bert-base-uncased
-    bert_large: 335_141_888,      # bert-large-uncased
-    roberta_base: 124_645_632,    # roberta-base
-    xlmr_base: 278_043_648,       # xlm-roberta-base
-    xlmr_large: 559_890_432,      # xlm-roberta-large
+# The Hugging Face model each recipe's encoder corresponds to: its name, its exact
+# parameter count (encoder + pooler: `BertModel` / `RobertaModel` / `XLMRobertaModel`)
+# and the sizes of its config.json (the rest at the transformers config's defaults).
+LARGE = dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16,
+             intermediate_size=4096)
+ROBERTA = dict(max_position_embeddings=514, type_vocab_size=1)
+HF_MODELS = {
+    bert_base: ("bert-base-uncased", 109_482_240, "BertConfig", {}),
+    bert_large: ("bert-large-uncased", 335_141_888, "BertConfig", LARGE),
+    roberta_base: ("roberta-base", 124_645_632, "RobertaConfig",
+                   dict(vocab_size=50265, **ROBERTA)),
+    xlmr_base: ("xlm-roberta-base", 278_043_648, "XLMRobertaConfig",
+                dict(vocab_size=250002, **ROBERTA)),
+    xlmr_large: ("xlm-roberta-large", 559_890_432, "XLMRobertaConfig",
+                 dict(vocab_size=250002, **ROBERTA, **LARGE)),
 }
+_ids = lambda m: m.__name__.split(".")[-1]
 
 
-@pytest.mark.parametrize("module", list(HF_COUNTS), ids=lambda m: m.__name__.split(".")[-1])
-def test_full_size_parameter_counts(module):
+def _our_count(module) -> int:
   config = module.get_config()
   config.model.pooler = True  # Count as Hugging Face's *Model classes do.
   abstract, boxed = state_lib.abstract_state(config)
-  count = state_lib.param_count(abstract.params["encoder"])
-  assert abs(count - HF_COUNTS[module]) / HF_COUNTS[module] < 0.02, count
   # Every parameter carries logical axis names, one per dimension.
   for leaf in jax.tree.leaves(boxed.params, is_leaf=lambda x: isinstance(x, nn.Partitioned)):
     assert isinstance(leaf, nn.Partitioned) and len(leaf.names) == leaf.value.ndim
+  return state_lib.param_count(abstract.params["encoder"])
+
+
+@pytest.mark.parametrize("module", list(HF_MODELS), ids=_ids)
+def test_full_size_parameter_counts_are_exact(module):
+  name, count, _, _ = HF_MODELS[module]
+  assert _our_count(module) == count, name
+
+
+@pytest.mark.parametrize("module", list(HF_MODELS), ids=_ids)
+def test_hugging_face_counts_from_configs(module):
+  """The counts above are what transformers builds from those configs (on the meta
+  device: shapes, no memory)."""
+  torch = pytest.importorskip("torch")
+  transformers = pytest.importorskip("transformers")
+  name, count, config_class, sizes = HF_MODELS[module]
+  with torch.device("meta"):
+    model = transformers.AutoModel.from_config(getattr(transformers, config_class)(**sizes))
+  assert sum(p.numel() for p in model.parameters()) == count, name
 
 
 def _tiny(**kw):

@@ -1,5 +1,6 @@
-"""`python -m bertjax.data.train_tokenizer`: WordPiece cased/uncased and SentencePiece
-unigram/BPE over sampled languages, with the special ids the configs expect."""
+"""`python -m bertjax.data.train_tokenizer`: WordPiece cased/uncased, SentencePiece
+unigram/BPE over sampled languages and RoBERTa's byte-level BPE, with the special ids
+the configs expect."""
 
 import subprocess
 import sys
@@ -56,3 +57,21 @@ def test_cli(tmp_path, languages):
                        capture_output=True, text=True, check=True)
   assert "sentences 440" in run.stdout and "mask_id 99" in run.stdout
   assert tok_lib.load_tokenizer(str(out)).vocab_size == 100
+
+
+def test_byte_level_bpe(tmp_path):
+  out = str(tmp_path / "bpe")
+  summary = train_tokenizer.train("embedded", "", out, kind="byte_level_bpe",
+                                  vocab_size=600, lowercase=False, model_type="unigram",
+                                  character_coverage=1.0, alpha=0.3)
+  tok = tok_lib.load_tokenizer(out)
+  assert (tok.style, tok.cls_id, tok.pad_id, tok.sep_id, tok.unk_id) == ("roberta", 0, 1, 2, 3)
+  assert tok.mask_id == tok.vocab_size - 1 == summary["mask_id"] == 599
+  from tokenizers import pre_tokenizers  # Then the 256 bytes (GPT-2's alphabet), merges.
+  assert {tok.id_to_token(i) for i in range(4, 260)} == set(
+      pre_tokenizers.ByteLevel.alphabet())
+  text = "Héllo wörld, naïve 中文 🤗 <mask> Python"
+  ids = tok.tokenize(text)
+  assert tok.mask_id in ids and tok.unk_id not in ids  # Bytes spell anything.
+  assert tok.decode(ids) == text.replace(" <mask>", "<mask>")
+  assert tok.tokenize("Python") != tok.tokenize("python")  # Cased.

@@ -29,6 +29,7 @@ from bertjax.errors import ConfigError, DataError
 
 _BERT_SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")  # pad unk cls sep mask
 _ROBERTA_SPECIALS = ("<pad>", "<unk>", "<s>", "</s>", "<mask>")
+_FAIRSEQ_ORDER = ("<s>", "<pad>", "</s>", "<unk>")  # ids 0..3 of RoBERTa and XLM-R
 SENTENCEPIECE_FILE = "sentencepiece.bpe.model"  # the name Hugging Face's XLM-R dirs use
 
 
@@ -462,6 +463,9 @@ def load_tokenizer(path: str) -> Tokenizer:
                   ".model, or vocab.json + merges.txt).")
 
 
+KINDS = ("wordpiece", "sentencepiece", "byte_level_bpe")  # what train_tokenizer trains
+
+
 def train_tokenizer(texts: Iterable[str], kind: str = "wordpiece", vocab_size: int = 30522,
                     lowercase: bool = True, model_type: str = "unigram",
                     character_coverage: float = 0.9995) -> Tokenizer:
@@ -471,7 +475,24 @@ def train_tokenizer(texts: Iterable[str], kind: str = "wordpiece", vocab_size: i
   [CLS]=2 [SEP]=3 [MASK]=4. kind='sentencepiece': a SentencePiece `model_type`
   ('unigram' or 'bpe') model covering `character_coverage` of the characters, with
   XLM-R's ids (<s>=0 <pad>=1 </s>=2 <unk>=3, pieces, <mask> last).
+  kind='byte_level_bpe': RoBERTa's (GPT-2's) byte-level BPE via `tokenizers`, with
+  RoBERTa's ids (<s>=0 <pad>=1 </s>=2 <unk>=3, the 256 bytes and the merges, <mask>
+  last); `lowercase` adds a lowercasing normalizer (RoBERTa is cased: pass False).
   """
+  if kind == "byte_level_bpe":
+    tok = tokenizers.Tokenizer(models.BPE())
+    if lowercase:
+      tok.normalizer = normalizers.Lowercase()
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size - 1, special_tokens=list(_FAIRSEQ_ORDER),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(texts, trainer)
+    _add_specials(tok, _FAIRSEQ_ORDER)
+    tok.add_special_tokens([tokenizers.AddedToken("<mask>", special=True, lstrip=True,
+                                                  normalized=False)])
+    return Tokenizer(_HFBackend(tok), "roberta")
   if kind == "wordpiece":
     tok = _bert_pipeline(tokenizers.Tokenizer(models.WordPiece(unk_token="[UNK]")), lowercase)
     trainer = trainers.WordPieceTrainer(vocab_size=vocab_size,
@@ -491,4 +512,4 @@ def train_tokenizer(texts: Iterable[str], kind: str = "wordpiece", vocab_size: i
     except RuntimeError as e:
       raise DataError(f"SentencePiece training failed: {str(e).splitlines()[0]}")
     return Tokenizer(_SentencePieceBackend(model.getvalue()), "roberta")
-  raise DataError(f"train_tokenizer kind={kind!r}: use 'wordpiece' or 'sentencepiece'.")
+  raise DataError(f"train_tokenizer kind={kind!r}: use one of {list(KINDS)}.")

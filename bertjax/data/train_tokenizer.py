@@ -7,9 +7,14 @@
   python -m bertjax.data.train_tokenizer --languages='en=/data/en,sw=/data/sw' \
       --kind=sentencepiece --model_type=unigram --character_coverage=0.9995 \
       --alpha=0.3 --vocab_size=250002 --output=/data/tok
+  # RoBERTa's (GPT-2's) byte-level BPE, cased:
+  python -m bertjax.data.train_tokenizer --input='/data/en/*.txt' --kind=byte_level_bpe \
+      --vocab_size=50265 --nolowercase --output=/data/tok
 
 WordPiece: [PAD]=0 [UNK]=1 [CLS]=2 [SEP]=3 [MASK]=4 (configs/bert_*.py, pad 0).
 SentencePiece: <s>=0 <pad>=1 </s>=2 <unk>=3 ... <mask> last (configs/xlmr_*.py, pad 1).
+Byte-level BPE: <s>=0 <pad>=1 </s>=2 <unk>=3, bytes, merges, <mask> last
+(configs/roberta_base.py, pad 1; Hugging Face's RobertaTokenizer gives the same ids).
 The output directory is read by `--config.data.tokenizer.path` and `load_tokenizer`.
 """
 
@@ -59,7 +64,7 @@ if __name__ == "__main__":
   flags.DEFINE_string("input", None, "Corpus: file, glob, directory, tfds:NAME, embedded.")
   flags.DEFINE_string("languages", "", "Instead of --input: 'en=SPEC,sw=SPEC,...'.")
   flags.DEFINE_float("alpha", 0.3, "Language sampling exponent: q_i ~ p_i^alpha.")
-  flags.DEFINE_enum("kind", "wordpiece", ["wordpiece", "sentencepiece"], "Tokenizer kind.")
+  flags.DEFINE_enum("kind", "wordpiece", list(tok_lib.KINDS), "Tokenizer kind.")
   flags.DEFINE_enum("model_type", "unigram", ["unigram", "bpe"], "SentencePiece model.")
   flags.DEFINE_integer("vocab_size", 30522, "Vocabulary size (special tokens included).")
   flags.DEFINE_bool("lowercase", True, "Uncased (--nolowercase: cased).")

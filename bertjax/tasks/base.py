@@ -60,10 +60,17 @@ class FinetuneModel(nn.Module):
     return self.head(out, batch, deterministic)
 
 
-def pooled_or_cls(config: ModelConfig, out: dict) -> jax.Array:
-  """[B, E]: the pooler's output (dense + tanh on [CLS]) when the model has one, else
-  the last layer's [CLS] vector."""
-  return out["pooled"] if config.pooler else out["last_hidden_state"][:, 0]
+def pooled_or_cls(config: ModelConfig, out: dict, deterministic: bool) -> jax.Array:
+  """[B, E]: the pooler's output (dense + tanh on [CLS]) when the encoder has one;
+  else RoBERTa's classification head's first half, a dense + tanh of the head's own
+  ('pooler', freshly initialised) over the dropped-out [CLS] vector. Call it inside
+  the head's compact `__call__`."""
+  if config.pooler:
+    return out["pooled"]
+  cls = nn.Dropout(config.dropout_rate)(out["last_hidden_state"][:, 0],
+                                        deterministic=deterministic)
+  dense = layers.dense(config, config.hidden_size, ("embed", "hidden"), ("hidden",), "pooler")
+  return jnp.tanh(dense(cls))
 
 
 def head_dense(config: ModelConfig, features: int, name: str) -> nn.Dense:
@@ -139,6 +146,22 @@ def label_vocab(configured: Sequence[str], seen: Sequence[str], what: str) -> li
   if not labels:
     raise DataError(f"the training data has no {what}; check config.data.train.")
   return labels
+
+
+def check_labels(found: Sequence[str], configured: Sequence[str], what: str,
+                 source: str) -> None:
+  """DataError naming the first of `found` that is none of the `configured` labels (''
+  means no gold label, as in test files). Nothing to check when none are configured:
+  the labels are then the training data's, and a dev label never seen in training is
+  scored as a miss."""
+  if not configured:
+    return
+  allowed = [str(x) for x in configured]
+  unknown = sorted({str(x) for x in found} - set(allowed) - {""})
+  if unknown:
+    more = f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else ""
+    raise DataError(f"{source}: {what} {unknown[0]!r}{more} is none of config.task.labels "
+                    f"{allowed}; fix the data or set --config.task.labels.")
 
 
 def pad_rows(rows: Sequence[Sequence[int]], length: int, value: int) -> np.ndarray:

@@ -1,7 +1,9 @@
 """Sequence classification, single sentence or sentence pair, and regression (STS-B).
 
-`[CLS]` (the pooler's output when the model has one) -> dropout -> linear; softmax
-cross-entropy over the labels, or mean squared error on one output for regression.
+The pooler's output on `[CLS]` (dense + tanh; for an encoder without one, RoBERTa's:
+dropout, a head-owned dense + tanh) -> dropout -> linear; softmax cross-entropy over
+the labels, or mean squared error on one output for regression (as Hugging Face's
+*ForSequenceClassification, into which `bertjax.convert --to=hf` exports it).
 Fields of an example are named by `config.task.text_a`, `text_b` ('' for single
 sentences) and `label`.
 """
@@ -28,8 +30,8 @@ class ClassifierHead(nn.Module):
   @nn.compact
   def __call__(self, out: dict, batch: dict, deterministic: bool) -> dict:
     """-> `logits` [B, K] float32 (K = 1 for regression)."""
-    x = nn.Dropout(self.config.dropout_rate)(base.pooled_or_cls(self.config, out),
-                                             deterministic=deterministic)
+    x = nn.Dropout(self.config.dropout_rate)(
+        base.pooled_or_cls(self.config, out, deterministic), deterministic=deterministic)
     return {"logits": base.head_dense(self.config, self.num_outputs, "classifier")(x)
                       .astype(jnp.float32)}
 
@@ -46,20 +48,54 @@ class Classification(base.Task):
                         f"{sorted(metrics.CLASSIFICATION_METRICS)}.")
     self.default_metric = task_cfg.metrics[0]
 
+  def _fields(self, path: str) -> tuple[str, str, str]:
+    """The (text_a, text_b, label) fields of `path`'s rows: `config.task.tfds_fields`
+    for a tfds: input when set (TFDS names GLUE's columns its own way), else
+    `config.task.text_a`, `text_b`, `label`."""
+    if path.startswith(readers.TFDS_PREFIX) and self.cfg.get("tfds_fields"):
+      return tuple(self.cfg.tfds_fields)
+    return self.cfg.text_a, self.cfg.text_b, self.cfg.label
+
   def read(self, path: str, split: str) -> list[dict]:
-    rows = readers.read(path, split, lambda p: readers.read_tsv(p, self.cfg.header))
-    fields = [self.cfg.text_a] + ([self.cfg.text_b] if self.cfg.text_b else [])
+    """Examples {'text_a', 'text_b' (None for single sentences), 'label' ('' when the
+    file has none), 'index' (the row's GLUE index, when the file has one)}."""
+    rows = readers.read(path, split, self._read_tsv, self.cfg.labels)
+    text_a, text_b, label_field = self._fields(path)
+    fields = [text_a] + ([text_b] if text_b else [])
     out = []
     for row in rows:
       missing = [f for f in fields if f not in row]
       if missing:
         raise DataError(f"{path}: a row lacks the field(s) {missing} named by "
                         f"config.task.text_a / text_b; it has {sorted(row)}.")
-      label = row.get(self.cfg.label, "")
-      out.append({"text_a": str(row[self.cfg.text_a]),
-                  "text_b": str(row[self.cfg.text_b]) if self.cfg.text_b else None,
-                  "label": "" if label is None else str(label)})
+      label = row.get(label_field, "")
+      example = {"text_a": str(row[text_a]), "text_b": str(row[text_b]) if text_b else None,
+                 "label": "" if label is None else str(label)}
+      index = row.get("idx", row.get("index"))  # TFDS's idx, GLUE test files' index
+      if index is not None:
+        example["index"] = int(index)
+      out.append(example)
+    if self.regression:
+      for e in out:
+        try:
+          float(e["label"] or "nan")
+        except ValueError:
+          raise DataError(f"{path}: regression target {e['label']!r} is not a number.") from None
+    else:
+      base.check_labels([e["label"] for e in out], self.cfg.labels, "label", path)
     return out
+
+  def _read_tsv(self, path: str) -> list[dict[str, str]]:
+    """GLUE TSV rows; a headerless config reads a file whose first row names the
+    `test_text_a` column by its header (CoLA: train/dev have none, test.tsv has
+    'index<TAB>sentence')."""
+    header = self.cfg.header
+    if not header and self.cfg.get("test_text_a"):
+      header = self.cfg.test_text_a in readers.first_row(path)
+    rows = readers.read_tsv(path, header)
+    if header and not self.cfg.header:
+      rows = [dict(r, **{self.cfg.text_a: r[self.cfg.test_text_a]}) for r in rows]
+    return rows
 
   def fit_labels(self, train: Sequence[dict]) -> list[str]:
     if self.regression:

@@ -50,6 +50,7 @@ class Start:
   model: ModelConfig
   encoder_params: Any
   tokenizer: tok_lib.Tokenizer
+  head: Any = None  # api.TaskHead of a fine-tuned init_from kept by config.init_keep_head
 
 
 def load_start(config: ml_collections.ConfigDict) -> Start:
@@ -60,7 +61,8 @@ def load_start(config: ml_collections.ConfigDict) -> Start:
     pretrained = api.load_pretrained(config.init_from)
     _refuse_other_tokenizer(config, pretrained.tokenizer, f"config.init_from={config.init_from}")
     model = dataclasses.replace(pretrained.config, dtype=dtype_of(dtype))
-    return Start(model, pretrained.params["encoder"], pretrained.tokenizer)
+    return Start(model, pretrained.params["encoder"], pretrained.tokenizer, api.start_head(
+        pretrained, config.init_from, config.init_keep_head, config.task.name))
   if not config.tokenizer:
     raise ConfigError("set config.init_from (a pretrained checkpoint) or, to train from "
                       "scratch, config.tokenizer (a vocab.txt / tokenizer dir).")
@@ -279,10 +281,15 @@ def _check(config, model: ModelConfig) -> None:
                       "positions.")
 
 
-def _initial_params(setup: state_lib.Setup, config, encoder_params) -> Any:
-  """The head drawn from `config.seed` and the encoder `encoder_params` (pretrained)
-  or drawn too (None)."""
+def initial_params(setup: state_lib.Setup, config, encoder_params, head, labels) -> Any:
+  """The head drawn from `config.seed` (or a kept fine-tuned `head`, an api.TaskHead
+  that must predict `labels`) and the encoder `encoder_params` (pretrained) or drawn
+  too (None)."""
   params = setup.init_params(config)
+  if head is not None:
+    params = dict(params, head=jax.device_put(api.kept_head_params(
+        head, labels, setup.abstract.params["head"]), setup.shardings.params["head"],
+        may_alias=False))
   if encoder_params is None:
     return params
   if jax.tree.structure(encoder_params) != jax.tree.structure(params["encoder"]):
@@ -335,10 +342,8 @@ def finetune(config: ml_collections.ConfigDict, workdir: str, start: Start | Non
                    len(train), len(task.labels), num_steps)
 
   def init_params():
-    encoder = start.encoder_params
-    if resuming:  # A run that stopped before its first checkpoint: load it again.
-      encoder = load_start(config).encoder_params
-    return _initial_params(setup, config, encoder)
+    first = load_start(config) if resuming else start  # Stopped before its first checkpoint.
+    return initial_params(setup, config, first.encoder_params, first.head, task.labels)
 
   data = train_stream(train, config.train.batch_size, config.seed, num_steps)
   return trainer.fit(data, [evaluate], init_params).get("dev", {})

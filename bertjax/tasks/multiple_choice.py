@@ -1,6 +1,7 @@
 """Multiple choice (SWAG): one sequence per choice, [CLS] context [SEP] start + ending
-[SEP]; `[CLS]` (the pooler's output when the model has one) -> linear -> one scalar
-score per choice; softmax over the choices, cross-entropy against the gold choice.
+[SEP]; the pooler's output on `[CLS]` (a head-owned dense + tanh for an encoder
+without one) -> dropout -> linear -> one scalar score per choice; softmax over the
+choices, cross-entropy against the gold choice.
 Examples: {'context', 'start', 'endings': [C], 'label'} (SWAG CSV or JSON lines;
 every example has the same number of choices C).
 """
@@ -27,8 +28,8 @@ class ChoiceHead(nn.Module):
   def __call__(self, out: dict, batch: dict, deterministic: bool) -> dict:
     """Encoder outputs of the [B*C, T] flattened choices -> `logits` [B, C] float32."""
     B, C = batch["input_ids"].shape[:2]
-    x = nn.Dropout(self.config.dropout_rate)(base.pooled_or_cls(self.config, out),
-                                             deterministic=deterministic)
+    x = nn.Dropout(self.config.dropout_rate)(
+        base.pooled_or_cls(self.config, out, deterministic), deterministic=deterministic)
     score = base.head_dense(self.config, 1, "scorer")(x)  # [B*C, 1]
     return {"logits": score.reshape(B, C).astype(jnp.float32)}
 
@@ -46,6 +47,9 @@ class MultipleChoice(base.Task):
     for e in examples:
       e.setdefault("start", "")
       e["label"] = int(e.get("label", -1))
+      if not -1 <= e["label"] < len(e["endings"]):
+        raise DataError(f"{path}: label {e['label']} is not the index of one of the "
+                        f"{len(e['endings'])} endings (-1: none).")
     return examples
 
   def featurize(self, examples: Sequence[dict], train: bool) -> base.Features:

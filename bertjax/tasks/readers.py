@@ -5,7 +5,8 @@
   CoNLL-2003       `word ... tag` columns, a blank line between sentences, -DOCSTART-
   SQuAD JSON       data[].paragraphs[].{context, qas[].{id, question, answers, is_impossible}}
   SWAG CSV         a header with sent1, sent2, ending0..3 and label
-  tfds:NAME        a prepared TensorFlow Datasets dataset (`glue/sst2`, `squad`, ...)
+  tfds:NAME        a prepared TensorFlow Datasets dataset (`glue/sst2`, `squad`,
+                   `conll2003`, ...): its ClassLabel ints become label names
 """
 
 from __future__ import annotations
@@ -42,6 +43,12 @@ def read_tsv(path: str, header: bool = True) -> list[dict[str, str]]:
   return [dict(zip(names, row)) for row in body if row]
 
 
+def first_row(path: str) -> list[str]:
+  """The tab-separated cells of a TSV file's first line."""
+  with _open(path) as f:
+    return f.readline().rstrip("\r\n").split("\t")
+
+
 def read_jsonl(path: str) -> list[dict[str, Any]]:
   out = []
   with _open(path) as f:
@@ -75,6 +82,16 @@ def read_conll(path: str, tag_column: int = -1) -> list[dict[str, list[str]]]:
   return sentences
 
 
+def words_and_tags(records: list[dict], fields, source: str) -> list[dict[str, list]]:
+  """CoNLL-style TFDS records (e.g. `tfds:conll2003`: tokens, pos, chunks, ner) as
+  [{'words', 'tags'}], `fields` = (words feature, tags feature)."""
+  words, tags = fields
+  if records and not {words, tags} <= set(records[0]):
+    raise DataError(f"{source} has the features {sorted(records[0])}, not "
+                    f"config.task.tfds_fields={tuple(fields)}.")
+  return [{"words": r[words], "tags": r[tags]} for r in records]
+
+
 def read_squad(path: str) -> list[dict[str, Any]]:
   """SQuAD v1.1 / v2.0 JSON -> [{'id', 'question', 'context', 'answers': [{'text',
   'answer_start'}], 'is_impossible'}]."""
@@ -106,16 +123,53 @@ def read_swag(path: str) -> list[dict[str, Any]]:
                     "ending0..3, label.") from e
 
 
-def read_tfds(spec: str, split: str) -> list[dict[str, Any]]:
-  """Records of a prepared TFDS dataset (`tfds:glue/sst2`), bytes decoded to str."""
+def _class_label_texts(names: list[str], labels) -> list[str]:
+  """What a ClassLabel's ints become: its class names, or the ints as text ('0', '1',
+  ...) when the config's `labels` list those and not the names (GLUE's CoLA, SST-2,
+  MRPC, QQP and WNLI files write 0/1 where TFDS names the classes, in the same order)."""
+  labels = {str(x) for x in labels}
+  ints = [str(i) for i in range(len(names))]
+  if labels and not set(names) <= labels and set(ints) <= labels:
+    return ints
+  return list(names)
+
+
+def _label_decoders(features, labels) -> dict:
+  """{feature name: int -> label text} for the ClassLabel features (and sequences of
+  them, e.g. CoNLL's tags) of a TFDS dataset; -1 (TFDS's 'no label': GLUE's test sets)
+  becomes ''."""
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-  name = spec[len(TFDS_PREFIX):]
-  split = {"dev": "validation"}.get(split, split)
-  try:
-    source = tfds.data_source(name, split=split, download=False)
-  except Exception as e:  # tfds raises many types for a missing or unprepared dataset.
-    raise DataError(f"TFDS dataset {name!r} split {split!r} is not prepared here "
-                    f"({type(e).__name__}); run `tfds build {name}` or give a file.") from e
+  out = {}
+  for key in features.keys():
+    f = features[key]
+    inner = f.feature if isinstance(f, tfds.features.Sequence) else f
+    if isinstance(inner, tfds.features.ClassLabel):
+      texts = _class_label_texts(inner.names, labels)
+      out[key] = lambda i, texts=texts: "" if i < 0 else texts[i]
+  return out
+
+
+def read_tfds(spec: str, split: str, labels=()) -> list[dict[str, Any]]:
+  """Records of a prepared TFDS dataset, `tfds:NAME` (e.g. `tfds:glue/rte`; the split
+  'dev' reads 'dev', else 'validation') or `tfds:NAME:SPLIT` (`tfds:glue/mnli:validation_mismatched`),
+  from $TFDS_DATA_DIR (else TFDS's default); bytes decoded to str and ClassLabel ints
+  to label text (`_class_label_texts`, given the config's `labels`)."""
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  name, _, named_split = spec[len(TFDS_PREFIX):].partition(":")
+  splits = [named_split] if named_split else [split, "validation"] if split == "dev" else [
+      split]
+  for split in splits:  # 'dev': GLUE calls it 'validation', CoNLL-2003 'dev'.
+    try:
+      source = tfds.data_source(name, split=split, download=False,
+                                data_dir=os.environ.get("TFDS_DATA_DIR") or None)
+      break
+    except Exception as e:  # tfds raises many types for a missing or unprepared dataset.
+      error = e
+  else:
+    raise DataError(f"TFDS dataset {name!r} split {' / '.join(map(repr, splits))} is not "
+                    f"prepared here ({type(error).__name__}); run `tfds build {name}` or "
+                    "give a file.") from error
+  decoders = _label_decoders(source.dataset_info.features, labels)
 
   def plain(x):
     if isinstance(x, bytes):
@@ -128,13 +182,29 @@ def read_tfds(spec: str, split: str) -> list[dict[str, Any]]:
       return [plain(v) for v in x]
     return x
 
-  return [plain(source[i]) for i in range(len(source))]
+  def decoded(record):
+    for key, decode in decoders.items():
+      v = record[key]
+      record[key] = [decode(i) for i in v] if isinstance(v, list) else decode(v)
+    return record
+
+  return [decoded(plain(source[i])) for i in range(len(source))]
 
 
-def read(path: str, split: str, native) -> list[dict[str, Any]]:
-  """`tfds:NAME`, JSON lines (.jsonl), or the task's native reader `native(path)`."""
+def squad_records(records: list[dict]) -> list[dict[str, Any]]:
+  """TFDS `squad` records (answers as {'text': [...], 'answer_start': [...]}) in
+  `read_squad`'s form."""
+  return [{"id": r["id"], "question": r["question"], "context": r["context"],
+           "answers": [{"text": t, "answer_start": a} for t, a in zip(
+               r["answers"]["text"], r["answers"]["answer_start"])],
+           "is_impossible": bool(r.get("is_impossible", False))} for r in records]
+
+
+def read(path: str, split: str, native, labels=()) -> list[dict[str, Any]]:
+  """`tfds:NAME` (ClassLabels as text given the config's `labels`), JSON lines
+  (.jsonl), or the task's native reader `native(path)`."""
   if path.startswith(TFDS_PREFIX):
-    return read_tfds(path, split)
+    return read_tfds(path, split, labels)
   if path.endswith(".jsonl"):
     return read_jsonl(path)
   return native(path)

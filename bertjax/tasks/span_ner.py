@@ -95,11 +95,16 @@ class SpanNER(base.Task):
 
   def read(self, path: str, split: str) -> list[dict]:
     examples = readers.read(path, split, lambda p: [_from_bio(e) for e in readers.read_conll(p)])
+    if path.startswith(readers.TFDS_PREFIX):  # CoNLL-style: BIO tags
+      examples = [_from_bio(e) for e in readers.words_and_tags(
+          examples, self.cfg.tfds_fields, path)]
     for e in examples:
       for x in e.get("entities", []):
         if not 0 <= x["start"] <= x["end"] < len(e["words"]):
           raise DataError(f"{path}: entity {x} lies outside its {len(e['words'])} words "
                           "(start/end are word indices, end inclusive).")
+    base.check_labels([x["label"] for e in examples for x in e.get("entities", [])],
+                      self.cfg.labels, "entity label", path)
     return examples
 
   def fit_labels(self, train: Sequence[dict]) -> list[str]:

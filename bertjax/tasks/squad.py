@@ -80,7 +80,10 @@ class SquadQA(base.Task):
   default_metric = "f1"
 
   def read(self, path: str, split: str) -> list[dict]:
-    return readers.read(path, split, readers.read_squad)
+    examples = readers.read(path, split, readers.read_squad)
+    if path.startswith(readers.TFDS_PREFIX):
+      examples = readers.squad_records(examples)
+    return examples
 
   def featurize(self, examples: Sequence[dict], train: bool) -> base.Features:
     """Rows: input_ids ... [T], start_positions / end_positions [] (0 = [CLS] when the

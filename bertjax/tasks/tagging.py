@@ -37,11 +37,16 @@ class Tagging(base.Task):
 
   def read(self, path: str, split: str) -> list[dict]:
     examples = readers.read(path, split,
-                            lambda p: readers.read_conll(p, self.cfg.tag_column))
+                            lambda p: readers.read_conll(p, self.cfg.tag_column),
+                            self.cfg.labels)
+    if path.startswith(readers.TFDS_PREFIX):
+      examples = readers.words_and_tags(examples, self.cfg.tfds_fields, path)
     for e in examples:
       if len(e["words"]) != len(e.get("tags", e["words"])):
         raise DataError(f"{path}: a sentence has {len(e['words'])} words but "
                         f"{len(e['tags'])} tags.")
+    base.check_labels([t for e in examples for t in e.get("tags", [])], self.cfg.labels,
+                      "tag", path)
     return examples
 
   def fit_labels(self, train: Sequence[dict]) -> list[str]:

@@ -12,7 +12,10 @@ from configs import bert_base
 def get_config():
   c = ml_collections.ConfigDict()
   c.seed = 0  # Head initialisation, dropout and data order.
-  c.init_from = ""  # Pretrained encoder: a bertjax workdir or a Hugging Face dir.
+  # Pretrained encoder: a bertjax workdir or a Hugging Face dir; or a fine-tuning workdir
+  # (intermediate fine-tuning, e.g. MNLI before RTE): its encoder, and a fresh head ...
+  c.init_from = ""
+  c.init_keep_head = False  # ... or its task head (same task, same labels in order).
   c.tokenizer = ""  # Only without init_from (random init): vocab.txt / tokenizer dir.
   # The encoder when init_from is empty; with init_from, the checkpoint's own config
   # replaces it (only `dtype` is taken from here).

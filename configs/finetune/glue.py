@@ -4,6 +4,8 @@ its official metrics (the first selects the best sweep run). The files are GLUE'
   python -m bertjax.finetune --config=configs/finetune/glue.py:sst2 --workdir=/tmp/sst2 \
       --config.init_from=/path/to/bert-base-uncased \
       --config.data.train=glue_data/SST-2/train.tsv --config.data.dev=glue_data/SST-2/dev.tsv
+  # or prepared TFDS datasets: --config.data.train=tfds:glue/sst2 (--config.data.dev
+  # likewise; MNLI: tfds:glue/mnli:validation_matched or :validation_mismatched)
   # The paper's selection: --config.sweep.learning_rates='(5e-5,4e-5,3e-5,2e-5)'
   #                        --config.sweep.seeds='(0,1,2,3,4)'
 """
@@ -26,6 +28,11 @@ GLUE = {
             ("accuracy",)),
     "wnli": ("sentence1", "sentence2", "label", True, ("0", "1"), ("accuracy",)),
 }
+# task -> (text_a, text_b) features of `tfds:glue/TASK` (its label feature is 'label').
+TFDS = {"cola": ("sentence", ""), "sst2": ("sentence", ""), "mrpc": ("sentence1", "sentence2"),
+        "qqp": ("question1", "question2"), "stsb": ("sentence1", "sentence2"),
+        "mnli": ("premise", "hypothesis"), "qnli": ("question", "sentence"),
+        "rte": ("sentence1", "sentence2"), "wnli": ("sentence1", "sentence2")}
 
 
 def get_config(arg="sst2"):
@@ -34,11 +41,15 @@ def get_config(arg="sst2"):
   text_a, text_b, label, header, labels, metrics = GLUE[arg]
   c = base.get_config()
   c.task.name = "classification"
-  c.task.glue = arg  # Which GLUE task (informational; the fields below define it).
+  c.task.glue = arg  # Which GLUE task: names the test-server file (bertjax.predict).
   c.task.text_a = text_a  # Column (field) of the first sentence.
   c.task.text_b = text_b  # Column of the second sentence; '' for single sentences.
   c.task.label = label  # Column of the label (the score for STS-B).
   c.task.header = header  # Whether the TSV starts with a header row.
+  # A headerless task's test file that has a header (CoLA's 'index<TAB>sentence'):
+  # recognised by this column, which then holds the text.
+  c.task.test_text_a = "sentence" if arg == "cola" else ""
+  c.task.tfds_fields = (*TFDS[arg], "label")  # text_a, text_b, label of tfds:glue/TASK.
   c.task.labels = labels  # Label names in order; () for regression.
   c.task.regression = arg == "stsb"  # One output, mean squared error.
   c.task.metrics = metrics  # Dev metrics; the first selects the best sweep run.

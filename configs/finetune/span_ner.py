@@ -17,6 +17,7 @@ def get_config(arg="attention"):
   c.task.max_span_length = 8  # L: longest candidate span, in words.
   c.task.pooling = arg  # g_ij: 'mean' of the span's tokens or 'attention' (learned).
   c.task.allow_nested = True  # False: a greedy pass keeps non-overlapping spans.
+  c.task.tfds_fields = ("tokens", "ner")  # Words and BIO tags of a CoNLL-style tfds: input.
   c.task.metrics = ("f1", "precision", "recall")  # The first selects the best sweep run.
   c.train.learning_rate = 5e-5
   return c
