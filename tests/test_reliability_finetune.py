@@ -177,8 +177,9 @@ def test_gradient_accumulation_equals_the_full_batch(batching):
     features = task.featurize(examples[:40], train=True)  # 3 batches, the last of 8 rows
     setup = loop.build(c, task, start.model, loop.example_batch(features), 3)
     state, step_losses = setup.init_state(c), []
-    stream = loop.train_stream(loop.batcher(task, features, start.model, row_multiple=accum),
-                               16, c.seed, 3)
+    dp = mesh_lib.data_parallel_size(setup.mesh, setup.rules)
+    stream = loop.train_stream(loop.batcher(task, features, start.model, dp, accum), 16,
+                               c.seed, 3)
     with jax.set_mesh(setup.mesh):
       for batch in stream:
         state, m = setup.train_step(state, mesh_lib.put_batch(batch, setup.batch_sharding))
