@@ -13,14 +13,26 @@ from bertjax.train import spikes
 OPTIMIZERS = {"adamw": optax.adamw, "lamb": optax.lamb}
 
 
+# config.train.decay_start: where the linear decay to 0 starts.
+#   'warmup_end': from the peak at the end of warm-up (Hugging Face's
+#     get_linear_schedule_with_warmup, the papers' "linear warm-up then linear decay").
+#   'step0': from step 0, the warm-up overriding it (BERT's TF `optimization.py`):
+#     the decay resumes below the peak, at peak * (1 - warmup / num_steps).
+DECAY_STARTS = ("warmup_end", "step0")
+
+
 def learning_rate_schedule(train_cfg) -> optax.Schedule:
-  """BERT's schedule: linear warm-up to the peak over `warmup_steps`, and a linear decay
-  that reaches 0 at `num_steps` measured from step 0 (`polynomial_decay` in the original
-  `optimization.py`), so lr(t) = peak * (1 - t / num_steps) after warm-up."""
+  """Linear warm-up from 0 to the peak over `warmup_steps`, then linear decay reaching
+  0 at `num_steps`, from where `train_cfg.decay_start` says (a config without the
+  field: 'step0', pretraining's BERT recipe). With 'warmup_end',
+  lr(t) = peak * (num_steps - t) / (num_steps - warmup) after warm-up; with 'step0',
+  lr(t) = peak * (1 - t / num_steps)."""
   peak, warmup, total = train_cfg.learning_rate, train_cfg.warmup_steps, train_cfg.num_steps
-  decay = optax.linear_schedule(peak * (1 - warmup / total), 0.0, total - warmup)
   if warmup == 0:
     return optax.linear_schedule(peak, 0.0, total)
+  start = peak if train_cfg.get("decay_start", "step0") == "warmup_end" else (
+      peak * (1 - warmup / total))
+  decay = optax.linear_schedule(start, 0.0, total - warmup)
   return optax.join_schedules([optax.linear_schedule(0.0, peak, warmup), decay], [warmup])
 
 
