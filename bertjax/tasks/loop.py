@@ -241,23 +241,38 @@ def predictor(setup: state_lib.Setup, task: base.Task
   return outputs
 
 
+# Second dev sets (config.data field, split): their metrics and predictions file take
+# the suffix (Hugging Face's run_glue names MNLI's mismatched accuracy eval_accuracy_mm).
+SECOND_DEV_SETS = {"dev_mismatched": "_mm"}
+
+
 def dev_evaluator(setup: state_lib.Setup, task: base.Task, config, workdir: str
                   ) -> Evaluator:
   """After training: the task's dev metrics (and the mean dev loss) of the decoded
-  dev predictions; process 0 writes dev_results.json and dev_predictions.json."""
-  examples = read_split(task, config, "dev")
-  features = task.featurize(examples, train=False)
+  dev predictions; process 0 writes dev_results.json and dev_predictions.json. With
+  `config.data.dev_mismatched` (MNLI) that set too, its metrics named with `_mm`
+  (`accuracy_mm`, `loss_mm`) and its predictions in dev_predictions_mm.json."""
   outputs = predictor(setup, task)
+  sets = []
+  for split, suffix in [("dev", ""), *SECOND_DEV_SETS.items()]:
+    if split == "dev" or config.data.get(split):
+      examples = read_split(task, config, split)
+      sets.append((suffix, examples, task.featurize(examples, train=False)))
 
   def run(params) -> dict[str, float]:
-    out, loss = outputs(params, features, config.train.eval_batch_size)
-    predictions = task.decode(out, features, examples)
-    scores = dict(task.score(predictions, examples), loss=loss)
+    scores = {}
+    for suffix, examples, features in sets:
+      out, loss = outputs(params, features, config.train.eval_batch_size)
+      predictions = task.decode(out, features, examples)
+      part = dict(task.score(predictions, examples), loss=loss)
+      scores.update({k + suffix: v for k, v in part.items()})
+      if jax.process_index() == 0:
+        name, ext = os.path.splitext(files.DEV_PREDICTIONS_FILE)
+        with open(os.path.join(workdir, name + suffix + ext), "w") as f:
+          json.dump(predictions, f, indent=1)
     if jax.process_index() == 0:
       with open(os.path.join(workdir, files.DEV_RESULTS_FILE), "w") as f:
         json.dump(scores, f, indent=2)
-      with open(os.path.join(workdir, files.DEV_PREDICTIONS_FILE), "w") as f:
-        json.dump(predictions, f, indent=1)
     return scores
 
   return Evaluator("dev", run, every=0)
