@@ -55,8 +55,13 @@ class FinetuneModel(nn.Module):
     ids = batch["input_ids"]
     length = ids.shape[-1]
     flat = {k: batch[k].reshape(-1, length) for k in TOKEN_KEYS}
+    # A feature-based head (tasks/features.py): the pretrained encoder's activations
+    # as they are (no dropout), every layer's, with no gradient into the encoder.
+    frozen = getattr(self.head, "frozen_encoder", False)
     out = self.encoder(flat["input_ids"], flat["attention_mask"], flat["token_type_ids"],
-                       deterministic=deterministic)
+                       deterministic=deterministic or frozen, output_hidden_states=frozen)
+    if frozen:
+      out = jax.lax.stop_gradient(out)
     return self.head(out, batch, deterministic)
 
 

@@ -116,12 +116,24 @@ def freeze_labels(params, model: ModelConfig, freeze_cfg):
   return jax.tree_util.tree_map_with_path(lambda p, _: label(p), params)
 
 
+def _boxed(x) -> bool:
+  return isinstance(x, nn.meta.AxisMetadata)
+
+
 def make_optimizer(config, model: ModelConfig, num_steps: int):
   """The optimizer and schedule of `config.train` over `num_steps` steps (warm-up: a
-  fraction of them), with the parameters `config.freeze` names kept fixed."""
+  fraction of them), with the parameters `config.freeze` names kept fixed, or the
+  whole encoder, without optimizer state, for a feature-based task
+  (`config.task.features`)."""
   t = ml_collections.ConfigDict(config.train.to_dict())
   t.num_steps = num_steps
   t.warmup_steps = int(config.train.warmup_fraction * num_steps)
+  if config.task.get("features"):  # Feature-based: the encoder frozen, stateless.
+    # A bool per (possibly boxed) parameter: optax then drops a frozen one whole.
+    frozen = lambda params: {k: jax.tree.map(lambda _: k == "encoder", v, is_leaf=_boxed)
+                             for k, v in params.items()}
+    return (optimizer.create_optimizer(t, frozen, stateless_frozen=True),
+            optimizer.learning_rate_schedule(t))
   frozen = None
   if config.freeze.embeddings or config.freeze.top_k_layers >= 0:
     frozen = lambda params: jax.tree.map(lambda label: label == "frozen",

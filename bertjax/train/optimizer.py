@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import flax
+import jax
 import optax
 
 from bertjax.train import spikes
@@ -44,19 +45,24 @@ def decay_mask(params):
       {path: path[-1] in ("kernel", "embedding") for path in flat})
 
 
-def create_optimizer(train_cfg, frozen: Callable[[Any], Any] | None = None
-                     ) -> optax.GradientTransformation:
+def create_optimizer(train_cfg, frozen: Callable[[Any], Any] | None = None,
+                     stateless_frozen: bool = False) -> optax.GradientTransformation:
   """Global-norm clipping, then AdamW or LAMB with the schedule and the decay mask, then
   zero updates where `frozen(params)` (a tree of bools) is True; all of it wrapped in
   `spikes.skip_spikes` with `skip_step_on_spikes`. Frozen parameters keep (unused)
-  moments, so the state's shapes, shardings and checkpoints stay those of `params`."""
+  moments, so the state's shapes, shardings and checkpoints stay those of `params`;
+  with `stateless_frozen` they have none (`optax.partition`: the optimizer sees only
+  the trained parameters; a frozen encoder under a small head)."""
   schedule = learning_rate_schedule(train_cfg)
   kwargs = dict(learning_rate=schedule, b1=train_cfg.b1, b2=train_cfg.b2, eps=train_cfg.eps,
                 weight_decay=train_cfg.weight_decay, mask=decay_mask)
   opt = OPTIMIZERS[train_cfg.optimizer](**kwargs)
   if train_cfg.max_grad_norm > 0:
     opt = optax.chain(optax.clip_by_global_norm(train_cfg.max_grad_norm), opt)
-  if frozen is not None:
+  if frozen is not None and stateless_frozen:
+    labels = lambda params: jax.tree.map(lambda f: "frozen" if f else "train", frozen(params))
+    opt = optax.partition({"train": opt, "frozen": optax.set_to_zero()}, labels)
+  elif frozen is not None:
     opt = optax.chain(opt, optax.masked(optax.set_to_zero(), frozen))
   if train_cfg.skip_step_on_spikes:
     opt = spikes.skip_spikes(opt, train_cfg.spike_window, train_cfg.spike_sigma)
