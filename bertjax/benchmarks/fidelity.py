@@ -2,6 +2,7 @@
 Face PyTorch loop with the same recipe, over seeds.
 
   python -m bertjax.benchmark fidelity --init_from=PATH_TO_BERT_DIR --seeds=0,1,2
+  # (--config: bertjax's recipe file, default configs/finetune/glue.py:sst2)
 
 The task is generated (deterministic, `--num_train` / `--num_dev` short texts of 8
 topics: each text has two words of its topic and one of another among shared filler
@@ -28,8 +29,10 @@ import os
 import statistics
 import tempfile
 
+import ml_collections
 import numpy as np
 from absl import flags
+from ml_collections import config_flags
 
 VARIANTS = ("bertjax", "bertjax_tf", "hf")
 TOPICS = {
@@ -48,6 +51,10 @@ FILLER = ("the a this that our their new old big small report says people week t
 
 
 def define_flags() -> None:
+  config_flags.DEFINE_config_file(
+      "config", "configs/finetune/glue.py:sst2",
+      "bertjax's recipe (its fields as they are, except those the flags below set).",
+      lock_config=True)
   flags.DEFINE_string("init_from", "", "Pretrained BERT directory (Hugging Face format).")
   flags.DEFINE_list("seeds", ["0", "1", "2"], "Seeds (head init, dropout, data order).")
   flags.DEFINE_list("variants", list(VARIANTS), f"Any of {VARIANTS}.")
@@ -87,8 +94,7 @@ def _write_tsv(path: str, rows) -> None:
 
 def run_bertjax(init_from, train_tsv, dev_tsv, seed, workdir, settings, tf_recipe):
   from bertjax.tasks import loop  # pylint: disable=g-import-not-at-top
-  from configs.finetune import glue  # pylint: disable=g-import-not-at-top
-  c = glue.get_config("sst2")
+  c = ml_collections.ConfigDict(flags.FLAGS.config.to_dict())
   c.init_from, c.seed = init_from, seed
   c.data.train, c.data.dev = train_tsv, dev_tsv
   c.task.labels = ()  # The sorted training labels (the 8 topics).
