@@ -87,7 +87,7 @@ def _trainer(config) -> None:
 
 def pretraining(config) -> None:
   """Every field of a pretraining config (configs/bert_base.py) in range."""
-  from bertjax.data import masking, pipeline, pretraining as builders  # pylint: disable=g-import-not-at-top
+  from bertjax.data import masking, multilingual, pipeline, pretraining as builders  # pylint: disable=g-import-not-at-top
   from bertjax.model.config import ModelConfig  # pylint: disable=g-import-not-at-top
 
   _seed(config)
@@ -129,11 +129,13 @@ def pretraining(config) -> None:
                       "config.model.nsp=False or isolate_documents=False.")
   pipeline.length_phases(d, t.num_steps)
   within("data.language_alpha", d.language_alpha, 0, 1)
+  one_of("data.language_counts", d.language_counts, multilingual.COUNTS)
   within("data.eval_fraction", d.eval_fraction, 0, 1, "()")
   if not (isinstance(d.text_field, str) and d.text_field):
     raise ConfigError(f"config.data.text_field={d.text_field!r} must name the JSON / "
                       "TFDS field holding the text, e.g. 'text'.")
   at_least("data.worker_count", d.worker_count, 0)
+  at_least("data.raw_text_limit_mb", d.raw_text_limit_mb, 0)
   if not tok.path:  # A tokenizer is trained: it must be able to fill the vocabulary.
     one_of("data.tokenizer.kind", tok.kind, TOKENIZER_KINDS)
     if tok.vocab_size < model.vocab_size:

@@ -91,8 +91,14 @@ def get_config(arg=None):
   c.data.length_phases = ((0.9, 128), (0.1, 512))
   c.data.languages = ""  # Multilingual: 'en=/data/en/*.txt,sw=/data/sw/*.txt' (no corpus).
   c.data.language_alpha = 0.3  # Languages sampled with q_i ~ p_i^alpha (XLM-R: 0.3).
+  # p_i = n_i / sum_j n_j of eq. 11.7 counts each language's 'sentences' (the
+  # textbook's n_i), or its 'tokens' or 'characters' (tokenizer text and batches alike).
+  c.data.language_counts = "sentences"
   c.data.eval_fraction = 0.02  # Documents held out for evaluation.
   c.data.worker_count = 0  # grain worker processes (0: in the main process).
+  # Raw text (or tokenized documents) above this many MB is not built in memory: the
+  # run stops and asks for `python -m bertjax.data.prepare --config=...` (0: no limit).
+  c.data.raw_text_limit_mb = 64
   c.data.tokenizer = ml_collections.ConfigDict()
   c.data.tokenizer.kind = "wordpiece"  # 'wordpiece', 'sentencepiece' or 'byte_level_bpe'.
   c.data.tokenizer.path = ""  # vocab.txt / .model / directory; '' trains one.

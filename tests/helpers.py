@@ -46,3 +46,14 @@ def synthetic_batch(config, batch_size: int, seed: int = 0) -> dict[str, np.ndar
       "masked_lm_weights": weights,
       "next_sentence_labels": rng.integers(0, 2, size=batch_size).astype(np.int32),
   }
+
+
+def offsets(haystack, needle) -> list[int]:
+  """Where `needle` occurs contiguously in `haystack` (int32 sequences)."""
+  hay, sub = np.asarray(haystack, np.int32).tobytes(), np.asarray(needle, np.int32).tobytes()
+  found, k = [], hay.find(sub)
+  while k >= 0:
+    if k % 4 == 0:
+      found.append(k // 4)
+    k = hay.find(sub, k + 1)
+  return found

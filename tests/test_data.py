@@ -11,6 +11,7 @@ import pytest
 from bertjax.data import corpus, masking, pipeline, pretraining
 from bertjax.errors import ConfigError, DataError
 from configs import bert_tiny
+from tests.helpers import offsets
 
 MAX_LEN = 128
 
@@ -28,17 +29,6 @@ def data_cfg():
 def data(data_cfg, tokenizer):
   return pipeline.build_pretraining_data(data_cfg, tokenizer, batch_size=8, seed=0,
                                          nsp=True)
-
-
-def _offsets(haystack, needle) -> list[int]:
-  """Where `needle` occurs contiguously in `haystack` (int32 sequences)."""
-  hay, sub = np.asarray(haystack, np.int32).tobytes(), np.asarray(needle, np.int32).tobytes()
-  found, k = [], hay.find(sub)
-  while k >= 0:
-    if k % 4 == 0:
-      found.append(k // 4)
-    k = hay.find(sub, k + 1)
-  return found
 
 
 def _take(iterator, n):
@@ -168,13 +158,13 @@ def test_nsp_examples_follow_bert(tokenized, tokenizer):
     a, b = ids[1:a_len - 1], ids[a_len:-1]
     assert len(a) >= 1 and len(b) >= 1
     doc_a, doc_b = ex.source_documents[i]
-    starts_a, starts_b = _offsets(flat[doc_a], a), _offsets(flat[doc_b], b)
+    starts_a, starts_b = offsets(flat[doc_a], a), offsets(flat[doc_b], b)
     assert starts_a and starts_b
     if ex.next_sentence_labels[i] == 0:
       # B continues A in the same document (truncation may cut A's end / B's start).
       assert doc_a == doc_b and any(sb >= sa + len(a) for sa in starts_a for sb in starts_b)
       if ex.lengths[i] < MAX_LEN:  # nothing truncated: exactly adjacent
-        assert _offsets(flat[doc_a], np.concatenate([a, b]))
+        assert offsets(flat[doc_a], np.concatenate([a, b]))
     else:
       assert doc_a != doc_b
 
@@ -307,17 +297,42 @@ def test_packing_removes_padding(data, data_cfg, tokenizer):
   assert 0 <= packed_pad < min(nsp_pad, 0.2), (packed_pad, nsp_pad)
 
 
-def test_shuffled_rows_permute_each_epoch_and_pickle():
-  """Each epoch visits every row of the source once, in a new order; a copy pickled
-  into a grain worker (without its cached permutations) gives the same order."""
+def test_permutation_shuffles_each_epoch_without_a_table():
+  """Each epoch visits every row once, in a new order; batches straddling an epoch
+  and a copy pickled into a grain worker read the same rows."""
   import pickle
-  rows = pipeline.ShuffledRows(offset=100, n=50, seed=7)
-  epochs = [[rows(g) for g in range(e * 50, (e + 1) * 50)] for e in range(3)]
-  for epoch in epochs:
-    assert sorted(epoch) == list(range(100, 150))
+  from bertjax.data import permutation
+  for n in (1, 2, 3, 50, 1000, 4097):
+    for epoch in (0, 1):
+      image = permutation.permute(np.arange(n), n, 7, epoch)
+      assert sorted(image) == list(range(n))
+      np.testing.assert_array_equal(permutation.unpermute(image, n, 7, epoch), np.arange(n))
+      assert [permutation.unpermute_one(int(v), n, 7, epoch) for v in image[:20]] == list(
+          range(min(n, 20)))
+  epochs = [permutation.permute(np.arange(50), 50, 7, e).tolist() for e in range(3)]
   assert epochs[0] != epochs[1] != epochs[2]
-  copy = pickle.loads(pickle.dumps(rows))
-  assert [copy(g) for g in range(100, 150)] == epochs[2]
+  rows = pipeline.MaskBatch((pipeline.rows_lib.MemoryRows(np.arange(50)),), (7,), None,
+                            False, False, 0, 0).rows
+  straddling = rows(np.arange(40, 60))  # epoch 0's last 10, epoch 1's first 10
+  np.testing.assert_array_equal(straddling, epochs[0][40:] + epochs[1][:10])
+  copy = pickle.loads(pickle.dumps(rows.__self__)).rows
+  np.testing.assert_array_equal(copy(np.arange(100, 150)), epochs[2])
+
+
+def test_eval_masks_do_not_depend_on_the_process_count(data_cfg, tokenizer):
+  one = pipeline.build_pretraining_data(data_cfg, tokenizer, batch_size=8, seed=0, nsp=True)
+  rows = {}
+  for p in (0, 1):
+    two = pipeline.build_pretraining_data(data_cfg, tokenizer, batch_size=4, seed=0,
+                                          nsp=True, process_index=p, process_count=2)
+    assert len(two.eval_batches) == len(one.eval_batches)
+    for i, batch in enumerate(two.eval_batches):
+      for r in range(4):
+        rows[p + 2 * (4 * i + r)] = batch["input_ids"][r], batch["example_weights"][r]
+  for i, batch in enumerate(one.eval_batches):
+    for r in range(8):
+      if batch["example_weights"][r]:
+        np.testing.assert_array_equal(rows[8 * i + r][0], batch["input_ids"][r])
 
 
 def test_restore_onto_another_process_count(data_cfg, tokenizer, tmp_path, monkeypatch):

@@ -96,16 +96,22 @@ def _write_language(path, word, docs, sentences=4):
 def test_multilingual_mixing(tmp_path):
   big = _write_language(tmp_path / "big.txt", "alpha", 300)
   small = _write_language(tmp_path / "small.txt", "zulu", 20)
-  texts = multilingual.sample_sentences(
-      [["alpha"] * 900, ["zulu"] * 100], 0.3, 1000, np.random.default_rng(0))
-  q = multilingual.sampling_probabilities([900 * 5, 100 * 4], 0.3)
-  assert abs(texts.count("zulu") - q[1] * 1000) <= 1 and len(texts) == 1000
+  # Eq. 11.7 over sentences: 900 long and 100 short ones -> q from 900 : 100, not
+  # from their characters (5 : 4 a sentence); characters and tokens on request.
+  per_language = [["alpha"] * 900, ["zulu"] * 100]
+  for counts, sizes in (("sentences", [900, 100]), ("characters", [900 * 5, 100 * 4]),
+                        ("tokens", [900, 100])):
+    texts = multilingual.sample_sentences(per_language, 0.3, 1000,
+                                          np.random.default_rng(0), counts)
+    q = multilingual.sampling_probabilities(sizes, 0.3)
+    assert abs(texts.count("zulu") - q[1] * 1000) <= 1 and len(texts) == 1000
   tok = train_tokenizer(["alpha zulu " * 3] * 50, kind="wordpiece", vocab_size=64)
   alpha_id, zulu_id = tok.tokenize("alpha")[0], tok.tokenize("zulu")[0]
   cfg = _cfg(corpus="", languages=f"big={big},small={small}", max_seq_length=32)
   data = pipeline.build_pretraining_data(cfg, tok, batch_size=16, seed=0, nsp=False)
   weights = data.stats["language_weights"]
-  assert weights["small"] > 0.2 > 20 / 320  # q, well above the token share p
+  q = multilingual.sampling_probabilities([300 * 4, 20 * 4], 0.3)  # sentences
+  assert weights["small"] == round(q[1], 4) and q[1] > 0.2 > 20 / 320
   it = iter(data.train)
   ids = np.concatenate([next(it)["input_ids"] for _ in range(60)])  # [960, 32]
   alphas, zulus = (ids == alpha_id).sum(1), (ids == zulu_id).sum(1)

@@ -121,3 +121,27 @@ def test_prepare_parallel_resumable_and_exact(corpus_dir, tmp_path):
   data = pipeline.build_pretraining_data(cfg, tok, batch_size=4, seed=0, nsp=True)
   assert data.stats["documents"] == 120
   assert next(iter(data.train))["input_ids"].shape == (4, 32)
+
+
+def test_a_document_without_blank_lines_is_cut_to_bounded_pieces(tmp_path, monkeypatch):
+  monkeypatch.setattr(sources, "MAX_DOCUMENT_CHARS", 100)
+  (tmp_path / "one.txt").write_text("".join(f"Sentence number {i} is here.\n"
+                                            for i in range(40)))
+  documents = _docs(str(tmp_path / "one.txt"))
+  assert len(documents) > 5 and all(sum(map(len, d)) < 130 for d in documents)
+  assert [s for d in documents for s in d] == [f"Sentence number {i} is here."
+                                               for i in range(40)]
+
+
+def test_prepare_keeps_its_tokenizer_and_counts_characters(corpus_dir, tmp_path):
+  spec, out = str(corpus_dir / "part0.txt"), str(tmp_path / "tokens")
+  summary = prepare.prepare(spec, str(corpus_dir / "tok"), out, workers=1,
+                            progress=False)
+  assert summary["characters"] == sum(len(s) for d in sources.iter_documents(spec)
+                                      for s in d)
+  assert os.path.isdir(os.path.join(out, "tokenizer"))
+  other = train_tokenizer(["completely different words here"] * 10, kind="wordpiece",
+                          vocab_size=40)
+  other.save(str(tmp_path / "other"))
+  with pytest.raises(DataError, match="another tokenizer"):
+    prepare.prepare(spec, str(tmp_path / "other"), out, workers=1, progress=False)

@@ -1,11 +1,14 @@
-"""`python -m bertjax.benchmark data`: input-pipeline throughput per CPU core.
+"""`python -m bertjax.benchmark data`: input-pipeline throughput per CPU core, and with
+`--scale` the cost of preparing and starting on corpora of growing size.
 
   python -m bertjax.benchmark data --seq=128 --batch=32 --passes=7
+  python -m bertjax.benchmark data --scale --sizes_mb=50,200,1000   # see data_scale.py
 
-Both paths run in this one process (one core) on the same text (the embedded corpus,
+The paths run in this one process (one core) on the same text (the embedded corpus,
 `--repeat` times) and the same WordPiece vocabulary:
 (a) pre-tokenized: packed [N, seq] examples -> the grain training stream (shuffle,
-    batching, 80/10/10 masking of each whole batch) -> masked batches;
+    batching, 80/10/10 masking of each whole batch) -> masked batches; the same rows
+    read from prepared shards on disk (`prepared` below: what training reads);
 (b) raw text -> masked batches: bertjax (tokenization with the per-word cache of
     `bertjax.data.tokenizer`, packing, the stream of (a)) next to Hugging Face
     (`tokenizers` encode_batch, concatenate-and-chunk into rows of `seq`,
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 import tempfile
 import time
 
@@ -31,7 +35,8 @@ from absl import flags
 import ml_collections
 import numpy as np
 
-from bertjax.data import corpus, masking, pipeline, pretraining
+from bertjax.benchmarks import data_scale
+from bertjax.data import corpus, masking, pipeline, pretraining, rows as rows_lib
 from bertjax.data.tokenizer import load_tokenizer, train_tokenizer
 
 _SEQ = flags.DEFINE_integer("seq", 128, "Sequence length.")
@@ -40,6 +45,8 @@ _REPEAT = flags.DEFINE_integer("repeat", 1, "Copies of the embedded corpus in th
 _PASSES = flags.DEFINE_integer("passes", 7, "Alternating timed passes of each path.")
 _EPOCHS = flags.DEFINE_integer("epochs", 8, "Epochs over the packed examples in (a).")
 _VOCAB = flags.DEFINE_integer("vocab_size", 8192, "WordPiece vocabulary trained first.")
+_SCALE = flags.DEFINE_bool("scale", False, "Instead: prepare corpora of growing size and "
+                           "start training on them (flags of data_scale.py).")
 
 
 def _rate(examples: int, tokens: int, seconds: float) -> dict[str, float]:
@@ -48,12 +55,15 @@ def _rate(examples: int, tokens: int, seconds: float) -> dict[str, float]:
 
 
 def _masked_batches(examples, mask_cfg, batch: int, epochs: int = 1) -> tuple[int, int]:
-  """`epochs` passes of the grain stream over `examples` (new masks each epoch);
-  (examples, real tokens) produced."""
+  """`epochs` passes of the grain stream over `examples` (Examples in memory, or a
+  row source) with new masks each epoch; (examples, real tokens) produced."""
+  rows = len(examples)
+  if not isinstance(examples, pretraining.Examples):
+    examples = [pipeline.Phase(None, (examples,), None, mask_cfg)]
   it = iter(pipeline.make_train_dataset(examples, mask_cfg, batch_size=batch, seed=0,
                                         nsp=False))
   n = tokens = 0
-  for _ in range(epochs * len(examples) // batch):
+  for _ in range(epochs * rows // batch):
     b = next(it)
     n += len(b["input_ids"])
     tokens += int(b["attention_mask"].sum())
@@ -98,7 +108,19 @@ def _median(passes: list[dict[str, float]]) -> dict[str, float]:
   return sorted(passes, key=lambda r: r["cpu_seconds"])[len(passes) // 2]
 
 
+def _prepared_rows(examples, tok, directory: str) -> rows_lib.FileRows:
+  """`examples` written as prepared shards (4 of them) and opened for random access."""
+  rows = rows_lib.encode(examples, tok.word_starts(), rows_lib.id_dtype(tok.vocab_size))
+  paths = []
+  for k, part in enumerate(np.array_split(rows, 4)):
+    paths.append(os.path.join(directory, f"part-{k:05d}{rows_lib.SUFFIX}"))
+    rows_lib.write(paths[-1], part)
+  return rows_lib.FileRows(paths, [len(p) for p in np.array_split(rows, 4)], rows.dtype)
+
+
 def main(argv):
+  if _SCALE.value:
+    return data_scale.main(argv)
   del argv
   seq, batch = _SEQ.value, _BATCH.value
   documents = corpus.load_documents("embedded") * _REPEAT.value
@@ -114,6 +136,7 @@ def main(argv):
     mask_cfg = masking.MaskingConfig.create(data_cfg, tok)
     packed = pretraining.create_packed_examples(
         pretraining.tokenize_documents(documents, tok), tok, max_seq_length=seq)
+    prepared = _prepared_rows(packed, tok, vocab_dir)
     hf_tools = _hf_tools(tok)
 
     # Loaded before timing, like Hugging Face's: each pass starts with an empty cache.
@@ -129,10 +152,13 @@ def main(argv):
     # garbage collector's full passes, which would otherwise land in random passes.
     gc.collect()
     gc.freeze()
-    runs = {"a_pretokenized_bertjax": [], "b_raw_text_bertjax": [], "b_raw_text_hf": []}
+    runs = {"a_pretokenized_bertjax": [], "a_prepared_shards_bertjax": [],
+            "b_raw_text_bertjax": [], "b_raw_text_hf": []}
     for i in range(_PASSES.value):
       runs["a_pretokenized_bertjax"].append(
           _timed(lambda: _masked_batches(packed, mask_cfg, batch, _EPOCHS.value)))
+      runs["a_prepared_shards_bertjax"].append(
+          _timed(lambda: _masked_batches(prepared, mask_cfg, batch, _EPOCHS.value)))
       runs["b_raw_text_bertjax"].append(_timed(lambda: ours_raw(i)))
       runs["b_raw_text_hf"].append(_timed(lambda: _hf(sentences, *hf_tools, seq, batch)))
   results = {"seq": seq, "batch": batch, "cores": 1, "passes": _PASSES.value,

@@ -19,7 +19,7 @@ import re
 from bertjax.data import sources
 from bertjax.errors import DataError
 
-EMBEDDED = "embedded"
+EMBEDDED = sources.EMBEDDED
 
 # A section heading: a title line underlined with *, =, - or ~ of the same length.
 _UNDERLINE = re.compile(r"^([*=\-~^])\1{2,}$")

@@ -1,7 +1,9 @@
-"""Multilingual sampling (XLM / XLM-R, textbook eq. 11.7): language i with a share p_i
-of the corpus is drawn with probability q_i = p_i^alpha / sum_j p_j^alpha, which
-up-samples low-resource languages (alpha=1 keeps the corpus shares, alpha=0 makes all
-languages equally likely). Used for the tokenizer's training text and for pretraining
+"""Multilingual sampling (XLM / XLM-R, textbook eq. 11.7): language i with a share
+p_i = n_i / sum_j n_j of the corpus is drawn with probability
+q_i = p_i^alpha / sum_j p_j^alpha, which up-samples low-resource languages (alpha=1
+keeps the corpus shares, alpha=0 makes all languages equally likely). n_i counts the
+language's sentences, as the equation does (`config.data.language_counts`: or its
+tokens or characters). Used for the tokenizer's training text and for pretraining
 batches (`pipeline.py` mixes per-language example streams with these weights).
 """
 
@@ -11,7 +13,11 @@ from typing import Sequence
 
 import numpy as np
 
-from bertjax.errors import ConfigError
+from bertjax.data import manifest
+from bertjax.errors import ConfigError, DataError
+
+# What n_i of eq. 11.7 counts (config.data.language_counts).
+COUNTS = ("sentences", "tokens", "characters")
 
 
 def parse_languages(spec: str) -> list[tuple[str, str]]:
@@ -41,13 +47,31 @@ def sampling_probabilities(sizes: Sequence[float], alpha: float) -> np.ndarray:
   return q / q.sum()
 
 
+def language_counts(data_cfg) -> str:
+  """`config.data.language_counts`, checked: what n_i counts."""
+  counts = data_cfg.get("language_counts", "sentences")
+  if counts not in COUNTS:
+    raise ConfigError(f"config.data.language_counts={counts!r}: use one of {COUNTS}")
+  return counts
+
+
+def text_size(sentences: Sequence[str], counts: str) -> int:
+  """n_i of raw sentences: how many, their characters, or (before a tokenizer
+  exists) their whitespace-separated words for 'tokens'."""
+  if counts == "sentences":
+    return len(sentences)
+  if counts == "characters":
+    return sum(map(len, sentences))
+  return sum(len(s.split()) for s in sentences)
+
+
 def sample_sentences(per_language: Sequence[Sequence[str]], alpha: float, total: int,
-                     rng: np.random.Generator) -> list[str]:
-  """About `total` sentences drawn from the languages with probabilities q (sizes in
-  characters): each language contributes round(q_i * total) sentences, sampled without
+                     rng: np.random.Generator, counts: str = "sentences") -> list[str]:
+  """About `total` sentences drawn from the languages with probabilities q (n_i by
+  `counts`): each language contributes round(q_i * total) sentences, sampled without
   replacement while it has enough and cycling over a shuffle when it must repeat.
   Returned shuffled."""
-  q = sampling_probabilities([sum(map(len, s)) for s in per_language], alpha)
+  q = sampling_probabilities([text_size(s, counts) for s in per_language], alpha)
   out: list[str] = []
   for sentences, share in zip(per_language, q):
     n = int(round(share * total))
@@ -63,9 +87,14 @@ def tokenizer_sentences(data_cfg, seed: int) -> list[str]:
   from bertjax.data import corpus  # pylint: disable=g-import-not-at-top (cycle)
   field = data_cfg.text_field
   languages = parse_languages(data_cfg.get("languages", ""))
+  for spec in [s for _, s in languages] or [data_cfg.corpus]:
+    if manifest.kind_of(spec):
+      raise DataError(f"corpus {spec!r} is prepared (tokenized): give the tokenizer it "
+                      f"was prepared with, --config.data.tokenizer.path={spec}/tokenizer")
   if not languages:
     return [s for d in corpus.load_documents(data_cfg.corpus, field) for s in d]
   per_language = [[s for d in corpus.load_documents(spec, field) for s in d]
                   for _, spec in languages]
   return sample_sentences(per_language, data_cfg.get("language_alpha", 0.3),
-                          sum(map(len, per_language)), np.random.default_rng(seed))
+                          sum(map(len, per_language)), np.random.default_rng(seed),
+                          language_counts(data_cfg))

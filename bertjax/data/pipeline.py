@@ -1,39 +1,44 @@
-"""The pretraining input pipeline: corpus -> examples -> grain -> masked batches.
+"""The pretraining input pipeline: examples -> grain -> masked batches.
 
-`build_pretraining_data` reads and tokenizes the corpus once, holds out
-`eval_fraction` of the documents, builds NSP pairs (BERT) or packed rows (RoBERTa),
-and returns an infinite, checkpointable grain `IterDataset` of training batches plus
-fixed evaluation batches. Training order: a global shuffle (reshuffled every epoch),
-repeated forever, every `process_count`-th example for this process, masked with an
-RNG derived from the seed and the element's index (so masks differ between epochs and
-replay exactly after a restore). Indices are batched first and each batch is gathered
-and masked at once (vectorised numpy, one random stream per row). Shapes: b per-process batch, T
-max_seq_length, P max_predictions_per_seq.
+`build_pretraining_data` opens each corpus of `config.data` as example rows
+(`bertjax.data.rows`): a directory `prepare` built (`manifest.json`) is read in place,
+by random access, a row at a time; raw text (or a directory of tokenized documents)
+below `config.data.raw_text_limit_mb` is tokenized and built into rows in memory, the
+same way. It returns an infinite, checkpointable grain `IterDataset` of training
+batches plus evaluation batches made on demand.
+
+Training order: element g of a source's stream is row permute(g mod n) of epoch
+g // n (`permutation.permute`: a fresh global shuffle every epoch that holds no table),
+sources mixed with the multilingual weights, every `process_count`-th element for this
+process, batched, then read and masked a whole batch at once with one random stream
+per element keyed by (seed, its index): masks differ between epochs and replay exactly
+after a restore, and a process reads only the rows it trains on. Shapes: b per-process
+batch, T max_seq_length (or the phase's length), P max_predictions_per_seq.
 
 Batch dict (numpy): input_ids, attention_mask, token_type_ids [b, T] int32;
 masked_lm_positions, masked_lm_ids [b, P] int32; masked_lm_weights [b, P] float32;
-next_sentence_labels [b] int32 (0 = B follows A, 1 = random B; only with NSP).
+next_sentence_labels [b] int32 (0 = B follows A, 1 = random B; only with NSP);
+segment_ids, position_ids [b, T] int32 with config.data.isolate_documents.
 Evaluation batches add example_weights [b] float32 (0 for padding examples).
 """
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
 import math
-import os
 import sys
 import time
-from typing import Any
+from typing import Any, Sequence
 
-from absl import flags
+from absl import flags, logging
 import grain
 import numpy as np
 
-from bertjax.data import corpus, masking, multilingual, prepare, pretraining
+from bertjax.data import (corpus, manifest, masking, multilingual, permutation, prepare,
+                          pretraining, rows as rows_lib, seeds, sources as sources_lib)
 from bertjax.errors import ConfigError, DataError
 
-# Streams drawn from the one config seed, so that each use gets independent numbers.
-_SPLIT, _TRAIN_EXAMPLES, _EVAL_EXAMPLES, _SHUFFLE, _TRAIN_MASKS, _EVAL_MASKS = range(6)
 
 
 @dataclasses.dataclass
@@ -42,84 +47,77 @@ class PretrainingData:
 
   train: infinite `grain.IterDataset` of batches; `iter(train)` has `get_state()` /
     `set_state()` and is saved with `grain.checkpoint.CheckpointSave(iterator)`.
-  eval_batches: fixed batches of the held-out documents (deterministic masks), the
-    same count on every process.
+  eval_batches: a sequence of fixed batches of the held-out documents (deterministic
+    masks, made when indexed; slicing gives a shorter sequence), the same count on
+    every process.
   most_frequent_token: the commonest non-special id in the training tokens (the
     "always predict it" MLM baseline).
   stats: documents, train_documents, eval_documents, train_examples, eval_examples,
-    tokens (training tokens), build_seconds.
+    tokens (training tokens), padding_fraction, phases, prepared, build_seconds.
   """
 
   train: grain.IterDataset
-  eval_batches: list[dict[str, np.ndarray]]
+  eval_batches: Sequence[dict[str, np.ndarray]]
   most_frequent_token: int
   stats: dict[str, Any]
 
 
-def _seed(seed: int, stream: int, *extra: int) -> int:
-  """A 32-bit seed for one use of the config seed (grain wants [0, 2**32))."""
-  return int(np.random.SeedSequence([seed, stream, *extra]).generate_state(1)[0])
-
-
-class ShuffledRows:
-  """grain map: element g of a source's infinite stream -> its row. Epoch g // n
-  visits the source's n rows [offset, offset + n) in the order of a permutation drawn
-  from (seed, epoch): computed once per epoch (4 bytes a row; the two newest kept, as
-  a batch may straddle epochs), then a lookup per element, where grain's
-  `shuffle` (index_shuffle) costs ~40 us per element: most of a batch's time."""
-
-  def __init__(self, offset: int, n: int, seed: int):
-    self.offset, self.n, self.seed = offset, n, seed
-    self._perms: dict[int, np.ndarray] = {}
-
-  def _perm(self, epoch: int) -> np.ndarray:
-    perm = self._perms.get(epoch)
-    if perm is None:  # Two read-ahead threads may both draw it: the same array.
-      perm = np.random.default_rng([self.seed, epoch]).permutation(
-          np.arange(self.offset, self.offset + self.n, dtype=np.int64 if
-                    self.offset + self.n > 2**31 else np.int32))
-      self._perms = {e: p for e, p in self._perms.items() if e == epoch - 1}
-      self._perms[epoch] = perm
-    return perm
-
-  def __call__(self, element: int) -> int:
-    epoch, i = divmod(element, self.n)
-    return int(self._perm(epoch)[i])
-
-  def __getstate__(self):  # Pickled into grain workers without the permutations.
-    return {"offset": self.offset, "n": self.n, "seed": self.seed, "_perms": {}}
-
-  def __repr__(self) -> str:
-    return f"ShuffledRows(offset={self.offset}, n={self.n}, seed={self.seed})"
-
-
 @dataclasses.dataclass(frozen=True, eq=False, repr=False)
 class MaskBatch:
-  """grain map-with-index transform: [b] example indices -> one masked batch.
+  """grain map-with-index transform: [b] stream elements -> one masked batch.
 
-  Gathers the rows from `examples` and masks the [b, T] batch at once; row r of batch
-  i is element i * b + r of this process's stream (which runs across epochs), and its
-  random numbers come from `masking.RowStreams` keyed by (seed, that element index):
-  masks differ between epochs, replay exactly after a restore and do not depend on
-  the batch size. Drops next_sentence_labels when the model has no NSP head.
-  Picklable, so it runs in grain worker processes too.
+  An element is g (one source) or (k, g) (source k of several): row
+  permute(g mod n_k, n_k, shuffle_seeds[k], epoch=g // n_k) of source k. The rows are
+  read, decoded and masked as one [b, T] batch; row r of batch i is element i * b + r
+  of this process's stream and its random numbers come from `masking.RowStreams`
+  keyed by (seed, that index). Picklable, so it runs in grain worker processes too.
   """
 
-  examples: pretraining.Examples
+  sources: tuple[Any, ...]  # rows_lib.MemoryRows / FileRows, all of one row dtype
+  shuffle_seeds: tuple[int, ...]
   cfg: masking.MaskingConfig
   nsp: bool
+  isolate: bool
+  position_offset: int
   seed: int
 
-  def __repr__(self) -> str:  # grain logs its stages: not the examples' arrays.
-    return f"MaskBatch({len(self.examples)} examples, nsp={self.nsp}, seed={self.seed})"
+  def __repr__(self) -> str:  # grain logs its stages: not the rows.
+    return (f"MaskBatch({[len(s) for s in self.sources]} rows, nsp={self.nsp}, "
+            f"seed={self.seed})")
 
-  def __call__(self, batch_index: int, rows: np.ndarray) -> dict[str, np.ndarray]:
-    out = self.examples[rows]
-    element = batch_index * len(rows) + np.arange(len(rows))
+  def rows(self, elements) -> np.ndarray:
+    """The rows [b] of stream elements (g [b], or a tuple (k [b], g [b]))."""
+    if not isinstance(elements, tuple):
+      return self._read(0, np.asarray(elements, np.int64))
+    k, g = np.asarray(elements[0]), np.asarray(elements[1], np.int64)
+    out = np.empty(len(g), self.sources[0].dtype)
+    for source in np.unique(k):
+      picked = k == source
+      out[picked] = self._read(source, g[picked])
+    return out
+
+  def _read(self, source: int, g: np.ndarray) -> np.ndarray:
+    """Rows of elements g [m] of source `source`'s stream."""
+    n = len(self.sources[source])
+    epoch, index = np.divmod(g, n)
+    for e in range(int(epoch.min()), int(epoch.max()) + 1):  # a batch spans 1-2 epochs
+      at = epoch == e
+      index[at] = permutation.permute(index[at], n, self.shuffle_seeds[source], e)
+    return self.sources[source].read(index)
+
+  def __call__(self, batch_index: int, elements) -> dict[str, np.ndarray]:
+    out = rows_lib.decode(self.rows(elements), isolate=self.isolate,
+                          position_offset=self.position_offset,
+                          word_starts=self.cfg.strategy != "token")
+    b = len(out["input_ids"])
+    element = batch_index * b + np.arange(b)
     out.update(masking.mask_tokens(out["input_ids"], masking.RowStreams(self.seed, element),
-                                   self.cfg))
+                                   self.cfg, word_starts=out.pop("word_starts", None)))
     if not self.nsp:
       del out["next_sentence_labels"]
+    # Start-up time at scale: when training could begin (benchmarks/data_scale.py).
+    logging.log_first_n(logging.INFO, "Data: first batch ready (batch %d of this "
+                        "process).", 1, batch_index)
     return out
 
 
@@ -128,13 +126,14 @@ class Phase:
   """One sequence-length phase of training.
 
   steps: batches in this phase (None: the last phase, which runs on).
-  sources: examples per language (one entry for a monolingual corpus), all [N_i, T].
+  sources: example rows per language (one entry for a monolingual corpus), all of
+    length T.
   weights: [K] sampling probabilities of the sources (None: one source).
   mask_cfg: masking for this length (its max_predictions_per_seq).
   """
 
   steps: int | None
-  sources: tuple[pretraining.Examples, ...]
+  sources: tuple[Any, ...]
   weights: tuple[float, ...] | None
   mask_cfg: masking.MaskingConfig
 
@@ -143,37 +142,61 @@ class Phase:
 _LAST_PHASE_BATCHES = 2**40
 
 
+@dataclasses.dataclass(frozen=True)
+class _Tag:
+  """grain map: element g of source k's stream -> (k, g)."""
+  k: int
+
+  def __call__(self, g: int) -> tuple[int, int]:
+    return self.k, g
+
+
 def _phase_batches(phase: Phase, index: int, *, batch_size: int, seed: int, nsp: bool,
-                   process_index: int, process_count: int) -> grain.MapDataset:
-  """The phase's (infinite) batches for one process: each source's row indices
-  shuffled and repeated, mixed by weight, every `process_count`-th one, batched, then
-  gathered and masked a whole batch at a time."""
-  offsets = np.cumsum([0, *map(len, phase.sources)])
-  streams = [grain.MapDataset.range(sys.maxsize).map(ShuffledRows(
-      int(offsets[k]), len(phase.sources[k]), _seed(seed, _SHUFFLE, index, k)))
-             for k in range(len(phase.sources))]
-  ds = streams[0] if len(streams) == 1 else grain.MapDataset.mix(streams, phase.weights)
+                   isolate: bool, position_offset: int, process_index: int,
+                   process_count: int) -> grain.MapDataset:
+  """The phase's (infinite) batches for one process: the sources' streams mixed by
+  weight, every `process_count`-th element, batched, then read and masked."""
+  k = len(phase.sources)
+  if k == 1:
+    ds = grain.MapDataset.range(sys.maxsize)
+  else:
+    ds = grain.MapDataset.mix([grain.MapDataset.range(sys.maxsize).map(_Tag(i))
+                               for i in range(k)], phase.weights)
   ds = ds[process_index::process_count].batch(batch_size, drop_remainder=True)
-  return ds.map_with_index(MaskBatch(_concatenate(phase.sources), phase.mask_cfg, nsp,
-                                     _seed(seed, _TRAIN_MASKS, process_index, index)))
+  return ds.map_with_index(MaskBatch(
+      phase.sources,
+      tuple(seeds.stream_seed(seed, seeds.SHUFFLE, index, i) for i in range(k)),
+      phase.mask_cfg, nsp, isolate, position_offset,
+      seeds.stream_seed(seed, seeds.TRAIN_MASKS, process_index, index)))
 
 
 def make_train_dataset(examples: pretraining.Examples | list[Phase],
                        mask_cfg: masking.MaskingConfig | None = None,
                        *, batch_size: int, seed: int, nsp: bool, process_index: int = 0,
-                       process_count: int = 1, worker_count: int = 0) -> grain.IterDataset:
+                       process_count: int = 1, worker_count: int = 0,
+                       isolate: bool = False, position_offset: int = 0
+                       ) -> grain.IterDataset:
   """The infinite training stream of [b, ...] batches for one process.
 
-  `examples` with `mask_cfg`: one phase, one source. Or a list of `Phase`s: their
-  batches one phase after the other (the shapes change between phases). The stream
-  is a grain `MapDataset` underneath, so its state is the index of the next batch and
-  a restore anywhere, in any phase, replays exactly.
+  `examples` with `mask_cfg`: one phase of one source built in memory (isolated when
+  it has segment_ids). Or a list of `Phase`s: their batches one phase after the other
+  (the shapes change between phases). The stream is a grain `MapDataset` underneath,
+  so its state is the index of the next batch and a restore anywhere, in any phase,
+  replays exactly.
   """
-  phases = examples if isinstance(examples, list) else [
-      Phase(None, (examples,), None, mask_cfg)]
+  if isinstance(examples, pretraining.Examples):
+    isolate = examples.segment_ids is not None
+    if isolate:
+      position_offset = int(examples.position_ids[0, 0])
+    words = (mask_cfg.word_starts if mask_cfg.word_starts is not None
+             else np.ones(int(examples.input_ids.max()) + 1, bool))
+    source = rows_lib.MemoryRows(rows_lib.encode(examples, words, rows_lib.id_dtype(
+        len(words))))
+    examples = [Phase(None, (source,), None, mask_cfg)]
   parts = []
-  for i, phase in enumerate(phases):
+  for i, phase in enumerate(examples):
     ds = _phase_batches(phase, i, batch_size=batch_size, seed=seed, nsp=nsp,
+                        isolate=isolate, position_offset=position_offset,
                         process_index=process_index, process_count=process_count)
     parts.append(ds[:_LAST_PHASE_BATCHES if phase.steps is None else phase.steps])
   ds = (parts[0] if len(parts) == 1 else grain.MapDataset.concatenate(parts))
@@ -219,39 +242,134 @@ def length_phases(data_cfg, num_steps: int | None) -> list[tuple[int | None, int
   return out
 
 
-def make_eval_batches(examples: pretraining.Examples, mask_cfg: masking.MaskingConfig,
-                      *, batch_size: int, seed: int, nsp: bool, process_index: int = 0,
-                      process_count: int = 1) -> list[dict[str, np.ndarray]]:
+class EvalBatches(collections.abc.Sequence):
   """This process's share of the evaluation examples as fixed masked batches.
 
-  Every process gets ceil(N / (b * process_count)) batches; the last ones are padded
-  with copies of a real example whose masked_lm_weights and example_weights are 0.
+  Every process has ceil(N / (b * process_count)) batches: process p takes examples
+  p, p + P, ...; the last batches are padded with copies of a real example whose
+  masked_lm_weights and example_weights are 0. Batch i is read and masked when asked
+  for; an example's mask depends only on the seed and its index, so it is the same
+  whatever the process count. Slicing gives the sequence of those batches.
   """
-  masked = masking.mask_tokens(examples.input_ids, np.random.default_rng(
-      _seed(seed, _EVAL_MASKS)), mask_cfg)
-  index = np.arange(process_index, len(examples), process_count)
-  num_batches = -(-len(examples) // (batch_size * process_count))
-  slots = num_batches * batch_size
-  real = np.arange(slots) < len(index)
-  index = np.concatenate([index, np.full(slots - len(index), index[0] if len(index) else 0)])
-  lengths = examples.lengths[index]
-  arrays = {
-      "input_ids": masked["input_ids"][index],
-      "attention_mask": (np.arange(examples.input_ids.shape[1])[None, :]
-                         < lengths[:, None]).astype(np.int32),
-      "token_type_ids": examples.token_type_ids[index].astype(np.int32),
-      "masked_lm_positions": masked["masked_lm_positions"][index],
-      "masked_lm_ids": masked["masked_lm_ids"][index],
-      "masked_lm_weights": masked["masked_lm_weights"][index] * real[:, None],
-      "example_weights": real.astype(np.float32),
-  }
-  if nsp:
-    arrays["next_sentence_labels"] = examples.next_sentence_labels[index].astype(np.int32)
-  if examples.segment_ids is not None:
-    arrays["segment_ids"] = examples.segment_ids[index].astype(np.int32)
-    arrays["position_ids"] = examples.position_ids[index].astype(np.int32)
-  return [{k: v[i * batch_size:(i + 1) * batch_size] for k, v in arrays.items()}
-          for i in range(num_batches)]
+
+  def __init__(self, source, cfg: masking.MaskingConfig, *, batch_size: int, seed: int,
+               nsp: bool, isolate: bool, position_offset: int, process_index: int = 0,
+               process_count: int = 1, batches: range | None = None):
+    self._source, self._cfg, self._b, self._seed = source, cfg, batch_size, seed
+    self._nsp, self._isolate, self._offset = nsp, isolate, position_offset
+    self._p, self._count = process_index, process_count
+    self._batches = batches if batches is not None else range(
+        -(-len(source) // (batch_size * process_count)))
+
+  def __len__(self) -> int:
+    return len(self._batches)
+
+  def __getitem__(self, i):
+    if isinstance(i, slice):
+      return EvalBatches(self._source, self._cfg, batch_size=self._b, seed=self._seed,
+                         nsp=self._nsp, isolate=self._isolate,
+                         position_offset=self._offset, process_index=self._p,
+                         process_count=self._count, batches=self._batches[i])
+    slots = self._batches[i] * self._b + np.arange(self._b)
+    index = self._p + self._count * slots
+    real = index < len(self._source)
+    index = np.where(real, index, self._p if self._p < len(self._source) else 0)
+    out = rows_lib.decode(self._source.read(index), isolate=self._isolate,
+                          position_offset=self._offset,
+                          word_starts=self._cfg.strategy != "token")
+    out.update(masking.mask_tokens(out["input_ids"], masking.RowStreams(self._seed, index),
+                                   self._cfg, word_starts=out.pop("word_starts", None)))
+    out["masked_lm_weights"] = out["masked_lm_weights"] * real[:, None]
+    out["example_weights"] = real.astype(np.float32)
+    if not self._nsp:
+      del out["next_sentence_labels"]
+    return out
+
+
+@dataclasses.dataclass
+class _Corpus:
+  """One corpus (language) as example rows.
+
+  train: {length: rows}; train_tokens: {length: real tokens in those rows}; held_out:
+  rows at max_seq_length; counts [V] int64 training token counts; text: documents,
+  sentences, tokens, characters of the whole corpus (n_i of the multilingual
+  sampling); documents: (train, held-out) counts.
+  """
+
+  train: dict[int, Any]
+  train_tokens: dict[int, int]
+  held_out: Any
+  counts: np.ndarray
+  text: dict[str, int]
+  documents: tuple[int, int]
+  prepared: bool
+
+
+def _prepared_corpus(spec: str, data_cfg, fingerprint: str, *, nsp: bool,
+                     lengths: list[int]) -> _Corpus:
+  """A directory built by `prepare --config`: checked against the config, read in place."""
+  info = manifest.load(spec)
+  manifest.check(info, spec, data_cfg, fingerprint, nsp=nsp, lengths=lengths)
+  return _Corpus(
+      train={t: manifest.split_rows(info, spec, manifest.train_split(t)) for t in lengths},
+      train_tokens={t: info["splits"][manifest.train_split(t)]["tokens"] for t in lengths},
+      held_out=manifest.split_rows(info, spec, manifest.eval_split(data_cfg.max_seq_length)),
+      counts=manifest.unigram_counts(info, spec), text=info["text"],
+      documents=(info["documents"]["train"], info["documents"]["eval"]), prepared=True)
+
+
+def _memory_corpus(spec: str, data_cfg, tokenizer, *, seed: int, k: int, nsp: bool,
+                   lengths: list[int], tokenized: bool) -> _Corpus:
+  """Raw text (or a tokenized directory) below the size limit, built in memory."""
+  limit = data_cfg.get("raw_text_limit_mb", 64)
+  size = (prepare.text_bytes(spec) if tokenized else sources_lib.text_bytes(spec))
+  if limit and size is not None and size > limit * 2**20:
+    raise DataError(
+        f"corpus {spec!r} holds {size / 2**20:,.0f} MB of text, more than "
+        f"config.data.raw_text_limit_mb={limit} that training builds in memory: prepare "
+        f"it once (python -m bertjax.data.prepare --config=YOUR_CONFIG --input={spec} "
+        f"--tokenizer=TOKENIZER --output=DIR) and train with --config.data.corpus=DIR")
+  if tokenized:
+    documents = list(prepare.read_documents(spec))
+    characters = prepare.summary(spec).get("characters", 0)
+  else:
+    text = corpus.load_documents(spec, data_cfg.text_field)
+    characters = sum(len(s) for d in text for s in d)
+    documents = pretraining.tokenize_documents(text, tokenizer)
+    del text
+  n = len(documents)
+  held = permutation.held_out(np.arange(n), n, data_cfg.eval_fraction,
+                              seeds.stream_seed(seed, seeds.SPLIT, k))
+  if n - int(held.sum()) < 2:
+    raise DataError(f"corpus {spec!r} has {n} non-empty documents: too few to hold out "
+                    f"{int(held.sum())} for evaluation and train on the rest; give more "
+                    "documents (blank lines separate them)")
+  train = [documents[i] for i in np.flatnonzero(~held)]
+  held_out = [documents[i] for i in np.flatnonzero(held)]
+  words, ids = tokenizer.word_starts(), rows_lib.id_dtype(tokenizer.vocab_size)
+
+  def build(docs, length, dupe_factor, *stream):
+    if nsp:
+      examples = pretraining.create_nsp_examples(
+          docs, tokenizer, max_seq_length=length, short_seq_prob=data_cfg.short_seq_prob,
+          dupe_factor=dupe_factor,
+          rng=np.random.default_rng(seeds.stream_seed(seed, *stream)))
+    else:
+      examples = pretraining.create_packed_examples(
+          docs, tokenizer, max_seq_length=length,
+          packing=data_cfg.get("packing", "full_sentences"), isolate_documents=True)
+    return rows_lib.MemoryRows(rows_lib.encode(examples, words, ids))
+
+  flat = np.concatenate([np.asarray(s, np.int64) for d in train for s in d])
+  built = {t: build(train, t, data_cfg.dupe_factor, seeds.TRAIN_EXAMPLES, k, i)
+           for i, t in enumerate(lengths)}
+  return _Corpus(
+      train=built, train_tokens={t: int(r.rows["length"].sum()) for t, r in built.items()},
+      held_out=build(held_out, data_cfg.max_seq_length, 1, seeds.EVAL_EXAMPLES, k),
+      counts=np.bincount(flat, minlength=tokenizer.vocab_size).astype(np.int64),
+      text={"documents": n, "sentences": sum(map(len, documents)),
+            "tokens": sum(len(s) for d in documents for s in d), "characters": characters},
+      documents=(len(train), len(held_out)), prepared=False)
 
 
 def build_pretraining_data(data_cfg, tokenizer, *, batch_size: int, seed: int, nsp: bool,
@@ -265,7 +383,9 @@ def build_pretraining_data(data_cfg, tokenizer, *, batch_size: int, seed: int, n
   DOC-SENTENCES; `config.data.isolate_documents` adds segment_ids and position_ids
   starting at `position_offset`, the model's). `config.data.length_phases` splits
   `num_steps` into sequence-length phases; `config.data.languages` mixes per-language
-  corpora with q_i ~ p_i^language_alpha. Deterministic given `seed`.
+  corpora with q_i ~ p_i^language_alpha. A corpus directory written by
+  `prepare --config` is read in place (its manifest checked against the config);
+  other corpora are built in memory. Deterministic given `seed`.
   """
   start = time.perf_counter()
   if batch_size < 1:
@@ -275,104 +395,75 @@ def build_pretraining_data(data_cfg, tokenizer, *, batch_size: int, seed: int, n
   isolate = bool(data_cfg.get("isolate_documents", False))
   masking.MaskingConfig.create(data_cfg, tokenizer, np.ones(tokenizer.vocab_size))
   phases = length_phases(data_cfg, num_steps)
+  lengths = sorted({t for _, t, _ in phases})
   languages = multilingual.parse_languages(data_cfg.get("languages", "")) or [
       ("", data_cfg.corpus)]
-  train_docs, eval_docs, documents = [], [], 0
+  counts_unit = multilingual.language_counts(data_cfg)
+  fingerprint = None
+  corpora = []
   for k, (_, spec) in enumerate(languages):
-    train, held_out = _split_documents(_load_tokenized(spec, data_cfg, tokenizer), spec,
-                                       data_cfg.eval_fraction, _seed(seed, _SPLIT, k))
-    train_docs.append(train)
-    eval_docs.append(held_out)
-    documents += len(train) + len(held_out)
-
-  def build(docs, length, *stream):
-    if nsp:
-      return pretraining.create_nsp_examples(
-          docs, tokenizer, max_seq_length=length, short_seq_prob=data_cfg.short_seq_prob,
-          dupe_factor=data_cfg.dupe_factor if stream[0] == _TRAIN_EXAMPLES else 1,
-          rng=np.random.default_rng(_seed(seed, *stream)))
-    return pretraining.create_packed_examples(
-        docs, tokenizer, max_seq_length=length,
-        packing=data_cfg.get("packing", "full_sentences"), isolate_documents=isolate,
-        position_offset=position_offset)
-
-  train_tokens = [np.concatenate([np.asarray(s, np.int64) for d in docs for s in d])
-                  for docs in train_docs]
-  counts = np.bincount(np.concatenate(train_tokens), minlength=tokenizer.vocab_size)
+    kind = manifest.kind_of(spec)
+    if kind == "examples":
+      fingerprint = fingerprint or manifest.fingerprint(tokenizer)
+      corpora.append(_prepared_corpus(spec, data_cfg, fingerprint, nsp=nsp,
+                                      lengths=lengths))
+    else:
+      corpora.append(_memory_corpus(spec, data_cfg, tokenizer, seed=seed, k=k, nsp=nsp,
+                                    lengths=lengths, tokenized=kind == "tokens"))
+  counts = np.sum([c.counts for c in corpora], axis=0)
   mask_cfg = masking.MaskingConfig.create(data_cfg, tokenizer, counts)
   counts[mask_cfg.special_ids] = 0
   weights = None
   if len(languages) > 1:
+    sizes = [c.text[counts_unit] for c in corpora]
+    if not all(sizes):
+      raise DataError(f"config.data.language_counts={counts_unit!r} but a prepared corpus "
+                      f"has no {counts_unit} count ({sizes}): prepare it again")
     weights = tuple(multilingual.sampling_probabilities(
-        [len(t) for t in train_tokens], data_cfg.get("language_alpha", 0.3)).tolist())
+        sizes, data_cfg.get("language_alpha", 0.3)).tolist())
   train_phases = []
-  for i, (steps, length, predictions) in enumerate(phases):
-    sources = tuple(build(docs, length, _TRAIN_EXAMPLES, k, i)
-                    for k, docs in enumerate(train_docs))
-    for (name, spec), ex in zip(languages, sources):
-      if len(ex) // process_count < batch_size:
-        raise DataError(f"corpus {spec!r} gives {len(ex)} training examples of length "
+  for steps, length, predictions in phases:
+    sources = tuple(c.train[length] for c in corpora)
+    for (name, spec), source in zip(languages, sources):
+      if len(source) // process_count < batch_size:
+        raise DataError(f"corpus {spec!r} gives {len(source)} training examples of length "
                         f"{length}, fewer than one batch of {batch_size} on each of "
                         f"{process_count} processes: use a smaller batch or a bigger "
                         "corpus")
     train_phases.append(Phase(steps, sources, weights, dataclasses.replace(
         mask_cfg, max_predictions_per_seq=predictions)))
-  eval_examples = _concatenate([build(docs, data_cfg.max_seq_length, _EVAL_EXAMPLES, k)
-                                for k, docs in enumerate(eval_docs)])
-  first = _concatenate(train_phases[0].sources)
+  held_out = rows_lib.concatenate([c.held_out for c in corpora])
+  first = train_phases[0].sources
+  first_length = first[0].dtype["ids"].shape[0]
+  first_rows = sum(len(s) for s in first)
+  first_tokens = sum(c.train_tokens[first_length] for c in corpora)
   return PretrainingData(
       train=make_train_dataset(
           train_phases, batch_size=batch_size, seed=seed, nsp=nsp,
           process_index=process_index, process_count=process_count,
-          worker_count=data_cfg.worker_count),
-      eval_batches=make_eval_batches(
-          eval_examples, mask_cfg, batch_size=batch_size, seed=seed, nsp=nsp,
+          worker_count=data_cfg.worker_count, isolate=isolate,
+          position_offset=position_offset),
+      eval_batches=EvalBatches(
+          held_out, mask_cfg, batch_size=batch_size,
+          seed=seeds.stream_seed(seed, seeds.EVAL_MASKS),
+          nsp=nsp, isolate=isolate, position_offset=position_offset,
           process_index=process_index, process_count=process_count),
       most_frequent_token=int(np.argmax(counts)),
       stats={
-          "documents": documents,
-          "train_documents": sum(map(len, train_docs)),
-          "eval_documents": sum(map(len, eval_docs)),
-          "train_examples": len(first),
+          "documents": sum(sum(c.documents) for c in corpora),
+          "train_documents": sum(c.documents[0] for c in corpora),
+          "eval_documents": sum(c.documents[1] for c in corpora),
+          "train_examples": first_rows,
           # Share of the train rows' positions that are padding (packing drives it to ~0).
-          "padding_fraction": round(1.0 - float(np.sum(first.lengths))
-                                    / max(first.input_ids.size, 1), 4),
-          "eval_examples": len(eval_examples),
-          "tokens": int(sum(map(len, train_tokens))),
-          "phases": [(p.steps, p.sources[0].input_ids.shape[1],
+          "padding_fraction": round(1.0 - first_tokens / max(first_rows * first_length, 1),
+                                    4),
+          "eval_examples": len(held_out),
+          "tokens": int(sum(c.counts.sum() for c in corpora)),
+          "phases": [(p.steps, p.sources[0].dtype["ids"].shape[0],
                       p.mask_cfg.max_predictions_per_seq) for p in train_phases],
           **({"language_weights": dict(zip([n for n, _ in languages],
                                            np.round(weights, 4).tolist()))}
              if weights else {}),
+          "prepared": all(c.prepared for c in corpora),
           "build_seconds": round(time.perf_counter() - start, 3),
       })
-
-
-def _load_tokenized(spec: str, data_cfg, tokenizer) -> list[pretraining.Document]:
-  """A corpus spec's tokenized documents (read directly when `prepare`d)."""
-  if os.path.isfile(os.path.join(spec, prepare.SUMMARY)):  # pre-tokenized
-    return list(prepare.read_documents(spec))
-  return pretraining.tokenize_documents(
-      corpus.load_documents(spec, data_cfg.text_field), tokenizer)
-
-
-def _split_documents(documents, spec: str, eval_fraction: float, seed: int):
-  """(train, held-out) documents, each kept in corpus order."""
-  num_eval = max(2, int(round(eval_fraction * len(documents))))
-  if len(documents) - num_eval < 2:
-    raise DataError(f"corpus {spec!r} has {len(documents)} non-empty "
-                    f"documents: too few to hold out {num_eval} for evaluation and train "
-                    "on the rest; give more documents (blank lines separate them)")
-  order = np.random.default_rng(seed).permutation(len(documents))
-  return ([documents[k] for k in np.sort(order[num_eval:])],
-          [documents[k] for k in np.sort(order[:num_eval])])
-
-
-def _concatenate(parts: list[pretraining.Examples]) -> pretraining.Examples:
-  """The examples of several builders, one after the other."""
-  if len(parts) == 1:
-    return parts[0]
-  return pretraining.Examples(*(
-      None if getattr(parts[0], f.name) is None
-      else np.concatenate([getattr(p, f.name) for p in parts])
-      for f in dataclasses.fields(pretraining.Examples)))

@@ -1,19 +1,30 @@
-"""Tokenize a corpus once into ArrayRecord shards: streaming, parallel, resumable.
+"""Prepare a corpus once, offline: tokenized documents, then a config's training examples.
 
+  # Stage 1: tokenize into ArrayRecord shards (one record a document).
   python -m bertjax.data.prepare --input='/data/*.txt' --tokenizer=vocab.txt \
-      --output=/data/prepared --workers=8
+      --output=/data/tokens --workers=8
+  # Stage 2: the examples a config trains on, every length phase and the held-out
+  # documents (the input a stage-1 directory, or raw text: then both stages run).
+  python -m bertjax.data.prepare --config=configs/bert_base.py --input=/data/tokens \
+      --output=/data/bert_base_examples --workers=8 [--config.data.dupe_factor=10]
+  # then train with --config.data.corpus=/data/bert_base_examples
+  #                 --config.data.tokenizer.path=/data/bert_base_examples/tokenizer
+  # Stage 2 on Apache Beam instead of --workers: --runner=DirectRunner|DataflowRunner|
+  # FlinkRunner|SparkRunner --beam_pipeline_options=key=value,... (`prepare_beam`).
 
-Documents are streamed from `sources.iter_documents` in chunks of `--chunk_documents`;
-worker processes tokenize a chunk each and write `part-NNNNN.array_record` (one record
-per document, see `encode_document`) plus `part-NNNNN.json` (its counts) atomically.
-A rerun skips chunks whose shard exists, so an interrupted preparation continues
-where it stopped; memory stays bounded by the chunks in flight. The summary
-(documents, sentences, tokens, seconds) is printed and written to `summary.json`.
+Stage 1 streams documents from `sources.iter_documents` in chunks of `--chunk_documents`
+(or `CHUNK_CHARACTERS` of text); worker processes tokenize a chunk each and write
+`part-NNNNN.array_record` (see `encode_document`) plus `part-NNNNN.json` (its counts)
+atomically, and a copy of the tokenizer goes to `tokenizer/`. A rerun skips chunks
+whose shard exists, so an interrupted preparation continues where it stopped; memory
+stays bounded by the chunks in flight. The summary (documents, sentences, tokens,
+characters, seconds) is printed and written to `summary.json`. Stage 2 is
+`bertjax.data.build_examples` (or `prepare_beam`); the program is `prepare_run.main`.
 """
 
 from __future__ import annotations
 
-import glob
+import collections
 import json
 import multiprocessing
 import os
@@ -21,16 +32,21 @@ import time
 from typing import Iterator
 
 from absl import flags
+from etils import epath
 import numpy as np
 
 from bertjax import cli
 from bertjax import progress as progress_lib
-from bertjax.data import corpus
+from bertjax.data import corpus, manifest
 from bertjax.data import sources
 from bertjax.data import tokenizer as tok_lib
 from bertjax.errors import DataError
 
-SUMMARY = "summary.json"
+SUMMARY = manifest.SUMMARY
+# A chunk (one shard) closes at this much text, whatever its document count.
+CHUNK_CHARACTERS = 1 << 25
+# Tokenized shards a reader keeps open (each holds its shard's record index).
+MAX_OPEN_SHARDS = 4096
 _worker_tokenizer: tok_lib.Tokenizer | None = None
 _worker_word_starts: np.ndarray | None = None
 
@@ -55,16 +71,69 @@ def decode_document(record: bytes) -> tuple[list[np.ndarray], np.ndarray]:
   return np.split(ids, np.cumsum(lengths)[:-1]), starts
 
 
-def read_documents(directory: str) -> Iterator[list[list[int]]]:
-  """Tokenized documents of a prepared directory, in order (each a list of sentences)."""
-  from array_record.python import array_record_data_source  # pylint: disable=g-import-not-at-top
-  paths = sorted(glob.glob(os.path.join(directory, "part-*.array_record")))
-  if not paths:
+def summary(directory: str) -> dict:
+  """The `summary.json` of a tokenized directory (local or gs://)."""
+  path = epath.Path(directory) / SUMMARY
+  if not path.exists():
     raise DataError(f"{directory!r} holds no prepared shards: run python -m "
                     "bertjax.data.prepare --output there first")
-  source = array_record_data_source.ArrayRecordDataSource(paths)
-  for i in range(len(source)):
-    yield [s.tolist() for s in decode_document(source[i])[0]]
+  return json.loads(path.read_text())
+
+
+def text_bytes(directory: str) -> int:
+  """About how much text a tokenized directory came from (its characters)."""
+  info = summary(directory)
+  return int(info.get("characters") or 4 * info["tokens"])
+
+
+class TokenizedDocuments:
+  """Random access to the documents of a tokenized directory: document i (in corpus
+  order) as its sentences, each a list of ids. One array_record read per access
+  (local paths or gs://); shards are opened when first read, at most
+  `MAX_OPEN_SHARDS` at a time with small buffers, so memory stays bounded however
+  many shards the corpus has. Not thread-safe (one per process)."""
+
+  def __init__(self, directory: str):
+    info = summary(directory)
+    root = epath.Path(directory)
+    counts = info.get("shard_documents") or [
+        json.loads((root / f"part-{k:05d}.json").read_text())["documents"]
+        for k in range(info["shards"])]
+    if not counts:
+      raise DataError(f"{directory!r} holds no documents: prepare a corpus with text")
+    self.starts = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])
+    self._paths = [str(root / f"part-{k:05d}.array_record") for k in range(len(counts))]
+    self._readers: collections.OrderedDict = collections.OrderedDict()
+
+  def __len__(self) -> int:
+    return int(self.starts[-1])
+
+  def _reader(self, shard: int):
+    from array_record.python import array_record_module  # pylint: disable=g-import-not-at-top
+    reader = self._readers.pop(shard, None)
+    if reader is None:
+      if len(self._readers) >= MAX_OPEN_SHARDS:
+        self._readers.popitem(last=False)[1].close()
+      reader = array_record_module.ArrayRecordReader(
+          self._paths[shard], options="readahead_buffer_size:0", file_reader_buffer_size=4096)
+    self._readers[shard] = reader
+    return reader
+
+  def __getitem__(self, i: int) -> list[list[int]]:
+    shard = int(np.searchsorted(self.starts, i, side="right")) - 1
+    record = self._reader(shard).read([int(i - self.starts[shard])])[0]
+    n = int(np.frombuffer(record, np.int32, 1)[0])
+    header = np.frombuffer(record, np.int32, n + 1).tolist()
+    ids = np.frombuffer(record, np.int32, sum(header[1:]), 4 * (1 + n)).tolist()
+    ends = np.cumsum(header[1:]).tolist()
+    return [ids[end - length:end] for end, length in zip(ends, header[1:])]
+
+
+def read_documents(directory: str) -> Iterator[list[list[int]]]:
+  """Tokenized documents of a prepared directory, in order (each a list of sentences)."""
+  documents = TokenizedDocuments(directory)
+  for i in range(len(documents)):
+    yield documents[i]
 
 
 def _init_worker(tokenizer_path: str) -> None:
@@ -79,18 +148,19 @@ def _write_shard(args: tuple[str, list[list[str]]]) -> dict[str, int]:
   path, documents = args
   flat = [s for d in documents for s in d]
   ids = _worker_tokenizer.tokenize_batch(flat)
-  counts = {"documents": 0, "sentences": 0, "tokens": 0}
+  counts = {"documents": 0, "sentences": 0, "tokens": 0, "characters": 0}
   tmp = path + ".tmp"
   writer = array_record_module.ArrayRecordWriter(tmp, "group_size:1")
   k = 0
   for doc in documents:
-    sentences = [s for s in ids[k:k + len(doc)] if s]
+    sentences = [(s, text) for s, text in zip(ids[k:k + len(doc)], doc) if s]
     k += len(doc)
     if sentences:
-      writer.write(encode_document(sentences, _worker_word_starts))
+      writer.write(encode_document([s for s, _ in sentences], _worker_word_starts))
       counts["documents"] += 1
       counts["sentences"] += len(sentences)
-      counts["tokens"] += sum(map(len, sentences))
+      counts["tokens"] += sum(len(s) for s, _ in sentences)
+      counts["characters"] += sum(len(text) for _, text in sentences)
   writer.close()
   with open(path.replace(".array_record", ".json"), "w") as f:
     json.dump(counts, f)
@@ -99,32 +169,52 @@ def _write_shard(args: tuple[str, list[list[str]]]) -> dict[str, int]:
 
 
 def _chunks(spec: str, size: int, text_field: str) -> Iterator[list[list[str]]]:
-  chunk = []
+  """Lists of `size` documents (fewer once they hold CHUNK_CHARACTERS of text)."""
+  chunk, characters = [], 0
   documents = (corpus.load_documents(spec) if spec == corpus.EMBEDDED
                else sources.iter_documents(spec, text_field))
   for doc in documents:
     chunk.append(doc)
-    if len(chunk) == size:
+    characters += sum(map(len, doc))
+    if len(chunk) == size or characters >= CHUNK_CHARACTERS:
       yield chunk
-      chunk = []
+      chunk, characters = [], 0
   if chunk:
     yield chunk
+
+
+def _save_tokenizer(tokenizer_path: str, output: str) -> str:
+  """Copies the tokenizer into OUTPUT/tokenizer (refusing to mix two tokenizers in one
+  directory); returns its fingerprint."""
+  tok = tok_lib.load_tokenizer(tokenizer_path)  # fail fast, in this process
+  fingerprint = manifest.fingerprint(tok)
+  saved = os.path.join(output, manifest.TOKENIZER_DIR)
+  if os.path.isdir(saved):
+    if manifest.fingerprint(tok_lib.load_tokenizer(saved)) != fingerprint:
+      raise DataError(f"{output} was prepared with another tokenizer than "
+                      f"{tokenizer_path}: use a new --output")
+  else:
+    tok.save(saved)
+  return fingerprint
 
 
 def prepare(input_spec: str, tokenizer_path: str, output: str, workers: int = 1,
             chunk_documents: int = 1000, text_field: str = "text",
             progress: bool = True) -> dict[str, float]:
   """Tokenizes `input_spec` into ArrayRecord shards under `output`; returns the summary
-  (documents, sentences, tokens, seconds, shards, resumed_shards)."""
+  (documents, sentences, tokens, characters, shards, resumed_shards, seconds)."""
   start = time.perf_counter()
   os.makedirs(output, exist_ok=True)
-  tok_lib.load_tokenizer(tokenizer_path)  # fail fast, in this process, on a bad path
-  totals = {"documents": 0, "sentences": 0, "tokens": 0, "shards": 0, "resumed_shards": 0}
+  fingerprint = _save_tokenizer(tokenizer_path, output)
+  totals = {"documents": 0, "sentences": 0, "tokens": 0, "characters": 0, "shards": 0,
+            "resumed_shards": 0}
+  shard_documents: dict[int, int] = {}
 
-  def add(counts):
+  def add(k, counts):
     for key, value in counts.items():
       totals[key] += value
     totals["shards"] += 1
+    shard_documents[k] = counts["documents"]
     bar.update(counts["documents"])
 
   ctx = multiprocessing.get_context("spawn")
@@ -135,35 +225,47 @@ def prepare(input_spec: str, tokenizer_path: str, output: str, workers: int = 1,
       path = os.path.join(output, f"part-{k:05d}.array_record")
       if os.path.exists(path):  # done by an earlier, interrupted run
         with open(path.replace(".array_record", ".json")) as f:
-          add(json.load(f))
+          add(k, {"characters": 0, **json.load(f)})
         totals["resumed_shards"] += 1
         continue
-      pending.append(pool.apply_async(_write_shard, ((path, chunk),)))
+      pending.append((k, pool.apply_async(_write_shard, ((path, chunk),))))
       while len(pending) >= 2 * max(1, workers):  # bounded memory: wait for the oldest
-        add(pending.pop(0).get())
-    for result in pending:
-      add(result.get())
+        k, result = pending.pop(0)
+        add(k, result.get())
+    for k, result in pending:
+      add(k, result.get())
   totals["seconds"] = round(time.perf_counter() - start, 3)
-  with open(os.path.join(output, SUMMARY), "w") as f:
-    json.dump(totals, f, indent=1)
+  tmp = os.path.join(output, SUMMARY + ".tmp")
+  with open(tmp, "w") as f:
+    json.dump({**totals, "tokenizer_fingerprint": fingerprint,
+               "shard_documents": [shard_documents[k] for k in sorted(shard_documents)]},
+              f, indent=1)
+  os.replace(tmp, os.path.join(output, SUMMARY))
   return totals
-
-
-def main(argv):
-  del argv
-  f = flags.FLAGS
-  summary = prepare(f.input, f.tokenizer, f.output, f.workers, f.chunk_documents,
-                    f.text_field)
-  print(" | ".join(f"{k} {v:,}" for k, v in summary.items()))
 
 
 if __name__ == "__main__":
   # Defined only when run as a program, so importing the module defines no flags.
-  flags.DEFINE_string("input", None, "Corpus: file, glob, directory, tfds:NAME, embedded.")
-  flags.DEFINE_string("tokenizer", None, "vocab.txt, .model, tokenizer.json or dir.")
-  flags.DEFINE_string("output", None, "Directory for the ArrayRecord shards.")
-  flags.DEFINE_integer("workers", os.cpu_count() or 1, "Tokenizer processes.")
-  flags.DEFINE_integer("chunk_documents", 1000, "Documents per shard.")
+  from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
+  from bertjax.data import prepare_run  # pylint: disable=g-import-not-at-top
+  flags.DEFINE_string("input", None, "Corpus: file, glob, directory, tfds:NAME, embedded; "
+                      "with --config also a tokenized directory (default: its corpus).")
+  flags.DEFINE_string("tokenizer", None, "vocab.txt, .model, tokenizer.json or dir "
+                      "(with --config, default: config.data.tokenizer.path).")
+  flags.DEFINE_string("output", None, "Directory for the shards.")
+  flags.DEFINE_integer("workers", os.cpu_count() or 1, "Worker processes.")
+  flags.DEFINE_integer("chunk_documents", 1000, "Documents per tokenized shard.")
   flags.DEFINE_string("text_field", "text", "JSON-lines / TFDS text key.")
-  flags.mark_flags_as_required(["input", "tokenizer", "output"])
-  cli.run(main)
+  flags.DEFINE_string("runner", None, "With --config: build the examples on this Apache "
+                      "Beam runner (DirectRunner, DataflowRunner, FlinkRunner, "
+                      "SparkRunner, ...) instead of --workers processes; needs "
+                      "pip install 'bertjax[beam]'.")
+  flags.DEFINE_string("beam_pipeline_options", "", "With --runner: Beam pipeline "
+                      "options, comma-separated key=value (e.g. "
+                      "project=P,region=R,temp_location=gs://B/tmp).")
+  config_flags.DEFINE_config_file(
+      "config", None, "Recipe (e.g. configs/bert_base.py): build its training examples "
+      "(every length phase and the held-out documents) from the tokenized documents.",
+      lock_config=True)
+  flags.mark_flags_as_required(["output"])
+  cli.run(prepare_run.main)

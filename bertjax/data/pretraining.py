@@ -172,22 +172,46 @@ def create_nsp_examples(documents: Sequence[Document], tokenizer, *, max_seq_len
                         rng: np.random.Generator) -> Examples:
   """BERT's `create_training_instances`: `dupe_factor` passes over the (shuffled)
   documents, each pairing them differently, then the instances shuffled."""
+  order = rng.permutation(len(documents))
+  shuffled = [documents[k] for k in order]
+  rows, sources = _nsp_rows(shuffled, range(len(shuffled)), tokenizer, max_seq_length,
+                            short_seq_prob, dupe_factor, rng)
+  sources = order[np.asarray(sources, np.int64).reshape(-1, 2)]
+  perm = rng.permutation(len(rows))
+  return _to_examples([rows[k] for k in perm], sources[perm], max_seq_length,
+                      tokenizer.pad_id)
+
+
+def nsp_examples_of(all_documents: Sequence[Document], document_indices: Sequence[int],
+                    tokenizer, *, max_seq_length: int, short_seq_prob: float,
+                    dupe_factor: int, rng: np.random.Generator) -> Examples:
+  """The NSP examples of the documents at `document_indices` only, `dupe_factor`
+  passes over them, each random B drawn from all of `all_documents` (any sequence with
+  random access, e.g. a view of prepared shards): one shard of `prepare`'s offline
+  build, in document order (training shuffles globally). source_documents index
+  `all_documents`."""
+  rows, sources = _nsp_rows(all_documents, document_indices, tokenizer, max_seq_length,
+                            short_seq_prob, dupe_factor, rng)
+  return _to_examples(rows, sources, max_seq_length, tokenizer.pad_id)
+
+
+def _nsp_rows(documents: Sequence[Document], document_indices: Sequence[int], tokenizer,
+              max_seq_length: int, short_seq_prob: float, dupe_factor: int,
+              rng: np.random.Generator) -> tuple[list, list]:
+  """(ids, token types, is_random_next) rows and (A, B) document indices of
+  `dupe_factor` passes of `create_instances_from_document` over `document_indices`."""
   max_num_tokens = max_seq_length - tokenizer.num_special(pair=True)
   if max_num_tokens < 2:
     raise ConfigError(f"config.data.max_seq_length={max_seq_length} leaves no room for "
                       "a sentence pair: use at least 8")
-  order = rng.permutation(len(documents))
-  shuffled = [documents[k] for k in order]
   rows, sources = [], []
   for _ in range(dupe_factor):
-    for document_index in range(len(shuffled)):
+    for document_index in document_indices:
       for a, b, is_random, b_index in create_instances_from_document(
-          shuffled, document_index, max_num_tokens, short_seq_prob, rng):
+          documents, document_index, max_num_tokens, short_seq_prob, rng):
         rows.append((*tokenizer.build_inputs(a, b), is_random))
-        sources.append((order[document_index], order[b_index]))
-  perm = rng.permutation(len(rows))
-  return _to_examples([rows[k] for k in perm], [sources[k] for k in perm],
-                      max_seq_length, tokenizer.pad_id)
+        sources.append((document_index, b_index))
+  return rows, sources
 
 
 PACKINGS = ("full_sentences", "doc_sentences")

@@ -31,7 +31,11 @@ from typing import Iterator
 from bertjax.errors import DataError
 
 TFDS_PREFIX = "tfds:"
+EMBEDDED = "embedded"  # the corpus shipped inside bertjax (`corpus.load_documents`)
 MAX_LINE_CHARS = 1 << 20
+# A text document is cut into documents of about this many characters (a file with no
+# blank line is one document; bounded, it never has to fit in memory whole).
+MAX_DOCUMENT_CHARS = 1 << 24
 _BINARY_SAMPLE = 1 << 16
 _MAX_REPLACED_FRACTION = 0.3
 # A sentence ends at . ! or ? (optionally closed by a quote or bracket) followed by
@@ -136,12 +140,14 @@ def _paragraph_sentences(text: str) -> list[str]:
 
 def _text_documents(path: str) -> Iterator[list[str]]:
   current: list[str] = []
+  characters = 0
   for line in _open_lines(path, MAX_LINE_CHARS):
     if line.strip():
       current.extend(split_sentences(line))
-    elif current:
+      characters += len(line)
+    if current and (not line.strip() or characters >= MAX_DOCUMENT_CHARS):
       yield current
-      current = []
+      current, characters = [], 0
   if current:
     yield current
 
@@ -182,3 +188,20 @@ def _tfds_documents(name: str, text_field: str, data_dir: str | None
     sentences = _paragraph_sentences(text)
     if sentences:
       yield sentences
+
+
+def text_bytes(spec: str) -> int | None:
+  """The size of a corpus's text in bytes (a .gz counts uncompressed, from its
+  trailer), or None when it cannot be told cheaply (the embedded corpus, TFDS)."""
+  if spec == EMBEDDED or spec.startswith(TFDS_PREFIX):
+    return None
+  total = 0
+  for path in resolve_paths(spec):
+    if path.endswith(".gz"):
+      with open(path, "rb") as f:  # ISIZE: the uncompressed size modulo 2**32
+        f.seek(-4, os.SEEK_END)
+        size = int.from_bytes(f.read(4), "little")
+      total += max(size, os.path.getsize(path))
+    else:
+      total += os.path.getsize(path)
+  return total

@@ -1,0 +1,92 @@
+"""The `python -m bertjax.data.prepare` program (its flags are defined there): stage 1
+alone (`prepare.prepare`), or with `--config` a recipe's stage 1 when its corpus is raw
+text and stage 2 (`build_examples.build` on `--workers` processes, or
+`prepare_beam.build` on the Apache Beam `--runner`)."""
+
+from __future__ import annotations
+
+import os
+from typing import Iterator
+
+from absl import app, flags
+
+from bertjax import config_checks
+from bertjax.data import build_examples, manifest, multilingual, prepare
+from bertjax.errors import ConfigError
+
+
+def main(argv):
+  del argv
+  f = flags.FLAGS
+  if f.config is None:
+    if f.runner:
+      raise app.UsageError("--runner builds a config's examples: give --config=RECIPE "
+                           "(tokenizing raw text runs on --workers processes)")
+    missing = [n for n in ("input", "tokenizer") if not f[n].value]
+    if missing:
+      raise app.UsageError(f"--{' and --'.join(missing)} needed (or --config=RECIPE to "
+                           "build its training examples)")
+    totals = prepare.prepare(f.input, f.tokenizer, f.output, f.workers,
+                             f.chunk_documents, f.text_field)
+    print(" | ".join(f"{k} {v:,}" for k, v in totals.items()))
+    return
+  for line in prepare_config(
+      f.config, input_spec=f.input, tokenizer_path=f.tokenizer, output=f.output,
+      workers=f.workers, chunk_documents=f.chunk_documents, runner=f.runner,
+      beam_options=f.beam_pipeline_options):
+    print(line)
+
+
+def prepare_config(config, *, input_spec: str | None, tokenizer_path: str | None,
+                   output: str, workers: int, chunk_documents: int = 1000,
+                   runner: str | None = None, beam_options: str = "") -> Iterator[str]:
+  """The `prepare --config` command: for the corpus (or each of `config.data.languages`)
+  stage 1 when it is raw text (into OUTPUT[/LANG]/tokens), then stage 2 into
+  OUTPUT[/LANG] (on the Apache Beam `runner` with `beam_options` when given, see
+  `prepare_beam`); yields summary lines and the flags to train with."""
+  config_checks.pretraining(config)  # every field in range, as training checks them
+  data = config.data
+  beam = _beam() if runner else None  # before any work: Beam may not be installed
+  languages = multilingual.parse_languages(data.get("languages", ""))
+  if languages and input_spec:
+    raise ConfigError("--input and config.data.languages both name corpora: give one")
+  jobs = ([(name, spec, os.path.join(output, name)) for name, spec in languages]
+          or [("", input_spec or data.corpus, output)])
+  for name, spec, out in jobs:
+    tokens = spec
+    if manifest.kind_of(spec) != "tokens":
+      path = tokenizer_path or data.tokenizer.path
+      if not path:
+        raise ConfigError("raw text needs a tokenizer: give --tokenizer or "
+                          "config.data.tokenizer.path (train one with "
+                          "python -m bertjax.data.train_tokenizer)")
+      tokens = os.path.join(out, "tokens")
+      totals = prepare.prepare(spec, path, tokens, workers, chunk_documents,
+                               data.text_field)
+      yield " | ".join(f"{k} {v:,}" for k, v in totals.items())
+    if runner:
+      built = beam.build(tokens, out, data, nsp=config.model.nsp, seed=config.seed,
+                         runner=runner, options=beam_options)
+    else:
+      built = build_examples.build(tokens, out, data, nsp=config.model.nsp,
+                                   seed=config.seed, workers=workers)
+    parts = [f"{split} {info['examples']:,}" for split, info in built["splits"].items()]
+    yield (f"{name + ': ' if name else ''}examples {' | '.join(parts)} | documents "
+           f"{built['documents']['train']:,} + {built['documents']['eval']:,} held out | "
+           f"seconds {built['seconds']:,}")
+  corpus_flag = (f"--config.data.languages='{','.join(f'{n}={o}' for n, _, o in jobs)}'"
+                 if languages else f"--config.data.corpus={output}")
+  tokenizer_dir = os.path.join(jobs[0][2], manifest.TOKENIZER_DIR)
+  yield f"train with {corpus_flag} --config.data.tokenizer.path={tokenizer_dir}"
+
+
+def _beam():
+  """The `prepare_beam` module, or a one-line error saying how to install Beam."""
+  try:
+    from bertjax.data import prepare_beam  # pylint: disable=g-import-not-at-top
+  except ImportError as e:
+    if "apache_beam" not in str(e):
+      raise
+    raise ConfigError("--runner needs Apache Beam: pip install 'bertjax[beam]' (or drop "
+                      "--runner to prepare with --workers processes)") from e
+  return prepare_beam

@@ -1,0 +1,337 @@
+"""Prepared examples (`prepare --config`, `build_examples`): the offline builders match
+the in-memory ones, the pipeline reads a prepared directory in place (only the rows it
+trains on), its manifest is checked against the config, a rerun resumes."""
+
+import json
+import os
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from bertjax.data import (build_examples, manifest, multilingual, permutation, pipeline,
+                          prepare, prepare_run, pretraining, rows as rows_lib, seeds)
+from bertjax.data.tokenizer import load_tokenizer
+from bertjax.errors import ConfigError, DataError
+from configs import bert_tiny
+from tests.helpers import offsets
+
+T = 64
+
+
+def _cfg(**kw):
+  cfg = bert_tiny.get_config().data
+  cfg.max_seq_length, cfg.max_predictions_per_seq, cfg.dupe_factor = T, 10, 2
+  for k, v in kw.items():
+    setattr(cfg, k, v)
+  return cfg
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory, tokenizer):
+  """The embedded corpus tokenized twice: in 6 shards and in 1; its tokenizer saved."""
+  root = tmp_path_factory.mktemp("prepared")
+  tokenizer.save(str(root / "tok"))
+  for name, chunk in (("tokens6", 60), ("tokens1", 1000)):
+    prepare.prepare("embedded", str(root / "tok"), str(root / name), workers=1,
+                    chunk_documents=chunk, progress=False)
+  return root
+
+
+@pytest.fixture(scope="module")
+def train_docs(prepared):
+  """The training split of the 6-shard directory, with random access."""
+  documents = prepare.TokenizedDocuments(str(prepared / "tokens6"))
+  return build_examples.SplitDocuments(documents, False, _cfg().eval_fraction,
+                                       seeds.stream_seed(0, seeds.SPLIT, 0))
+
+
+def test_tokenized_documents_keep_few_shards_open(prepared, monkeypatch):
+  monkeypatch.setattr(prepare, "MAX_OPEN_SHARDS", 2)
+  directory = str(prepared / "tokens6")
+  in_order = list(prepare.read_documents(directory))
+  documents = prepare.TokenizedDocuments(directory)
+  for i in np.random.default_rng(0).permutation(len(in_order))[:200]:
+    assert documents[i] == in_order[i]
+  assert len(documents._readers) == 2  # pylint: disable=protected-access
+
+
+def test_offline_nsp_pairs_are_berts_and_draw_b_from_every_shard(train_docs, tokenizer):
+  """One shard's unit: A and B come from the documents they claim (B after A when it
+  is the true next segment, another document when random), random Bs come from the
+  other shards too; over all shards the pair statistics equal the in-memory
+  builder's on the same documents."""
+  rng = np.random.default_rng(0)
+  third = train_docs.of_shard(2).tolist()
+  ex = pretraining.nsp_examples_of(train_docs, third, tokenizer, max_seq_length=T,
+                                   short_seq_prob=0.1, dupe_factor=1, rng=rng)
+  other_shard = 0
+  for i in range(len(ex)):
+    ids, types = ex.input_ids[i, :ex.lengths[i]], ex.token_type_ids[i, :ex.lengths[i]]
+    a_len = int((types == 0).sum())
+    a, b = ids[1:a_len - 1], ids[a_len:-1]
+    doc_a, doc_b = ex.source_documents[i]
+    assert doc_a in third
+    flat_a, flat_b = (np.concatenate(train_docs[d]) for d in (doc_a, doc_b))
+    starts_a, starts_b = offsets(flat_a, a), offsets(flat_b, b)
+    assert starts_a and starts_b
+    if ex.next_sentence_labels[i] == 0:
+      assert doc_a == doc_b and any(sb >= sa + len(a) for sa in starts_a for sb in starts_b)
+    else:
+      assert doc_a != doc_b
+      other_shard += doc_b not in third
+  assert other_shard > 0.5 * ex.next_sentence_labels.sum()
+
+  docs = [train_docs[k] for k in range(len(train_docs))]
+  offline = [pretraining.nsp_examples_of(
+      train_docs, train_docs.of_shard(s).tolist(), tokenizer, max_seq_length=T,
+      short_seq_prob=0.1, dupe_factor=2, rng=np.random.default_rng(s))
+      for s in range(train_docs.shards)]
+  memory = pretraining.create_nsp_examples(docs, tokenizer, max_seq_length=T,
+                                           short_seq_prob=0.1, dupe_factor=2,
+                                           rng=np.random.default_rng(0))
+  lengths = np.concatenate([e.lengths for e in offline])
+  labels = np.concatenate([e.next_sentence_labels for e in offline])
+  assert abs(len(lengths) / len(memory) - 1) < 0.03
+  assert abs(labels.mean() - memory.next_sentence_labels.mean()) < 0.02
+  assert abs(lengths.mean() / memory.lengths.mean() - 1) < 0.02
+  assert abs((lengths == T).mean() - (memory.lengths == T).mean()) < 0.03
+
+
+@pytest.mark.parametrize("packing", ["full_sentences", "doc_sentences"])
+def test_offline_packing_fills_rows_like_in_memory(train_docs, tokenizer, packing):
+  docs = [train_docs[k] for k in range(len(train_docs))]
+  shards = [[train_docs[k] for k in train_docs.of_shard(s)]
+            for s in range(train_docs.shards)]
+  memory = pretraining.create_packed_examples(docs, tokenizer, max_seq_length=T,
+                                              packing=packing, isolate_documents=True)
+  offline = [pretraining.create_packed_examples(d, tokenizer, max_seq_length=T,
+                                                packing=packing, isolate_documents=True)
+             for d in shards]
+  fill = sum(e.lengths.sum() for e in offline) / sum(e.input_ids.size for e in offline)
+  memory_fill = memory.lengths.sum() / memory.input_ids.size
+  assert abs(fill - memory_fill) < 0.01
+  if packing == "full_sentences":
+    assert fill >= 0.99
+  rows = np.concatenate([rows_lib.encode(e, tokenizer.word_starts(), np.dtype("<u2"))
+                         for e in offline])
+  decoded = rows_lib.decode(rows, isolate=True)
+  if packing == "doc_sentences":  # one document a row
+    assert (decoded["segment_ids"].max(1) == 1).all()
+  else:
+    assert (decoded["segment_ids"].max(1) > 1).mean() > 0.2
+  body = decoded["input_ids"][decoded["attention_mask"] == 1]
+  specials = np.isin(body, list(tokenizer.special_ids)).sum()
+  assert len(body) - specials == sum(len(s) for d in docs for s in d)
+
+
+def _build(prepared, name, tokens="tokens6", nsp=True, **cfg):
+  out = prepared / name
+  if not (out / manifest.MANIFEST).exists():
+    build_examples.build(str(prepared / tokens), str(out), _cfg(**cfg), nsp=nsp, seed=0,
+                         workers=0, progress=False)
+  return str(out)
+
+
+def test_prepared_packed_pipeline_equals_the_in_memory_one(prepared, tokenizer):
+  """One tokenized shard: the prepared rows are the in-memory rows, so training and
+  evaluation batches (isolated documents, whole-word masks) are the same bit for bit."""
+  kw = dict(packing="full_sentences", length_phases=((0.5, 32), (0.5, 64)),
+            isolate_documents=True, masking="whole_word")
+  spec = _build(prepared, "packed1", "tokens1", nsp=False, **kw)
+  args = dict(batch_size=4, seed=0, nsp=False, position_offset=2, num_steps=4)
+  ours = pipeline.build_pretraining_data(_cfg(corpus=spec, **kw), tokenizer, **args)
+  raw = pipeline.build_pretraining_data(_cfg(corpus="embedded", **kw), tokenizer, **args)
+  assert ours.stats["prepared"] and not raw.stats["prepared"]
+  for k in ("documents", "eval_documents", "train_examples", "eval_examples", "tokens",
+            "padding_fraction", "phases"):
+    assert ours.stats[k] == raw.stats[k], k
+  assert ours.most_frequent_token == raw.most_frequent_token
+  a, b = iter(ours.train), iter(raw.train)
+  for batch in range(6):  # across the phase boundary (2 steps at 32)
+    x, y = next(a), next(b)
+    assert x.keys() == y.keys() and "segment_ids" in x
+    for k in x:
+      np.testing.assert_array_equal(x[k], y[k], err_msg=f"{k} of batch {batch}")
+  assert len(ours.eval_batches) == len(raw.eval_batches)
+  for x, y in zip(ours.eval_batches, raw.eval_batches):
+    for k in x:
+      np.testing.assert_array_equal(x[k], y[k], err_msg=k)
+
+
+def test_each_process_reads_only_the_rows_it_trains_on(prepared, tokenizer, monkeypatch):
+  """Starting reads nothing; then a process reads its own rows of the global shuffle
+  (the batches it was fed, and a few it reads ahead), never another process's."""
+  spec = _build(prepared, "nsp6")
+  reads = []
+  original = rows_lib.FileRows.read
+  monkeypatch.setattr(rows_lib.FileRows, "read", lambda self, index: reads.append(
+      (self, np.array(index))) or original(self, index))
+  n = manifest.load(spec)["splits"]["train-64"]["examples"]
+  b, taken, ahead = 4, 5, 12  # batch, batches taken, at most grain's read-ahead + threads
+  read = {}
+  for p in (0, 1):
+    data = pipeline.build_pretraining_data(_cfg(corpus=spec), tokenizer, batch_size=b,
+                                           seed=0, nsp=True, process_index=p,
+                                           process_count=2)
+    assert not reads
+    it = iter(data.train)
+    for _ in range(taken):
+      next(it)
+    g = p + 2 * np.arange((taken + ahead) * b)  # this process's elements
+    own = permutation.permute(g, n, seeds.stream_seed(0, seeds.SHUFFLE, 0, 0))
+    source = reads[0][0]
+    batch = data.eval_batches[1]
+    assert batch["input_ids"].shape == (b, T)
+    assert [len(i) for s, i in reads if s is not source] == [b]  # one eval batch
+    while True:  # until the read-ahead threads have filled their buffer
+      count = len(reads)
+      time.sleep(0.2)
+      if len(reads) == count:
+        break
+    read[p] = np.concatenate([i for s, i in reads if s is source])
+    assert set(own[:taken * b]) <= set(read[p]) <= set(own)
+    reads.clear()
+  assert not set(read[0]) & set(read[1])
+
+
+def test_manifest_disagreement_is_one_config_error(prepared, tokenizer):
+  spec = _build(prepared, "nsp6")
+  cases = [(dict(dupe_factor=5), True, "dupe_factor=2 but this run has 5"),
+           (dict(), False, "'nsp' examples but this run"),
+           (dict(length_phases=((0.5, 32), (0.5, 64))), True, "no train-32"),
+           (dict(eval_fraction=0.1), True, "eval_fraction")]
+  for kw, nsp, message in cases:
+    with pytest.raises(ConfigError, match=message) as e:
+      pipeline.build_pretraining_data(_cfg(corpus=spec, **kw), tokenizer, batch_size=4,
+                                      seed=0, nsp=nsp, num_steps=10)
+    assert "\n" not in str(e.value)
+  other = load_tokenizer(str(prepared / "tok"))
+  other.vocab_size -= 1  # as if another vocabulary
+  with pytest.raises(ConfigError, match="another tokenizer.*tokenizer.path="):
+    pipeline.build_pretraining_data(_cfg(corpus=spec), other, batch_size=4, seed=0,
+                                    nsp=True)
+
+
+def test_rerun_resumes_and_refuses_other_settings(prepared, tokenizer):
+  spec = _build(prepared, "nsp6")
+  shard = os.path.join(spec, "train-64", "part-00002.rows")
+  before = open(shard, "rb").read()
+  manifest_before = json.loads(open(os.path.join(spec, manifest.MANIFEST)).read())
+  os.remove(shard + ".json")  # as if killed while writing it: no manifest yet
+  os.remove(shard)
+  os.rename(os.path.join(spec, manifest.MANIFEST), os.path.join(spec, "manifest.old"))
+  with pytest.raises(DataError, match="did not finish.*rerun the same"):
+    pipeline.build_pretraining_data(_cfg(corpus=spec), tokenizer, batch_size=4, seed=0,
+                                    nsp=True)
+  out = build_examples.build(str(prepared / "tokens6"), spec, _cfg(), nsp=True, seed=0,
+                             workers=0, progress=False)
+  assert open(shard, "rb").read() == before
+  assert out["splits"] == manifest_before["splits"]
+  assert out["documents"] == manifest_before["documents"]
+  with pytest.raises(DataError, match="other settings: dupe_factor=3") as e:
+    build_examples.build(str(prepared / "tokens6"), spec, _cfg(dupe_factor=3), nsp=True,
+                         seed=0, workers=0, progress=False)
+  assert "\n" not in str(e.value)
+
+
+def test_held_out_split_is_the_in_memory_one(prepared, tokenizer):
+  """The prepared held-out documents are the ones a raw run holds out, whatever the
+  sharding; counts and the unigram statistics agree."""
+  spec = _build(prepared, "nsp6")
+  info = manifest.load(spec)
+  raw = pipeline.build_pretraining_data(_cfg(corpus="embedded"), tokenizer, batch_size=4,
+                                        seed=0, nsp=True)
+  assert info["documents"]["eval"] == raw.stats["eval_documents"] == permutation.num_held_out(
+      info["documents"]["total"], _cfg().eval_fraction)
+  assert info["train_tokens"] == raw.stats["tokens"]
+  assert info["most_frequent_token"] == raw.most_frequent_token
+
+
+def test_remote_paths_read_through_epath(prepared, tokenizer, monkeypatch):
+  spec = _build(prepared, "nsp6")
+  local = next(iter(pipeline.build_pretraining_data(
+      _cfg(corpus=spec), tokenizer, batch_size=4, seed=0, nsp=True).train))
+  monkeypatch.setattr(rows_lib, "is_remote", lambda path: True)
+  remote = next(iter(pipeline.build_pretraining_data(
+      _cfg(corpus=spec), tokenizer, batch_size=4, seed=0, nsp=True).train))
+  for k in local:
+    np.testing.assert_array_equal(local[k], remote[k])
+
+
+def test_raw_text_above_the_limit_asks_for_prepare(tmp_path, tokenizer):
+  path = tmp_path / "big.txt"
+  path.write_text("A sentence of the corpus. Another one here.\n\n" * 25000)
+  with pytest.raises(DataError, match="more than config.data.raw_text_limit_mb=1 .*"
+                     "bertjax.data.prepare") as e:
+    pipeline.build_pretraining_data(_cfg(corpus=str(path), raw_text_limit_mb=1),
+                                    tokenizer, batch_size=4, seed=0, nsp=True)
+  assert "\n" not in str(e.value)
+
+
+def test_prepared_stream_restores_and_mixes_languages_by_sentences(prepared, tokenizer,
+                                                                   tmp_path):
+  """A prepared language next to a raw one: weights from each corpus's sentences
+  (eq. 11.7); the stream's state restores it exactly."""
+  spec = _build(prepared, "nsp6")
+  small = tmp_path / "small.txt"
+  small.write_text("\n\n".join("The first sentence is here. A second one follows. "
+                               f"Then number {i}." for i in range(40)) + "\n")
+  cfg = _cfg(corpus="", languages=f"big={spec},small={small}")
+  data = pipeline.build_pretraining_data(cfg, tokenizer, batch_size=4, seed=0, nsp=True)
+  q = multilingual.sampling_probabilities([manifest.load(spec)["text"]["sentences"], 120],
+                                          0.3)
+  assert data.stats["language_weights"] == {"big": round(q[0], 4), "small": round(q[1], 4)}
+  it = iter(data.train)
+  for _ in range(3):
+    next(it)
+  state = it.get_state()
+  expected = [next(it) for _ in range(3)]
+  again = iter(pipeline.build_pretraining_data(cfg, tokenizer, batch_size=4, seed=0,
+                                               nsp=True).train)
+  again.set_state(state)
+  for want in expected:
+    got = next(again)
+    for k in want:
+      np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+
+
+def _files(root):
+  """{relative path: bytes} of every file under `root`."""
+  return {os.path.relpath(os.path.join(d, n), root): open(os.path.join(d, n), "rb").read()
+          for d, _, names in os.walk(root) for n in names}
+
+
+@pytest.mark.parametrize("nsp", [True, False])
+def test_beam_writes_the_shards_and_manifest_of_the_multiprocessing_path(prepared, nsp):
+  """The Apache Beam path (DirectRunner, two worker threads) runs the same units as
+  `build` (here in this process: a pool runs the same functions): the same files byte
+  for byte, the same manifest but its wall time."""
+  pytest.importorskip("apache_beam")
+  from bertjax.data import prepare_beam  # pylint: disable=g-import-not-at-top
+  tokens, ours, theirs = (str(prepared / n) for n in ("tokens6", f"beam{nsp}", f"mp{nsp}"))
+  expected = build_examples.build(tokens, theirs, _cfg(), nsp=nsp, seed=0,
+                                  workers=0, progress=False)
+  built = prepare_beam.build(tokens, ours, _cfg(), nsp=nsp, seed=0,
+                             options="direct_num_workers=2")
+  ours, theirs = _files(ours), _files(theirs)
+  assert sorted(ours) == sorted(theirs)
+  assert len([p for p in ours if p.endswith(rows_lib.SUFFIX)]) == 12  # 6 shards x 2 splits
+  for path in ours:
+    if path != manifest.MANIFEST:
+      assert ours[path] == theirs[path], path
+  assert {**built, "seconds": 0} == {**expected, "seconds": 0}
+  assert json.loads(theirs[manifest.MANIFEST]) == expected
+
+
+def test_beam_runner_without_beam_is_one_config_error(prepared, monkeypatch):
+  monkeypatch.setitem(sys.modules, "apache_beam", None)  # as if not installed
+  monkeypatch.delitem(sys.modules, "bertjax.data.prepare_beam", raising=False)
+  monkeypatch.delattr(sys.modules["bertjax.data"], "prepare_beam", raising=False)
+  config = bert_tiny.get_config()
+  with pytest.raises(ConfigError, match=r"--runner needs Apache Beam: pip install") as e:
+    list(prepare_run.prepare_config(config, input_spec=str(prepared / "tokens6"),
+                                    tokenizer_path=None, output=str(prepared / "no"),
+                                    workers=0, runner="DirectRunner"))
+  assert "\n" not in str(e.value)
