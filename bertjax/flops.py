@@ -1,4 +1,5 @@
-"""Model FLOPs of a pretraining step and the peak FLOP/s of the device, for MFU.
+"""Model FLOPs of a pretraining step, and each accelerator's peak FLOP/s, HBM size and
+bandwidth (`CHIPS`, with sources), for MFU and the pod plan.
 
 Training FLOPs per step = 3 x forward (the backward pass costs twice the forward):
 
@@ -11,10 +12,13 @@ Training FLOPs per step = 3 x forward (the backward pass costs twice the forward
 B batch, T length, P masked positions per row, L layers, E hidden, M intermediate,
 V vocabulary. Embedding lookups are gathers (no FLOPs); element-wise work (softmax,
 GELU, LayerNorm, the optimizer) is not model FLOPs, as in the PaLM MFU definition.
+Hugging Face's `BertForPreTraining` computes the MLM logits at every position: its
+FLOPs are `train_flops(cfg, B, T, predictions=T)`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import jax
@@ -23,18 +27,47 @@ import numpy as np
 
 from bertjax.model import ModelConfig
 
-# Dense bf16 peak TFLOP/s per JAX device (substring of `device_kind`, most specific
-# first). TPU v3 exposes each of a chip's two cores as a device; v4 and later one per
-# chip. GPUs: SXM parts, dense (no sparsity).
-PEAK_BF16_TFLOPS = (
-    ("TPU v6 lite", 918.0), ("TPU v6e", 918.0),
-    ("TPU v5 lite", 197.0), ("TPU v5e", 197.0),
-    ("TPU v5p", 459.0), ("TPU v5", 459.0),
-    ("TPU v4", 275.0),
-    ("TPU v3", 61.5),
-    ("H200", 989.0), ("H100", 989.0),
-    ("A100", 312.0),
+
+@dataclasses.dataclass(frozen=True)
+class Chip:
+  """One accelerator generation, per JAX device (a chip; a TensorCore on TPU v3)."""
+
+  name: str
+  kinds: tuple[str, ...]  # Substrings of `jax.Device.device_kind` (lower case) it matches.
+  peak_bf16_tflops: float  # Dense (no sparsity).
+  hbm_bytes: float  # Usable HBM per device, bytes (see CHIPS).
+  hbm_gbps: float  # HBM bandwidth, 10**9 bytes/s.
+  source: str
+
+
+GIB, GB = 2.0 ** 30, 1e9
+# TPU HBM: what the TPU compiler (libtpu 0.0.42) reports as available to a program (its
+# out-of-memory error names it; tests/test_plan.py checks it); GPUs: the datasheet.
+# Most specific `kinds` first: 'tpu v5' (v5p's device kind) also prefixes 'tpu v5 lite'.
+CHIPS = (
+    Chip("TPU v6e", ("tpu v6 lite", "tpu v6e"), 918.0, 31.25 * GIB, 1638.0,
+         "cloud.google.com/tpu/docs/v6e: 918 TFLOP/s, 32 GB, 1638 GB/s"),
+    Chip("TPU v5e", ("tpu v5 lite", "tpu v5e"), 197.0, 15.75 * GIB, 819.0,
+         "cloud.google.com/tpu/docs/v5e: 197 TFLOP/s, 16 GB, 819 GB/s"),
+    Chip("TPU v5p", ("tpu v5p", "tpu v5"), 459.0, 95.74 * GIB, 2765.0,
+         "cloud.google.com/tpu/docs/v5p: 459 TFLOP/s, 95 GB, 2765 GB/s"),
+    Chip("TPU v4", ("tpu v4",), 275.0, 30.75 * GIB, 1200.0,
+         "cloud.google.com/tpu/docs/v4: 275 TFLOP/s, 32 GiB, 1200 GB/s"),
+    Chip("TPU v3 (per TensorCore)", ("tpu v3",), 61.5, 15.48 * GIB, 450.0,
+         "cloud.google.com/tpu/docs/v3: 123 TFLOP/s, 32 GiB, 900 GB/s per 2-core chip"),
+    Chip("H200", ("h200",), 989.0, 141 * GB, 4800.0, "nvidia.com H200 datasheet (SXM)"),
+    Chip("H100", ("h100",), 989.0, 80 * GB, 3350.0, "nvidia.com H100 datasheet (SXM)"),
+    Chip("A100", ("a100",), 312.0, 80 * GB, 2039.0, "nvidia.com A100 datasheet (SXM 80GB)"),
 )
+
+
+def chip(device: jax.Device) -> Chip | None:
+  """The table's row for `device`, or None (CPUs, unknown parts)."""
+  kind = device.device_kind.lower()
+  for row in CHIPS:
+    if any(k in kind for k in row.kinds):
+      return row
+  return None
 
 
 def train_flops(cfg: ModelConfig, batch: int, seq: int, predictions: int) -> dict[str, float]:
@@ -53,25 +86,41 @@ def train_flops(cfg: ModelConfig, batch: int, seq: int, predictions: int) -> dic
 
 def device_peak_tflops(device: jax.Device) -> float | None:
   """The table's bf16 peak for `device`, or None (CPUs, unknown parts)."""
-  kind = device.device_kind
-  for name, peak in PEAK_BF16_TFLOPS:
-    if name.lower() in kind.lower():
-      return peak
-  return None
+  row = chip(device)
+  return row.peak_bf16_tflops if row else None
+
+
+def peak_tflops(devices, dtype=jnp.float32, measure_tries: int = 3) -> tuple[float, str]:
+  """The peak TFLOP/s of all `devices` together, for MFU, and where it comes from: the
+  table's dense bf16 peak times the number of devices; on CPUs (fake devices share the
+  host's cores) the best of `measure_tries` matmul measurements on all of them at once."""
+  devices = list(devices)
+  per_device = device_peak_tflops(devices[0])
+  if per_device is not None:
+    return per_device * len(devices), (f"table, {per_device:g} TFLOP/s bf16 dense x "
+                                       f"{len(devices)} devices")
+  size = max(128, round(2048 / len(devices) ** (1 / 3) / 128) * 128)  # 2048^3 in all
+  measured = max(measure_matmul_tflops(jnp.dtype(dtype), size, devices=devices)
+                 for _ in range(measure_tries))
+  return measured, (f"measured: {jnp.dtype(dtype).name} {size}^3 matmuls on all "
+                    f"{len(devices)} devices at once, this run")
 
 
 def measure_matmul_tflops(dtype=jnp.float32, size: int = 2048, repeats: int = 10,
-                          device: jax.Device | None = None) -> float:
-  """The matmul FLOP/s this device sustains ([size, size] @ [size, size] in `dtype`),
-  the best of `repeats` timed calls after a warm-up: the CPU's peak for MFU."""
-  device = device or jax.devices()[0]
+                          devices=None) -> float:
+  """The matmul FLOP/s `devices` sustain together (each a [size, size] @ [size, size]
+  in `dtype`, all at once), the best of `repeats` timed calls after a warm-up: the
+  CPU's peak for MFU."""
+  devices = list(devices or jax.devices()[:1])
+  mesh = jax.sharding.Mesh(np.array(devices), ("d",))
+  sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("d"))
   a, b = (jax.device_put(jnp.asarray(np.random.default_rng(i).standard_normal(
-      (size, size)), dtype), device) for i in range(2))
-  matmul = jax.jit(jnp.matmul)
+      (len(devices), size, size)), dtype), sharding) for i in range(2))
+  matmul = jax.jit(jnp.matmul, out_shardings=sharding)
   matmul(a, b).block_until_ready()
   best = float("inf")
   for _ in range(repeats):
     start = time.perf_counter()
     matmul(a, b).block_until_ready()
     best = min(best, time.perf_counter() - start)
-  return 2.0 * size**3 / best / 1e12
+  return 2.0 * len(devices) * size**3 / best / 1e12

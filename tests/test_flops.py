@@ -64,18 +64,25 @@ def test_device_peaks():
   assert flops.device_peak_tflops(Fake("TPU v5 lite")) == 197.0
   assert flops.device_peak_tflops(Fake("TPU v5")) == 459.0
   assert flops.device_peak_tflops(Fake("cpu")) is None
-  assert flops.measure_matmul_tflops(size=256, repeats=2) > 0
+  # MFU's denominator is the peak of every device the step ran on.
+  peak, source = flops.peak_tflops([Fake("NVIDIA H100 80GB HBM3")] * 8)
+  assert peak == 8 * 989.0 and "x 8 devices" in source
+  one = flops.measure_matmul_tflops(size=256, repeats=2)
+  assert one > 0 and flops.measure_matmul_tflops(size=256, repeats=2,
+                                                 devices=jax.devices()) > 0
 
 
 def test_benchmark_cli_with_hf_comparison(tmp_path):
-  """`python -m bertjax.benchmark train --compare=hf` on a tiny model: the JSON holds
-  both frameworks' timings, our FLOP count and a finite MFU and speed-up."""
+  """`python -m bertjax.benchmark train --compare=hf` on a tiny model and 8 CPU
+  devices: the JSON holds both frameworks' timings, each one's FLOP count (Hugging
+  Face's with the MLM logits at every position), MFU within (0, 1] against the peak of
+  all 8 devices together (measured: they share the CPU's cores) and a speed-up."""
   out = tmp_path / "bench.json"
   cmd = [sys.executable, "-m", "bertjax.benchmark", "train", "--config=configs/bert_tiny.py",
          "--config.model.hidden_size=32", "--config.model.intermediate_size=64",
-         "--config.model.vocab_size=128", "--batch=4", "--seq=32", "--steps=2",
+         "--config.model.vocab_size=128", "--batch=8", "--seq=32", "--steps=2",
          "--warmup=1", "--compare=hf", f"--json={out}"]
-  env = {**os.environ, "JAX_NUM_CPU_DEVICES": "1"}
+  env = {**os.environ, "JAX_NUM_CPU_DEVICES": "8"}
   proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300,
                         cwd=os.path.dirname(os.path.dirname(__file__)))
   assert proc.returncode == 0, proc.stderr[-2000:]
@@ -83,7 +90,14 @@ def test_benchmark_cli_with_hf_comparison(tmp_path):
   result = json.loads(out.read_text())
   cfg = ModelConfig(vocab_size=128, hidden_size=32, num_layers=2, num_heads=2,
                     intermediate_size=64, max_position_embeddings=128)
-  assert result["flops_per_step"]["total"] == flops.train_flops(cfg, 4, 32, 5)["total"]
-  for name in ("bertjax", "hf"):
-    assert len(result[name]["step_s"]) == 2 and 0 < result[name]["mfu"] < 10
+  assert result["flops_per_step"]["total"] == flops.train_flops(cfg, 8, 32, 5)["total"]
+  assert result["hf_flops_per_step"]["total"] == flops.train_flops(cfg, 8, 32, 32)["total"]
+  assert result["num_devices"] == 8 and "all 8 devices" in result["peak_source"]
+  for name, step_flops in (("bertjax", result["flops_per_step"]),
+                           ("hf", result["hf_flops_per_step"])):
+    r = result[name]
+    assert len(r["step_s"]) == 2 and r["devices"] == 8 and 0 < r["mfu"] <= 1
+    achieved = step_flops["total"] / (sorted(r["step_s"])[0] + sorted(r["step_s"])[1]) * 2
+    assert r["mfu"] == pytest.approx(achieved / 1e12 / result["peak_tflops"])
   assert result["speedup_vs_hf"] > 0 and result["bertjax"]["compile_s"] > 0
+  assert result["speedup_basis"] == "same CPU cores"

@@ -169,17 +169,3 @@ def test_mesh_sizes_and_errors():
   c.mesh.dcn_data = 2  # 2 "slices" but one process: the devices do not form them.
   with pytest.raises(ConfigError, match="number of processes"):
     mesh_lib.create_mesh(c.mesh)
-
-
-def test_memory_plan_counts_each_devices_shard():
-  """The memory benchmark's per-device bytes: replicated under data parallelism, an
-  eighth under FSDP over 8 devices (optimizer state too); the compile reports buffers."""
-  from bertjax.benchmarks import memory
-  config = parallel_config(8, 1, 1)
-  abstract, _ = state_lib.abstract_state(config)
-  total = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(abstract.params))
-  dp = memory.plan(config, (8, 1, 1), 8)
-  fsdp = memory.plan(config, (1, 8, 1), 8)
-  assert dp["params"] == total and dp["opt_state"] >= 2 * total
-  assert fsdp["params"] < total / 6 and fsdp["opt_state"] < dp["opt_state"] / 6
-  assert fsdp["temp"] > 0 and fsdp["peak"] >= fsdp["params"] + fsdp["opt_state"]

@@ -4,11 +4,14 @@
 Times the real jitted train step (forward, backward, clipping, AdamW; donated state)
 on synthetic full-length rows after warm-up and reports: step time (median, min, max),
 sequences/s, tokens/s, model FLOPs per step (`bertjax.flops`, next to XLA's own
-count), MFU against the device's bf16 peak (on a CPU: against the matmul peak measured
-in this run, in the same dtype), peak memory and compile time. `--compare=hf` times
-Hugging Face `BertForPreTraining` (PyTorch, SDPA attention, the same shapes, bf16
-autocast with --dtype=bf16) in the same process and prints our speed-up. Any config
-field can be overridden (`--config.model.scan_layers=True`). Results go to --json.
+count), MFU: the global step's FLOPs over the bf16 peak of all the devices it ran on
+(on a CPU: the matmul throughput of all of them at once, measured in this run, in the
+same dtype), peak memory and compile time. `--compare=hf` times Hugging Face
+`BertForPreTraining` (PyTorch, SDPA attention, the same shapes, bf16 autocast with
+--dtype=bf16; one GPU, or the same CPU cores) in the same process and prints our
+speed-up, per device when we ran on more GPUs than it; its MFU counts the FLOPs it
+does (MLM logits at every position). Any config field can be overridden
+(`--config.model.scan_layers=True`). Results go to --json.
 
   python -m bertjax.benchmark train --config=configs/bert_tiny.py --compare=hf
 """
@@ -23,7 +26,6 @@ import time
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import numpy as np
 from absl import flags
 from ml_collections import config_flags
@@ -125,7 +127,9 @@ def bench_bertjax(config, batch: int, seq: int, predictions: int):
     mem, cost = compiled.memory_analysis(), compiled.cost_analysis()
     return {
       "trace_s": trace_s, "compile_s": compile_s,
-      "xla_flops": float(cost["flops"]) if cost and "flops" in cost else None,
+      # The partitioned program's count is one device's: times the devices.
+      "xla_flops": (float(cost["flops"]) * len(trainer.mesh.devices.flat)
+                    if cost and "flops" in cost else None),
       "peak_device_memory_mb": stats.get("peak_bytes_in_use", 0) / 2**20 or None,
       "xla_memory_mb": (mem.temp_size_in_bytes + mem.argument_size_in_bytes
                         + mem.output_size_in_bytes - mem.alias_size_in_bytes) / 2**20,
@@ -207,42 +211,55 @@ def main(argv):
   from bertjax.model import ModelConfig  # pylint: disable=g-import-not-at-top
   cfg = ModelConfig.from_config(config.model)
   step_flops = flops_lib.train_flops(cfg, batch, seq, predictions)
-  device = jax.devices()[0]
-  peak = flops_lib.device_peak_tflops(device)
-  peak_source = "table (bf16 dense)"
+  # Hugging Face computes the MLM logits at every position: its FLOPs are larger.
+  hf_flops = flops_lib.train_flops(cfg, batch, seq, seq)
+  devices = jax.devices()
   benches = [("bertjax", bench_bertjax(config, batch, seq, predictions))]
   if _COMPARE.value == "hf":
     benches.append(("hf", bench_hf(config, batch, seq, predictions, _DTYPE.value)))
   times = time_interleaved([step for _, (step, _) in benches], _STEPS.value, _WARMUP.value)
-  runs = {name: {**_summary(t, batch, seq, step_flops["total"]), **finish(),
-                 "step_s": t} for (name, (_, finish)), t in zip(benches, times)}
-  if peak is None:  # Measured right after our steps, the best of 3 x 10 tries.
-    peak = max(flops_lib.measure_matmul_tflops(jnp.dtype(cfg.dtype)) for _ in range(3))
-    peak_source = f"measured {jnp.dtype(cfg.dtype).name} 2048^3 matmul, this run"
+  runs = {name: {**_summary(t, batch, seq, (hf_flops if name == "hf" else step_flops)[
+      "total"]), **finish(), "step_s": t} for (name, (_, finish)), t in zip(benches, times)}
+  # MFU: the global step's FLOPs over the peak of every device the step ran on (measured
+  # right after our steps on a CPU). Hugging Face runs on one device (a GPU) or the same
+  # CPU cores as ours: its peak is one device's, or the same CPU peak.
+  peak, peak_source = flops_lib.peak_tflops(devices, cfg.dtype)
+  cpu = devices[0].platform == "cpu"
+  runs["bertjax"]["devices"], runs["bertjax"]["peak_tflops"] = len(devices), peak
+  if "hf" in runs:
+    runs["hf"]["devices"] = len(devices) if cpu else 1
+    runs["hf"]["peak_tflops"] = peak if cpu else peak / len(devices)
+  for r in runs.values():
+    r["mfu"] = r["tflops_per_s"] / r["peak_tflops"]
   result = {
       "config": cfg.to_dict(), "batch": batch, "seq": seq,
       "masked_positions": predictions, "dtype": _DTYPE.value, "steps": _STEPS.value,
-      "device": device.device_kind, "platform": device.platform,
-      "num_devices": jax.device_count(), "cpu_count": os.cpu_count(),
+      "device": devices[0].device_kind, "platform": devices[0].platform,
+      "num_devices": len(devices), "cpu_count": os.cpu_count(),
       "load_average_1min": os.getloadavg()[0],
       "peak_tflops": peak, "peak_source": peak_source,
-      "flops_per_step": step_flops, "padding_fraction": 0.0,
-      **runs,
+      "flops_per_step": step_flops, "hf_flops_per_step": hf_flops,
+      "padding_fraction": 0.0, **runs,
   }
-  for r in runs.values():
-    r["mfu"] = r["tflops_per_s"] / peak
   ours = runs["bertjax"]
   lines = [
-      f"device {device.device_kind} x{jax.device_count()} | peak {peak:.3g} TFLOP/s "
-      f"({peak_source}) | batch {batch} x seq {seq}, {predictions} masked/row, {_DTYPE.value}"
-      f" | load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores",
+      f"device {devices[0].device_kind} x{len(devices)} | peak {peak:.3g} TFLOP/s "
+      f"({peak_source}) | batch {batch} x seq {seq}, {predictions} masked/row, "
+      f"{_DTYPE.value} | load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores",
       f"model FLOPs/step {step_flops['total']:.4g} (encoder {step_flops['encoder_matmuls']:.3g}"
       f", attention {step_flops['attention']:.3g}, MLM head {step_flops['mlm_head']:.3g}); "
       f"XLA counts {_fmt(ours['xla_flops'], '.4g')}"
       + (" (XLA counts a scanned loop body once)" if cfg.scan_layers else ""),
   ]
   if "hf" in runs:
-    result["speedup_vs_hf"] = runs["hf"]["step_ms_median"] / ours["step_ms_median"]
+    # Per device where Hugging Face ran on fewer devices; on a CPU both use its cores.
+    hf = runs["hf"]
+    result["speedup_vs_hf"] = (hf["step_ms_median"] / ours["step_ms_median"]
+                               * hf["devices"] / ours["devices"])
+    result["speedup_basis"] = "same CPU cores" if cpu else "per device"
+    lines.append(f"Hugging Face FLOPs/step {hf_flops['total']:.4g} (MLM head at all {seq} "
+                 f"positions: {hf_flops['mlm_head']:.3g}) on "
+                 + ("the same CPU cores" if cpu else "1 device"))
   lines.append(f"{'':9} {'step ms median [min, max]':>27} {'seq/s':>9} {'tokens/s':>10} "
                f"{'TFLOP/s':>8} {'MFU':>6} {'peak mem MB':>11}")
   for name, r in runs.items():
@@ -255,7 +272,8 @@ def main(argv):
                f"process max RSS {ours['max_rss_mb']:.0f} MB")
   if "speedup_vs_hf" in result:
     lines.append(f"speed-up vs Hugging Face (torch {result['hf']['torch']}, "
-                 f"{result['hf']['threads']} threads): {result['speedup_vs_hf']:.2f}x")
+                 f"{result['hf']['threads']} threads, {result['speedup_basis']}): "
+                 f"{result['speedup_vs_hf']:.2f}x")
   print("\n".join(lines))
   path = _JSON.value or os.path.join(
       "/tmp", f"bertjax_benchmark_train_L{cfg.num_layers}_H{cfg.hidden_size}_b{batch}"

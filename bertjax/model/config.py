@@ -58,7 +58,7 @@ class ModelConfig:
   nsp: bool = True
   sbo: bool = False  # SpanBERT's span-boundary objective head (with span masking)
   sbo_max_positions: int = 32  # relative positions inside a span the SBO head embeds
-  attention_impl: str | None = None  # None (XLA picks), 'xla' or 'cudnn'
+  attention_impl: str | None = None  # None (XLA picks), 'xla', 'cudnn' (GPU), 'splash' (TPU)
   scan_layers: bool = False  # nn.scan over the blocks: params under encoder/layers [L, ...]
   remat_policy: str = "none"  # a key of REMAT_POLICIES: what a block keeps for backward
   dtype: Any = jnp.float32  # compute dtype of activations
@@ -86,9 +86,9 @@ class ModelConfig:
     for name in ("layer_norm_eps", "initializer_range"):
       if not getattr(self, name) > 0:
         raise ConfigError(f"config.model.{name}={getattr(self, name)} must be positive.")
-    if self.attention_impl not in (None, "xla", "cudnn"):
+    if self.attention_impl not in (None, "xla", "cudnn", "splash"):
       raise ConfigError(f"config.model.attention_impl={self.attention_impl!r}: use "
-                       "None, 'xla' or 'cudnn'.")
+                       "None, 'xla', 'cudnn' or 'splash'.")
     if self.remat_policy not in REMAT_POLICIES:
       raise ConfigError(f"config.model.remat_policy={self.remat_policy!r}: use one of "
                        f"{sorted(REMAT_POLICIES)}.")
