@@ -159,6 +159,8 @@ def finetuning(config) -> None:
   at_least("train.eval_batch_size", t.eval_batch_size, 1)
   at_least("train.num_epochs", t.num_epochs, 1)
   within("train.warmup_fraction", t.warmup_fraction, 0, 1, "[)")
+  from bertjax.train import optimizer  # pylint: disable=g-import-not-at-top
+  one_of("train.decay_start", t.decay_start, optimizer.DECAY_STARTS)
   _trainer(config)
   at_least("task.max_seq_length", config.task.max_seq_length, MIN_SEQ_LENGTH)
   at_least("freeze.top_k_layers", config.freeze.top_k_layers, -1)

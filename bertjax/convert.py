@@ -449,6 +449,9 @@ def save_hf_finetuned(directory: str, finetuned) -> str:
 
   task, config = finetuned.task, finetuned.model
   check_exportable(task.name)
+  if getattr(task, "feature_based", False):
+    raise CheckpointError("a feature-based tagger (config.task.features) has no Hugging "
+                          "Face class: use python -m bertjax.predict on it.")
   os.makedirs(directory, exist_ok=True)
   model_type = _model_type(config, save_hf_tokenizer(directory, finetuned.tokenizer))
   head, keep_pooler = task_head_table(task.name, model_type, config)

@@ -33,6 +33,12 @@ def main(argv):
   if best["dev"] and jax.process_index() == 0:  # {} when preempted
     print(f"best dev: learning rate {best['learning_rate']:g}, seed {best['seed']}: "
           + ", ".join(f"{k} {v:.4f}" for k, v in best["dev"].items()))
+    metric = result.get("metric")
+    for s in result.get("by_learning_rate", ()):
+      if len(s["seeds"]) > 1:
+        print(f"learning rate {s['learning_rate']:g} over {len(s['seeds'])} seeds: "
+              f"{metric} {s['mean'][metric]:.4f} ± {s['std'][metric]:.4f} "
+              f"(min {s['min'][metric]:.4f}, max {s['max'][metric]:.4f})")
 
 
 if __name__ == "__main__":

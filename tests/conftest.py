@@ -77,3 +77,34 @@ def small_disk(tmp_path):
   yield disk, mounts
   for path in reversed(mounts or []):
     subprocess.run(["umount", "-l", str(path)], capture_output=True)
+
+
+# Fine-tuning fixtures generated per session (tiny, beside tests/fixtures/ files).
+
+
+@pytest.fixture(scope="session")
+def mnli_tsvs(tmp_path_factory):
+  """MNLI-format TSVs (GLUE's columns, `gold_label`): train (24 rows), dev_matched (8)
+  and dev_mismatched (6, another genre's words): {'train', 'dev_matched',
+  'dev_mismatched'} -> path."""
+  directory = tmp_path_factory.mktemp("mnli")
+  header = ["index", "promptID", "pairID", "genre", "sentence1", "sentence2", "gold_label"]
+  pairs = {"entailment": ("the film was good", "the film was good"),
+           "contradiction": ("the film was good", "the film was not good"),
+           "neutral": ("the film was good", "the actor is in rome")}
+  other = {"entailment": ("john plays in new york", "john plays in new york"),
+           "contradiction": ("john plays in new york", "john does not play"),
+           "neutral": ("john plays in new york", "his team won")}
+  labels = sorted(pairs)
+  sizes = {"train": (pairs, 24), "dev_matched": (pairs, 8), "dev_mismatched": (other, 6)}
+  paths = {}
+  for name, (source, n) in sizes.items():
+    rows = ["\t".join(header)]
+    for i in range(n):
+      label = labels[i % 3]
+      a, b = source[label]
+      rows.append("\t".join([str(i), str(i), f"{i}n", "fiction", a, b, label]))
+    paths[name] = str(directory / f"{name}.tsv")
+    with open(paths[name], "w") as f:
+      f.write("\n".join(rows) + "\n")
+  return paths

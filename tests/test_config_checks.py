@@ -116,6 +116,7 @@ FINETUNING = [
     ("train.eval_batch_size", 0, ["config.train.eval_batch_size=0"]),
     ("train.num_epochs", 0, ["config.train.num_epochs=0"]),
     ("train.warmup_fraction", 1.0, ["config.train.warmup_fraction=1.0"]),
+    ("train.decay_start", "peak", ["config.train.decay_start='peak'", "warmup_end"]),
     ("train.learning_rate", -2e-5, ["config.train.learning_rate=-2e-05"]),
     ("train.optimizer", "sgd", ["config.train.optimizer='sgd'"]),
     ("train.b2", 1.5, ["config.train.b2=1.5"]),

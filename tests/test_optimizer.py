@@ -15,7 +15,8 @@ SHAPES = {"dense": {"kernel": (3, 4), "bias": (4,)},
 def _settings(**kw):
   return ml_collections.ConfigDict(dict(
       optimizer="lamb", learning_rate=0.1, warmup_steps=2, num_steps=10, b1=0.9,
-      b2=0.999, eps=1e-6, weight_decay=0.01, max_grad_norm=1.0, **kw))
+      b2=0.999, eps=1e-6, weight_decay=0.01, max_grad_norm=1.0, skip_step_on_spikes=False,
+      **kw))
 
 
 def _tree(seed: int, scale: float = 1.0) -> dict:

@@ -59,9 +59,14 @@ class FinetuneModel(nn.Module):
     ids = batch["input_ids"]
     length = ids.shape[-1]
     flat = {k: batch[k].reshape(-1, length) for k in TOKEN_KEYS}
+    # A feature-based head (tasks/features.py): the pretrained encoder's activations
+    # as they are (no dropout), every layer's, with no gradient into the encoder.
+    frozen = getattr(self.head, "frozen_encoder", False)
     out = self.encoder(flat["input_ids"], flat["attention_mask"], flat["token_type_ids"],
                        batch.get("position_ids"), batch.get("segment_ids"),
-                       deterministic=deterministic)
+                       deterministic=deterministic or frozen, output_hidden_states=frozen)
+    if frozen:
+      out = jax.lax.stop_gradient(out)
     if "cls_positions" not in batch:
       return self.head(out, batch, deterministic)
     B, K = batch["cls_positions"].shape

@@ -116,12 +116,24 @@ def freeze_labels(params, model: ModelConfig, freeze_cfg):
   return jax.tree_util.tree_map_with_path(lambda p, _: label(p), params)
 
 
+def _boxed(x) -> bool:
+  return isinstance(x, nn.meta.AxisMetadata)
+
+
 def make_optimizer(config, model: ModelConfig, num_steps: int):
   """The optimizer and schedule of `config.train` over `num_steps` steps (warm-up: a
-  fraction of them), with the parameters `config.freeze` names kept fixed."""
+  fraction of them), with the parameters `config.freeze` names kept fixed, or the
+  whole encoder, without optimizer state, for a feature-based task
+  (`config.task.features`)."""
   t = ml_collections.ConfigDict(config.train.to_dict())
   t.num_steps = num_steps
   t.warmup_steps = int(config.train.warmup_fraction * num_steps)
+  if config.task.get("features"):  # Feature-based: the encoder frozen, stateless.
+    # A bool per (possibly boxed) parameter: optax then drops a frozen one whole.
+    frozen = lambda params: {k: jax.tree.map(lambda _: k == "encoder", v, is_leaf=_boxed)
+                             for k, v in params.items()}
+    return (optimizer.create_optimizer(t, frozen, stateless_frozen=True),
+            optimizer.learning_rate_schedule(t))
   frozen = None
   if config.freeze.embeddings or config.freeze.top_k_layers >= 0:
     frozen = lambda params: jax.tree.map(lambda label: label == "frozen",
@@ -262,23 +274,38 @@ def predictor(setup: state_lib.Setup, task: base.Task
   return outputs
 
 
+# Second dev sets (config.data field, split): their metrics and predictions file take
+# the suffix (Hugging Face's run_glue names MNLI's mismatched accuracy eval_accuracy_mm).
+SECOND_DEV_SETS = {"dev_mismatched": "_mm"}
+
+
 def dev_evaluator(setup: state_lib.Setup, task: base.Task, config, workdir: str
                   ) -> Evaluator:
   """After training: the task's dev metrics (and the mean dev loss) of the decoded
-  dev predictions; process 0 writes dev_results.json and dev_predictions.json."""
-  examples = read_split(task, config, "dev")
-  features = task.featurize(examples, train=False)
+  dev predictions; process 0 writes dev_results.json and dev_predictions.json. With
+  `config.data.dev_mismatched` (MNLI) that set too, its metrics named with `_mm`
+  (`accuracy_mm`, `loss_mm`) and its predictions in dev_predictions_mm.json."""
   outputs = predictor(setup, task)
+  sets = []
+  for split, suffix in [("dev", ""), *SECOND_DEV_SETS.items()]:
+    if split == "dev" or config.data.get(split):
+      examples = read_split(task, config, split)
+      sets.append((suffix, examples, task.featurize(examples, train=False)))
 
   def run(params) -> dict[str, float]:
-    out, loss = outputs(params, features, config.train.eval_batch_size)
-    predictions = task.decode(out, features, examples)
-    scores = dict(task.score(predictions, examples), loss=loss)
+    scores = {}
+    for suffix, examples, features in sets:
+      out, loss = outputs(params, features, config.train.eval_batch_size)
+      predictions = task.decode(out, features, examples)
+      part = dict(task.score(predictions, examples), loss=loss)
+      scores.update({k + suffix: v for k, v in part.items()})
+      if jax.process_index() == 0:
+        name, ext = os.path.splitext(files.DEV_PREDICTIONS_FILE)
+        with open(os.path.join(workdir, name + suffix + ext), "w") as f:
+          json.dump(predictions, f, indent=1)
     if jax.process_index() == 0:
       with open(os.path.join(workdir, files.DEV_RESULTS_FILE), "w") as f:
         json.dump(scores, f, indent=2)
-      with open(os.path.join(workdir, files.DEV_PREDICTIONS_FILE), "w") as f:
-        json.dump(predictions, f, indent=1)
     return scores
 
   return Evaluator("dev", run, every=0)

@@ -149,16 +149,22 @@ def _label_decoders(features, labels) -> dict:
   return out
 
 
+# Our split -> the TFDS names tried: GLUE calls dev 'validation' (MNLI:
+# 'validation_matched' and 'validation_mismatched'), CoNLL-2003 'dev'.
+SPLITS = {"dev": ["dev", "validation", "validation_matched"],
+          "dev_mismatched": ["validation_mismatched"]}
+
+
 def read_tfds(spec: str, split: str, labels=()) -> list[dict[str, Any]]:
   """Records of a prepared TFDS dataset, `tfds:NAME` (e.g. `tfds:glue/rte`; the split
-  'dev' reads 'dev', else 'validation') or `tfds:NAME:SPLIT` (`tfds:glue/mnli:validation_mismatched`),
+  'dev' reads the first of `SPLITS['dev']` it has) or `tfds:NAME:SPLIT`
+  (`tfds:glue/mnli:validation_mismatched`),
   from $TFDS_DATA_DIR (else TFDS's default); bytes decoded to str and ClassLabel ints
   to label text (`_class_label_texts`, given the config's `labels`)."""
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
   name, _, named_split = spec[len(TFDS_PREFIX):].partition(":")
-  splits = [named_split] if named_split else [split, "validation"] if split == "dev" else [
-      split]
-  for split in splits:  # 'dev': GLUE calls it 'validation', CoNLL-2003 'dev'.
+  splits = [named_split] if named_split else SPLITS.get(split, [split])
+  for split in splits:
     try:
       source = tfds.data_source(name, split=split, download=False,
                                 data_dir=os.environ.get("TFDS_DATA_DIR") or None)

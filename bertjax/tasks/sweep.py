@@ -1,12 +1,15 @@
 """The BERT paper's selection protocol: fine-tune once per (learning rate, seed) of
 `config.sweep` from the same pretrained weights (each seed re-initialises the head and
 reshuffles the data), score every run on dev, keep the best by the task's first metric,
-and write the table as `sweep_results.json` and `sweep_results.md`."""
+and write the table as `sweep_results.json` and `sweep_results.md`, with each learning
+rate's mean, standard deviation, min and max over its seeds (the best run alone
+overstates what a setting gives: fine-tuning on small sets varies by seed)."""
 
 from __future__ import annotations
 
 import json
 import os
+import statistics
 
 import ml_collections
 
@@ -25,6 +28,24 @@ def selection_metric(config) -> str:
   return metrics[0] if metrics else get_task(config.task.name).default_metric
 
 
+def by_learning_rate(rows: list[dict]) -> list[dict]:
+  """Per learning rate (in grid order): its `seeds` and, for every dev metric, the
+  `mean`, `std` (sample standard deviation; 0 for one seed), `min` and `max` over the
+  seeds' runs. Runs without dev results (stopped by SIGTERM) are left out."""
+  out = []
+  for lr in dict.fromkeys(r["learning_rate"] for r in rows):
+    runs = [r for r in rows if r["learning_rate"] == lr and r["dev"]]
+    if not runs:
+      continue
+    values = {k: [r["dev"][k] for r in runs] for k in runs[0]["dev"]}
+    out.append({"learning_rate": lr, "seeds": [r["seed"] for r in runs],
+                **{stat: {k: fn(v) for k, v in values.items()} for stat, fn in (
+                    ("mean", statistics.mean),
+                    ("std", lambda v: statistics.stdev(v) if len(v) > 1 else 0.0),
+                    ("min", min), ("max", max))}})
+  return out
+
+
 def markdown(rows: list[dict], metric: str) -> str:
   keys = [k for k in rows[0]["dev"] if k != "loss"] + ["loss"]
   lines = ["| learning rate | seed | " + " | ".join(keys) + " |",
@@ -34,13 +55,21 @@ def markdown(rows: list[dict], metric: str) -> str:
     mark = " **best**" if r is best else ""
     lines.append(f"| {r['learning_rate']:g} | {r['seed']}{mark} | "
                  + " | ".join(f"{r['dev'][k]:.4f}" for k in keys) + " |")
+  lines += ["", "Over seeds: mean ± standard deviation (min, max).", "",
+            "| learning rate | seeds | " + " | ".join(keys) + " |",
+            "|---|---|" + "---|" * len(keys)]
+  for s in by_learning_rate(rows):
+    lines.append(f"| {s['learning_rate']:g} | {len(s['seeds'])} | " + " | ".join(
+        f"{s['mean'][k]:.4f} ± {s['std'][k]:.4f} ({s['min'][k]:.4f}, {s['max'][k]:.4f})"
+        for k in keys) + " |")
   return "\n".join(lines) + "\n"
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   """One run in `workdir` when the sweep is empty; else every grid point in
   `workdir/lr{LR}_seed{SEED}` (each resumable) and the table. Returns
-  {'best': row, 'runs': [rows]} with rows {learning_rate, seed, workdir, dev}."""
+  {'best': row, 'runs': [rows]} with rows {learning_rate, seed, workdir, dev}, and for
+  a sweep also 'metric' and 'by_learning_rate' (`by_learning_rate`)."""
   config_checks.finetuning(config)  # before the pretrained weights are read
   points = grid(config)
   if len(points) == 1 and not config.sweep.learning_rates and not config.sweep.seeds:
@@ -60,7 +89,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
                  "dev": loop.finetune(c, run_dir, start)})
   metric = selection_metric(config)
   best = max(rows, key=lambda r: r["dev"][metric])
-  result = {"metric": metric, "best": best, "runs": rows}
+  result = {"metric": metric, "best": best, "runs": rows,
+            "by_learning_rate": by_learning_rate(rows)}
   with open(os.path.join(workdir, files.SWEEP_RESULTS_FILE), "w") as f:
     json.dump(result, f, indent=2)
   with open(os.path.join(workdir, files.SWEEP_TABLE_FILE), "w") as f:

@@ -1,5 +1,6 @@
 """Sequence labelling (BIO NER, POS): a linear layer over every token's last hidden
-state. Training gives every subword its word's gold tag; decoding reads each word's
+state, or with `config.task.features` the feature-based approach (a frozen encoder, a
+BiLSTM or linear tagger over its layers: `bertjax/tasks/features.py`). Training gives every subword its word's gold tag; decoding reads each word's
 tag off its first subword. Scored by seqeval-style entity precision / recall / F1
 and word accuracy. Examples: {'words': [...], 'tags': [...]} (CoNLL columns or JSONL).
 """
@@ -15,7 +16,7 @@ import numpy as np
 from bertjax import metrics
 from bertjax.errors import DataError
 from bertjax.model import ModelConfig
-from bertjax.tasks import base, readers
+from bertjax.tasks import base, features, readers
 
 
 class TaggingHead(nn.Module):
@@ -37,6 +38,12 @@ class Tagging(base.Task):
   token_arrays = (*base.TOKEN_KEYS, "labels")
   token_outputs = {"tags": 0}
   packing = "tokens"
+
+  def __init__(self, task_cfg, tokenizer, max_seq_length):
+    super().__init__(task_cfg, tokenizer, max_seq_length)
+    self.feature_based = bool(task_cfg.get("features"))
+    if self.feature_based:
+      features.check(task_cfg)
 
   def read(self, path: str, split: str) -> list[dict]:
     examples = readers.read(path, split,
@@ -79,6 +86,11 @@ class Tagging(base.Task):
     return base.Features(arrays, np.arange(len(examples)), word_of)
 
   def head(self, config: ModelConfig) -> nn.Module:
+    if self.feature_based:
+      features.check(self.cfg, config)
+      return features.FeatureTaggingHead(config, len(self.labels), self.cfg.features,
+                                         self.cfg.tagger, self.cfg.lstm_size,
+                                         self.cfg.lstm_layers)
     return TaggingHead(config, len(self.labels))
 
   def loss(self, outputs, batch):

@@ -50,12 +50,16 @@ def get_config():
   c.train.eval_batch_size = 64  # Dev batch (rounded up to the data-parallel size).
   c.train.num_epochs = 3  # Passes over the training features.
   c.train.learning_rate = 2e-5  # Peak learning rate (the paper sweeps 5e-5..2e-5).
-  c.train.warmup_fraction = 0.1  # Warm-up steps as a fraction of all steps.
+  c.train.warmup_fraction = 0.1  # Warm-up steps: int(fraction * all steps), as BERT's code.
+  # Linear decay to 0 from the peak at the end of warm-up (Hugging Face's
+  # get_linear_schedule_with_warmup), or 'step0': BERT's TF code, the decay measured
+  # from step 0 so it resumes at peak * (1 - warmup_fraction) (docs/finetuning.md).
+  c.train.decay_start = "warmup_end"
   c.train.optimizer = "adamw"  # 'adamw' or 'lamb'.
-  c.train.weight_decay = 0.01  # Not on LayerNorm parameters or biases.
+  c.train.weight_decay = 0.01  # BERT's; not on LayerNorm parameters or biases (HF's: 0).
   c.train.b1 = 0.9  # Adam beta1.
   c.train.b2 = 0.999  # Adam beta2.
-  c.train.eps = 1e-6  # Adam epsilon.
+  c.train.eps = 1e-8  # Adam epsilon (PyTorch's / Hugging Face's; BERT's TF code: 1e-6).
   c.train.max_grad_norm = 1.0  # Global-norm clipping; 0 disables.
   c.train.log_every = 50  # Steps between logged training metrics.
   c.train.checkpoint_every = 1000  # Steps between checkpoints (and at the end).

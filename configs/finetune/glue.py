@@ -5,7 +5,10 @@ its official metrics (the first selects the best sweep run). The files are GLUE'
       --config.init_from=/path/to/bert-base-uncased \
       --config.data.train=glue_data/SST-2/train.tsv --config.data.dev=glue_data/SST-2/dev.tsv
   # or prepared TFDS datasets: --config.data.train=tfds:glue/sst2 (--config.data.dev
-  # likewise; MNLI: tfds:glue/mnli:validation_matched or :validation_mismatched)
+  # likewise; MNLI: --config.data.dev=glue_data/MNLI/dev_matched.tsv
+  # --config.data.dev_mismatched=glue_data/MNLI/dev_mismatched.tsv, or tfds:glue/mnli
+  # for both: validation_matched and validation_mismatched, reported as accuracy and
+  # accuracy_mm)
   # The paper's selection: --config.sweep.learning_rates='(5e-5,4e-5,3e-5,2e-5)'
   #                        --config.sweep.seeds='(0,1,2,3,4)'
 """
@@ -53,4 +56,8 @@ def get_config(arg="sst2"):
   c.task.labels = labels  # Label names in order; () for regression.
   c.task.regression = arg == "stsb"  # One output, mean squared error.
   c.task.metrics = metrics  # Dev metrics; the first selects the best sweep run.
+  if arg == "mnli":  # data.dev: the matched dev set (dev_matched.tsv), which selects.
+    # The mismatched dev set (dev_mismatched.tsv, or tfds:glue/mnli, whose split
+    # validation_mismatched is then read): reported too, as accuracy_mm and loss_mm.
+    c.data.dev_mismatched = ""
   return c
