@@ -8,7 +8,7 @@ import pkgutil
 import sys
 
 import bertjax.benchmarks
-from bertjax import cli
+from bertjax.console import cli
 
 
 def available() -> list[str]:

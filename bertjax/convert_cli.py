@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import argparse
 
-from bertjax import api, cli, convert
+from bertjax import api, convert
+from bertjax.console import cli
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -31,7 +31,7 @@ import numpy as np
 from bertjax.api import load_pretrained
 from bertjax.data import corpus
 from bertjax.embeddings import analysis, extract, plot, wsd
-from bertjax import cli
+from bertjax.console import cli
 from bertjax.errors import ConfigError, DataError
 
 COMMANDS = ("extract", "stats", "similarity", "wsd", "plot")

@@ -14,7 +14,7 @@ from absl import app, flags
 import numpy as np
 
 from bertjax.api import Pretrained, load_pretrained
-from bertjax import cli
+from bertjax.console import cli
 from bertjax.errors import DataError
 
 

@@ -13,7 +13,7 @@ import os
 
 from absl import app
 
-from bertjax import cli
+from bertjax.console import cli
 from bertjax import main as main_lib
 
 

@@ -10,7 +10,7 @@ import re
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from bertjax import cli
+from bertjax.console import cli
 
 # --config and --workdir, and the multi-process flags: also `python -m bertjax.finetune`'s.
 CONFIG = config_flags.DEFINE_config_file(

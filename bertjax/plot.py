@@ -18,7 +18,8 @@ from absl import app, flags, logging
 from etils import epath
 from matplotlib.figure import Figure  # No pyplot: no global backend, no display.
 
-from bertjax import cli, files
+from bertjax.console import cli
+from bertjax import files
 from bertjax.errors import DataError
 
 HELD_OUT = ("eval", "dev")  # Splits drawn as held-out points.

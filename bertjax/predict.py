@@ -24,7 +24,8 @@ from typing import Any
 
 from absl import app, flags
 
-from bertjax import cli, files
+from bertjax.console import cli
+from bertjax import files
 from bertjax.errors import CheckpointError, DataError
 
 # Gold fields of the readers' examples: not echoed next to the prediction.

@@ -22,7 +22,8 @@ TIMEOUT = 240
 
 def _worker_main() -> None:
   """bertjax.main, recording a hash of every training row this process feeds."""
-  from bertjax import cli, main
+  from bertjax.console import cli
+  from bertjax import main
   from bertjax.train import trainer
 
   put_batch = trainer.put_train_batch

@@ -1,4 +1,4 @@
-"""bertjax.progress: a tqdm bar on a terminal, plain timed log lines elsewhere."""
+"""bertjax.console.progress: a tqdm bar on a terminal, plain timed log lines elsewhere."""
 
 import re
 import sys
@@ -6,7 +6,7 @@ import sys
 from absl import logging
 import pytest
 
-from bertjax import progress
+from bertjax.console import progress
 
 LINE = re.compile(r"^train: (\d+)/1,000 steps \((\d+)%\) ([\d.,]+) steps/s, ETA (\w+)$")
 

@@ -291,7 +291,8 @@ def _worker_main() -> None:
 
   from orbax.checkpoint._src.path import atomicity
 
-  from bertjax import cli, main
+  from bertjax.console import cli
+  from bertjax import main
 
   finalize = atomicity.AtomicRenameTemporaryPath.finalize
 

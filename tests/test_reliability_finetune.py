@@ -217,7 +217,8 @@ def test_two_processes_match_one_and_only_process_0_writes(reference, tmp_path):
 def _worker_main() -> None:
   """bertjax.finetune; with $BERTJAX_TEST_KILL_AT=n it SIGKILLs itself before its n-th
   training batch, once $BERTJAX_TEST_WAIT_FOR (a checkpoint) exists."""
-  from bertjax import cli, finetune, main
+  from bertjax.console import cli
+  from bertjax import finetune, main
   from bertjax.train import trainer
 
   put, count = trainer.put_train_batch, [0]

@@ -32,7 +32,7 @@ from typing import Any, NamedTuple
 from etils import epath
 import numpy as np
 
-from bertjax import progress as progress_lib
+from bertjax.console import progress as progress_lib
 from bertjax.data import (manifest, multilingual, permutation, prepare, pretraining,
                           rows as rows_lib, seeds)
 from bertjax.data import tokenizer as tok_lib

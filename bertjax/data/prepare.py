@@ -35,8 +35,8 @@ from absl import flags
 from etils import epath
 import numpy as np
 
-from bertjax import cli
-from bertjax import progress as progress_lib
+from bertjax.console import cli
+from bertjax.console import progress as progress_lib
 from bertjax.data import corpus, manifest
 from bertjax.data import sources
 from bertjax.data import tokenizer as tok_lib

@@ -16,7 +16,7 @@ import dataclasses
 from absl import flags
 import tensorflow_datasets as tfds
 
-from bertjax import cli
+from bertjax.console import cli
 from bertjax.data import sources
 
 

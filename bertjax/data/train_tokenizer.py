@@ -25,8 +25,8 @@ import time
 from absl import flags
 import ml_collections
 
-from bertjax import cli
-from bertjax import progress
+from bertjax.console import cli
+from bertjax.console import progress
 from bertjax.data import multilingual
 from bertjax.data import tokenizer as tok_lib
 

@@ -29,7 +29,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from bertjax.api import Pretrained
-from bertjax.progress import Progress
+from bertjax.console.progress import Progress
 from bertjax.errors import ConfigError, DataError
 from bertjax.model.bert import BertForPreTraining
 

@@ -30,7 +30,8 @@ import ml_collections
 import numpy as np
 from jax.experimental import multihost_utils
 
-from bertjax import api, checkpoint as ckpt_lib, config_checks, files, progress
+from bertjax import api, checkpoint as ckpt_lib, config_checks, files
+from bertjax.console import progress
 from bertjax.data import tokenizer as tok_lib
 from bertjax.errors import CheckpointError, ConfigError
 from bertjax.model import ModelConfig

@@ -18,7 +18,8 @@ from etils import epath
 from jax.experimental import multihost_utils
 
 from bertjax import checkpoint as ckpt_lib
-from bertjax import config_checks, files, progress
+from bertjax import config_checks, files
+from bertjax.console import progress
 from bertjax.data import multilingual, pipeline
 from bertjax.data import tokenizer as tok_lib
 from bertjax.errors import ConfigError

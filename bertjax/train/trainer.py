@@ -40,7 +40,8 @@ from absl import logging
 from etils import epath
 
 from bertjax import checkpoint as ckpt_lib
-from bertjax import files, plot, progress
+from bertjax import files, plot
+from bertjax.console import progress
 from bertjax.errors import TrainingError
 from bertjax.parallel import mesh as mesh_lib
 from bertjax.train.logger import MetricLogger, format_metrics
