@@ -34,5 +34,5 @@ _keep_cpu_only_runs_on_cpu()
 
 def load_pretrained(path, **kwargs):
   """Loads a bertjax workdir/checkpoint or a Hugging Face directory; see `bertjax.api`."""
-  from bertjax.api import load_pretrained as _load  # Deferred: keeps `import bertjax` light.
-  return _load(path, **kwargs)
+  from bertjax.checkpoint.pretrained import load_pretrained as load  # Deferred: `import bertjax` stays light.
+  return load(path, **kwargs)

@@ -12,7 +12,7 @@
 each row `text_index` (its input line), `position` (its token / word index in that
 text) and `items` (the token or word; the text for sentences). Inputs: text files with
 one text a line, JSON lines with a "text" (or "sentence") field, or `embedded` (the
-sentences of the corpus that ships with Python, see `bertjax.data.corpus`); texts longer than
+sentences of the corpus that ships with Python, see `bertjax.data.sources`); texts longer than
 --max_length are windowed with --overlap tokens shared, not truncated. `stats` writes
 the corpus mean / std of the token vectors (for --standardize) and prints the
 anisotropy and rogue dimensions before and after z-scoring. `wsd` and `plot` read
@@ -28,8 +28,8 @@ import os
 from absl import app, flags
 import numpy as np
 
-from bertjax.api import load_pretrained
-from bertjax.data import corpus
+from bertjax.checkpoint.pretrained import load_pretrained
+from bertjax.data import sources
 from bertjax.embeddings import analysis, extract, plot, wsd
 from bertjax.console import cli
 from bertjax.errors import ConfigError, DataError
@@ -73,8 +73,8 @@ _ANNOTATE = flags.DEFINE_integer("annotate", 6, "plot: how many points get their
 def read_texts(path: str, limit: int = 0) -> list[str]:
   """Non-blank lines of a text file, the "text" / "sentence" of each JSON line, or
   the sentences of the embedded corpus (path 'embedded'); the first `limit` if > 0."""
-  if path == corpus.EMBEDDED:
-    return [s for doc in corpus.load_documents(path) for s in doc][:limit or None]
+  if path == sources.EMBEDDED:
+    return [s for doc in sources.load_documents(path) for s in doc][:limit or None]
   if not path or not os.path.isfile(path):
     raise DataError(f"input file {path} does not exist; give --input=FILE.")
   with open(path, encoding="utf-8") as f:

@@ -6,7 +6,8 @@
 Any config field can be overridden; `--config.sweep.learning_rates='(5e-5,3e-5)'
 --config.sweep.seeds='(0,1,2)'` runs the paper's grid and reports the best dev run.
 Rerunning the same command resumes. The flags are `python -m bertjax.main`'s
-(--config, --workdir and the multi-process ones: --coordinator_address, ...).
+(`bertjax.train.program`: --config, --workdir and the multi-process ones:
+--coordinator_address, ...); the run is `bertjax.tasks.sweep`.
 """
 
 import os
@@ -14,7 +15,7 @@ import os
 from absl import app
 
 from bertjax.console import cli
-from bertjax import main as main_lib
+from bertjax.train import program
 
 
 def main(argv):
@@ -22,13 +23,13 @@ def main(argv):
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   import jax  # pylint: disable=g-import-not-at-top  (after flag parsing: fast --help)
 
-  from bertjax import config_checks  # pylint: disable=g-import-not-at-top
   from bertjax.tasks import sweep  # pylint: disable=g-import-not-at-top
-  main_lib.start(config_checks.finetuning)
-  cache = main_lib.CONFIG.value.get("compilation_cache_dir", "")
+  program.start()
+  config = program.CONFIG.value
+  cache = config.compilation_cache_dir
   if cache and not jax.config.jax_compilation_cache_dir:  # JAX_COMPILATION_CACHE_DIR wins.
     jax.config.update("jax_compilation_cache_dir", os.path.expanduser(cache))
-  result = sweep.run(main_lib.CONFIG.value, main_lib.WORKDIR.value)
+  result = sweep.run(config, program.WORKDIR.value)
   best = result["best"]
   if best["dev"] and jax.process_index() == 0:  # {} when preempted
     print(f"best dev: learning rate {best['learning_rate']:g}, seed {best['seed']}: "
@@ -42,4 +43,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  cli.run(main, flags_parser=main_lib.parse_flags)
+  cli.run(main, flags_parser=program.parse_flags)

@@ -63,6 +63,8 @@ def get_config(arg=None):
   c.model.initializer_range = 0.02  # Truncated-normal stddev of every weight matrix.
   c.model.pooler = True  # dense+tanh on [CLS] (needed by NSP and classifiers).
   c.model.nsp = True  # Next-sentence-prediction head and loss.
+  c.model.sbo = False  # SpanBERT's span-boundary objective head (with data.masking='span').
+  c.model.sbo_max_positions = 32  # SBO: relative positions embedded (longer spans clip).
   c.model.attention_impl = ""  # '' lets XLA choose; 'xla', 'cudnn' (GPU) or 'splash' (TPU).
   c.model.scan_layers = False  # nn.scan over blocks: compile time independent of depth.
   c.model.remat_policy = "none"  # Recompute in backward: 'none', 'full', 'dots', 'dots_no_batch'.
@@ -112,6 +114,9 @@ def get_config(arg=None):
   c.train.optimizer = "adamw"  # 'adamw' or 'lamb' (large batches).
   c.train.learning_rate = 1e-4  # Peak learning rate.
   c.train.warmup_steps = 10_000  # Linear warm-up, then linear decay to 0 at num_steps.
+  # Where the decay starts: 'step0' (BERT's TF code: measured from step 0, so it resumes
+  # below the peak at the end of warm-up) or 'warmup_end' (from the peak).
+  c.train.decay_start = "step0"
   c.train.weight_decay = 0.01  # Decoupled; not on LayerNorm parameters or biases.
   c.train.b1 = 0.9  # Adam beta1.
   c.train.b2 = 0.999  # Adam beta2.

@@ -21,7 +21,6 @@ def get_config(arg=None):
   c = bert_base.get_config(arg)
   c.model.nsp = False
   c.model.sbo = True  # The span-boundary objective head and loss.
-  c.model.sbo_max_positions = 32  # Relative positions embedded (longer merged spans clip).
   c.data.max_seq_length = 512
   c.data.max_predictions_per_seq = 80
   c.data.length_phases = ()  # Full-length segments throughout.

@@ -20,8 +20,8 @@ os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
 
 @pytest.fixture(scope="module")
 def documents():
-  from bertjax.data import corpus
-  return corpus.load_documents("embedded")
+  from bertjax.data import sources
+  return sources.load_documents("embedded")
 
 
 @pytest.fixture(scope="module")
@@ -33,8 +33,8 @@ def tokenizer(documents):
 
 @pytest.fixture(scope="module")
 def tokenized(documents, tokenizer):
-  from bertjax.data import pretraining
-  return pretraining.tokenize_documents(documents, tokenizer)
+  from bertjax.data import builders
+  return builders.tokenize_documents(documents, tokenizer)
 
 
 # The fault tests' fixtures (tests/faults.py holds their other helpers).

@@ -15,7 +15,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from bertjax import checkpoint as ckpt_lib, files
+from bertjax.checkpoint import manager as ckpt_lib, files
 
 
 def metrics(workdir) -> list[dict]:

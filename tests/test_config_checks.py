@@ -13,13 +13,14 @@ import sys
 
 import pytest
 
-from bertjax import api, checkpoint as ckpt_lib, config_checks, files
+from bertjax import api
+from bertjax.checkpoint import files, workdir as workdir_lib
 from bertjax.data import tokenizer as tok_lib
 from bertjax.errors import CheckpointError, ConfigError
 from bertjax.model.config import ModelConfig
-from bertjax.parallel import mesh as mesh_lib
-from bertjax.tasks import loop as task_loop
-from bertjax.train import loop
+from bertjax.parallel import distributed, mesh as mesh_lib
+from bertjax.tasks import finetune, sweep
+from bertjax.train import pretrain
 from configs import bert_tiny
 from configs.finetune import glue
 
@@ -82,6 +83,7 @@ PRETRAINING = [
     ("train.warmup_steps", -1, ["config.train.warmup_steps=-1"]),
     ("train.warmup_steps", 1500, ["config.train.warmup_steps=1500",
                                   "config.train.num_steps=1500"]),
+    ("train.decay_start", "peak", ["config.train.decay_start='peak'", "warmup_end"]),
     ("train.learning_rate", 0.0, ["config.train.learning_rate=0.0"]),
     ("train.learning_rate", math.nan, ["config.train.learning_rate=nan"]),
     ("train.optimizer", "sgd", ["config.train.optimizer='sgd'"]),
@@ -144,6 +146,22 @@ def _set(config, field: str, value) -> None:
   config[name] = value
 
 
+def checks(check):
+  """What a run checks before anything slow: `check` (pretraining's or the sweep's,
+  each section by its owner), then `config.distributed` where the programs read it."""
+
+  def run(config):
+    check(config)
+    d = config.distributed  # One process: returns after checking the timeouts.
+    distributed.initialize(timeout_s=d.initialization_timeout_s,
+                           heartbeat_timeout_s=d.heartbeat_timeout_s)
+
+  return run
+
+
+pretraining, finetuning = checks(pretrain.check_config), checks(sweep.check_config)
+
+
 def _one_line_naming(error: Exception, substrings: list[str]) -> None:
   message = str(error)
   assert "\n" not in message, message
@@ -155,10 +173,10 @@ def _one_line_naming(error: Exception, substrings: list[str]) -> None:
                          ids=[f"{f}={v}" for f, v, _ in PRETRAINING])
 def test_pretraining_field_out_of_range(field, value, names):
   config = bert_tiny.get_config()
-  config_checks.pretraining(config)  # the recipe itself passes
+  pretraining(config)  # the recipe itself passes
   _set(config, field, value)
   with pytest.raises(ConfigError) as e:
-    config_checks.pretraining(config)
+    pretraining(config)
   _one_line_naming(e.value, names)
 
 
@@ -166,17 +184,17 @@ def test_pretraining_field_out_of_range(field, value, names):
                          ids=[f"{f}={v}" for f, v, _ in FINETUNING])
 def test_finetuning_field_out_of_range(field, value, names):
   config = glue.get_config("sst2")
-  config_checks.finetuning(config)
+  finetuning(config)
   _set(config, field, value)
   with pytest.raises(ConfigError) as e:
-    config_checks.finetuning(config)
+    finetuning(config)
   _one_line_naming(e.value, names)
 
 
 @pytest.mark.parametrize("recipe", ["bert_base", "bert_large", "bert_tiny", "roberta_base",
                                     "spanbert_base", "xlmr_base", "xlmr_large"])
 def test_every_pretraining_recipe_passes(recipe):
-  config_checks.pretraining(importlib.import_module(f"configs.{recipe}").get_config())
+  pretraining(importlib.import_module(f"configs.{recipe}").get_config())
 
 
 @pytest.mark.parametrize("recipe,arg", [("glue", "mnli"), ("glue", "stsb"), ("ner", "ner"),
@@ -184,7 +202,7 @@ def test_every_pretraining_recipe_passes(recipe):
                                         ("swag", None)])
 def test_every_finetuning_recipe_passes(recipe, arg):
   module = importlib.import_module(f"configs.finetune.{recipe}")
-  config_checks.finetuning(module.get_config() if arg is None else module.get_config(arg))
+  finetuning(module.get_config() if arg is None else module.get_config(arg))
 
 
 def test_model_config_is_checked_where_it_is_built():
@@ -207,7 +225,7 @@ def _workdir_with_tokenizer(path, tokenizer_dir: str, vocab_size: int) -> str:
   """A workdir's config.json and tokenizer/ (no checkpoint)."""
   config = bert_tiny.get_config()
   config.model.vocab_size = vocab_size
-  ckpt_lib.save_config(str(path), config)
+  workdir_lib.save_config(str(path), config)
   tok_lib.load_tokenizer(tokenizer_dir).save(str(path / files.TOKENIZER_DIR))
   return str(path)
 
@@ -218,7 +236,7 @@ def test_resumed_run_refuses_another_tokenizer(tmp_path):
   config.model.vocab_size = 400
   config.data.tokenizer.path = BPE
   with pytest.raises(ConfigError) as e:
-    loop.get_tokenizer(config, workdir)
+    pretrain.get_tokenizer(config, workdir)
   _one_line_naming(e.value, ["config.data.tokenizer.path=", "600 tokens", "400-token",
                              "drop --config.data.tokenizer.path"])
   # Same size, other tokens: id 7 and 8 swapped.
@@ -228,9 +246,9 @@ def test_resumed_run_refuses_another_tokenizer(tmp_path):
   config.data.tokenizer.path = str(tmp_path / "vocab.txt")
   with pytest.raises(ConfigError, match=r"differs from the tokenizer .* was trained with "
                      r"\(id 7"):
-    loop.get_tokenizer(config, workdir)
+    pretrain.get_tokenizer(config, workdir)
   config.data.tokenizer.path = WORDPIECE  # the run's own tokenizer: fine
-  assert loop.get_tokenizer(config, workdir).vocab_size == 400
+  assert pretrain.get_tokenizer(config, workdir).vocab_size == 400
 
 
 def test_resumed_run_refuses_another_vocab_size(tmp_path):
@@ -238,7 +256,7 @@ def test_resumed_run_refuses_another_vocab_size(tmp_path):
   config = bert_tiny.get_config()
   config.model.vocab_size = 500
   with pytest.raises(CheckpointError) as e:
-    ckpt_lib.save_config(workdir, config)
+    workdir_lib.save_config(workdir, config)
   _one_line_naming(e.value, ["config.model.vocab_size=500 (the run's: 400)"])
 
 
@@ -260,7 +278,7 @@ def test_finetune_resume_refuses_another_tokenizer(tmp_path):
   config = glue.get_config("sst2")
   config.tokenizer = BPE
   with pytest.raises(ConfigError) as e:
-    task_loop.finetune(config, workdir)
+    finetune.run(config, workdir)
   _one_line_naming(e.value, ["config.tokenizer=", "600 tokens", "400-token"])
 
 

@@ -10,7 +10,8 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from bertjax import api, convert, convert_cli  # pylint: disable=wrong-import-position
+from bertjax import api, convert as convert_cli  # pylint: disable=wrong-import-position
+from bertjax.hf import convert
 from bertjax.data import tokenizer as tokenizer_lib  # pylint: disable=wrong-import-position
 
 CORPUS = ["The quick brown fox jumps over the lazy dog.",

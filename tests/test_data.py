@@ -8,7 +8,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from bertjax.data import corpus, masking, pipeline, pretraining
+from bertjax.data import sources, masking, pipeline, builders
 from bertjax.errors import ConfigError, DataError
 from configs import bert_tiny
 from tests.helpers import offsets
@@ -52,7 +52,7 @@ def test_embedded_corpus_is_prose(documents):
   assert len(sentences) > 2000
   assert all(len(d) >= 2 for d in documents)
   assert not any("::=" in s or ">>>" in s for s in sentences)
-  assert corpus.load_documents("embedded") == documents
+  assert sources.load_documents("embedded") == documents
 
 
 def test_text_files_glob_directory_and_gzip(tmp_path):
@@ -62,9 +62,9 @@ def test_text_files_glob_directory_and_gzip(tmp_path):
   (tmp_path / "c.txt").write_bytes(b"Bad \xff\xfe bytes in text.\n")
   expected = [["First sentence here.", "Second one!", "A line."], ["Doc two."],
               ["Gzipped document."], ["Bad \ufffd\ufffd bytes in text."]]
-  assert corpus.load_documents(str(tmp_path)) == expected
-  assert corpus.load_documents(str(tmp_path / "*.txt*")) == expected
-  assert corpus.load_documents(str(tmp_path / "a.txt")) == expected[:2]
+  assert sources.load_documents(str(tmp_path)) == expected
+  assert sources.load_documents(str(tmp_path / "*.txt*")) == expected
+  assert sources.load_documents(str(tmp_path / "a.txt")) == expected[:2]
 
 
 @pytest.mark.parametrize("kind, message", [
@@ -88,7 +88,7 @@ def test_bad_corpus_raises_one_line_data_error(tmp_path, kind, message):
     path = tmp_path / "empty_dir"
     path.mkdir()
   with pytest.raises(DataError, match=message) as e:
-    corpus.load_documents(str(path))
+    sources.load_documents(str(path))
   assert "\n" not in str(e.value)
 
 
@@ -140,7 +140,7 @@ def test_masking_statistics(data_cfg, tokenizer):
 
 
 def test_nsp_examples_follow_bert(tokenized, tokenizer):
-  ex = pretraining.create_nsp_examples(tokenized, tokenizer, max_seq_length=MAX_LEN,
+  ex = builders.create_nsp_examples(tokenized, tokenizer, max_seq_length=MAX_LEN,
                                        short_seq_prob=0.1, dupe_factor=1,
                                        rng=np.random.default_rng(0))
   assert len(ex) > 500
@@ -170,7 +170,7 @@ def test_nsp_examples_follow_bert(tokenized, tokenizer):
 
 
 def test_nsp_dupe_factor_and_determinism(tokenized, tokenizer):
-  make = lambda seed, dupe: pretraining.create_nsp_examples(
+  make = lambda seed, dupe: builders.create_nsp_examples(
       tokenized, tokenizer, max_seq_length=64, short_seq_prob=0.1, dupe_factor=dupe,
       rng=np.random.default_rng(seed))
   one, again, two = make(1, 1), make(1, 1), make(1, 2)
@@ -179,7 +179,7 @@ def test_nsp_dupe_factor_and_determinism(tokenized, tokenizer):
 
 
 def test_packed_examples_keep_every_token(tokenized, tokenizer):
-  ex = pretraining.create_packed_examples(tokenized, tokenizer, max_seq_length=MAX_LEN)
+  ex = builders.create_packed_examples(tokenized, tokenizer, max_seq_length=MAX_LEN)
   assert (ex.lengths <= MAX_LEN).all() and (ex.next_sentence_labels == 0).all()
   assert (ex.input_ids[:, 0] == tokenizer.cls_id).all()
   assert (ex.input_ids[np.arange(len(ex)), ex.lengths - 1] == tokenizer.sep_id).all()
@@ -239,7 +239,7 @@ def _indexed_examples(n, length):
   """Example i holds token 100 + i everywhere between [CLS]=2 and [SEP]=3."""
   ids = np.full((n, length), 100, np.int32) + np.arange(n, dtype=np.int32)[:, None]
   ids[:, 0], ids[:, -1] = 2, 3
-  return pretraining.Examples(ids, np.zeros_like(ids, np.int8), np.full(n, length, np.int32),
+  return builders.Examples(ids, np.zeros_like(ids, np.int8), np.full(n, length, np.int32),
                               np.zeros(n, np.int8), np.zeros((n, 2), np.int32))
 
 
@@ -340,7 +340,7 @@ def test_restore_onto_another_process_count(data_cfg, tokenizer, tmp_path, monke
   exactly the rows the 2 processes would have read next (the global stream goes on)."""
   import jax
   from grain._src.python.checkpoint import handler
-  from bertjax import checkpoint as ckpt_lib, files
+  from bertjax.checkpoint import manager as ckpt_lib, files
   n, length, b, k = 48, 24, 4, 7  # per-process batch b; 7 batches cross an epoch
   examples = _indexed_examples(n, length)
   cfg = masking.MaskingConfig.create(data_cfg, tokenizer)

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bertjax.data import pipeline, pretraining
+from bertjax.data import pipeline, builders
 from bertjax.train import state as state_lib
 from configs import bert_tiny
 from tests import helpers
@@ -16,7 +16,7 @@ MAX_LEN = 128
 
 
 def _pack(tokenized, tokenizer, **kw):
-  return pretraining.create_packed_examples(tokenized, tokenizer, max_seq_length=MAX_LEN,
+  return builders.create_packed_examples(tokenized, tokenizer, max_seq_length=MAX_LEN,
                                             **kw)
 
 
@@ -91,9 +91,9 @@ def test_isolation_blocks_cross_document_attention(tiny_model):
   V, T = config.model.vocab_size, 16
   a, b, b2 = (rng.integers(5, V, size=n).tolist() for n in (6, 7, 7))
   tok = _ToyTokenizer()
-  ex = pretraining.create_packed_examples([[a], [b]], tok, max_seq_length=T,
+  ex = builders.create_packed_examples([[a], [b]], tok, max_seq_length=T,
                                           isolate_documents=True)
-  ex2 = pretraining.create_packed_examples([[a], [b2]], tok, max_seq_length=T,
+  ex2 = builders.create_packed_examples([[a], [b2]], tok, max_seq_length=T,
                                            isolate_documents=True)
   assert len(ex) == 1 and ex.segment_ids[0].max() == 2
   row, row2 = ex[0], ex2[0]

@@ -1,6 +1,6 @@
 """Sequence-length phases (one stream, shapes switch at the phase boundary, exact
 resume in either phase) and multilingual sampling (q_i ~ p_i^alpha) in the pipeline,
-the tokenizer corpus and the loop."""
+the tokenizer corpus and the pretrain."""
 
 import os
 import shutil
@@ -11,7 +11,7 @@ import pytest
 from bertjax.data import multilingual, pipeline
 from bertjax.data.tokenizer import train_tokenizer
 from bertjax.errors import ConfigError
-from bertjax.train import loop
+from bertjax.train import pretrain
 from configs import bert_tiny
 from tests.helpers import tiny_config
 from tests.test_loop import train_losses
@@ -40,8 +40,8 @@ def test_length_phases_parse():
 
 @pytest.fixture(scope="module")
 def tokenizer():
-  from bertjax.data import corpus
-  docs = corpus.load_documents("embedded")
+  from bertjax.data import sources
+  docs = sources.load_documents("embedded")
   return train_tokenizer([s for d in docs for s in d], kind="wordpiece", vocab_size=2048)
 
 
@@ -135,7 +135,7 @@ def _phase_loop_config():
 def phase_run(tmp_path_factory):
   """6 steps straight: 3 at length 16, 3 at 32, a checkpoint at step 4 (phase two)."""
   workdir = str(tmp_path_factory.mktemp("phases"))
-  return workdir, loop.train_and_evaluate(_phase_loop_config(), workdir)
+  return workdir, pretrain.run(_phase_loop_config(), workdir)
 
 
 def test_loop_switches_phases(phase_run):
@@ -153,7 +153,7 @@ def test_loop_resume_inside_second_phase_is_bit_exact(phase_run, tmp_path):
     if step != "4":
       shutil.rmtree(os.path.join(workdir, "checkpoints", step))
   os.remove(os.path.join(workdir, "metrics.jsonl"))
-  loop.train_and_evaluate(_phase_loop_config(), workdir)
+  pretrain.run(_phase_loop_config(), workdir)
   resumed, expected = train_losses(workdir), train_losses(straight)
   assert sorted(resumed) == [5, 6]
   assert all(resumed[s] == expected[s] for s in resumed), (resumed, expected)

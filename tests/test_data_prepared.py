@@ -1,4 +1,4 @@
-"""Prepared examples (`prepare --config`, `build_examples`): the offline builders match
+"""Prepared examples (`prepare --config`, `prepare_examples`): the offline builders match
 the in-memory ones, the pipeline reads a prepared directory in place (only the rows it
 trains on), its manifest is checked against the config, a rerun resumes."""
 
@@ -10,8 +10,8 @@ import time
 import numpy as np
 import pytest
 
-from bertjax.data import (build_examples, manifest, multilingual, permutation, pipeline,
-                          prepare, prepare_run, pretraining, rows as rows_lib, seeds)
+from bertjax.data import (builders, manifest, multilingual, permutation, pipeline, prepare,
+                          prepare_examples, prepare_tokens, rows as rows_lib, seeds)
 from bertjax.data.tokenizer import load_tokenizer
 from bertjax.errors import ConfigError, DataError
 from configs import bert_tiny
@@ -34,7 +34,7 @@ def prepared(tmp_path_factory, tokenizer):
   root = tmp_path_factory.mktemp("prepared")
   tokenizer.save(str(root / "tok"))
   for name, chunk in (("tokens6", 60), ("tokens1", 1000)):
-    prepare.prepare("embedded", str(root / "tok"), str(root / name), workers=1,
+    prepare_tokens.prepare("embedded", str(root / "tok"), str(root / name), workers=1,
                     chunk_documents=chunk, progress=False)
   return root
 
@@ -42,16 +42,16 @@ def prepared(tmp_path_factory, tokenizer):
 @pytest.fixture(scope="module")
 def train_docs(prepared):
   """The training split of the 6-shard directory, with random access."""
-  documents = prepare.TokenizedDocuments(str(prepared / "tokens6"))
-  return build_examples.SplitDocuments(documents, False, _cfg().eval_fraction,
+  documents = prepare_tokens.TokenizedDocuments(str(prepared / "tokens6"))
+  return prepare_examples.SplitDocuments(documents, False, _cfg().eval_fraction,
                                        seeds.stream_seed(0, seeds.SPLIT, 0))
 
 
 def test_tokenized_documents_keep_few_shards_open(prepared, monkeypatch):
-  monkeypatch.setattr(prepare, "MAX_OPEN_SHARDS", 2)
+  monkeypatch.setattr(prepare_tokens, "MAX_OPEN_SHARDS", 2)
   directory = str(prepared / "tokens6")
-  in_order = list(prepare.read_documents(directory))
-  documents = prepare.TokenizedDocuments(directory)
+  in_order = list(prepare_tokens.read_documents(directory))
+  documents = prepare_tokens.TokenizedDocuments(directory)
   for i in np.random.default_rng(0).permutation(len(in_order))[:200]:
     assert documents[i] == in_order[i]
   assert len(documents._readers) == 2  # pylint: disable=protected-access
@@ -64,7 +64,7 @@ def test_offline_nsp_pairs_are_berts_and_draw_b_from_every_shard(train_docs, tok
   builder's on the same documents."""
   rng = np.random.default_rng(0)
   third = train_docs.of_shard(2).tolist()
-  ex = pretraining.nsp_examples_of(train_docs, third, tokenizer, max_seq_length=T,
+  ex = builders.nsp_examples_of(train_docs, third, tokenizer, max_seq_length=T,
                                    short_seq_prob=0.1, dupe_factor=1, rng=rng)
   other_shard = 0
   for i in range(len(ex)):
@@ -84,11 +84,11 @@ def test_offline_nsp_pairs_are_berts_and_draw_b_from_every_shard(train_docs, tok
   assert other_shard > 0.5 * ex.next_sentence_labels.sum()
 
   docs = [train_docs[k] for k in range(len(train_docs))]
-  offline = [pretraining.nsp_examples_of(
+  offline = [builders.nsp_examples_of(
       train_docs, train_docs.of_shard(s).tolist(), tokenizer, max_seq_length=T,
       short_seq_prob=0.1, dupe_factor=2, rng=np.random.default_rng(s))
       for s in range(train_docs.shards)]
-  memory = pretraining.create_nsp_examples(docs, tokenizer, max_seq_length=T,
+  memory = builders.create_nsp_examples(docs, tokenizer, max_seq_length=T,
                                            short_seq_prob=0.1, dupe_factor=2,
                                            rng=np.random.default_rng(0))
   lengths = np.concatenate([e.lengths for e in offline])
@@ -104,9 +104,9 @@ def test_offline_packing_fills_rows_like_in_memory(train_docs, tokenizer, packin
   docs = [train_docs[k] for k in range(len(train_docs))]
   shards = [[train_docs[k] for k in train_docs.of_shard(s)]
             for s in range(train_docs.shards)]
-  memory = pretraining.create_packed_examples(docs, tokenizer, max_seq_length=T,
+  memory = builders.create_packed_examples(docs, tokenizer, max_seq_length=T,
                                               packing=packing, isolate_documents=True)
-  offline = [pretraining.create_packed_examples(d, tokenizer, max_seq_length=T,
+  offline = [builders.create_packed_examples(d, tokenizer, max_seq_length=T,
                                                 packing=packing, isolate_documents=True)
              for d in shards]
   fill = sum(e.lengths.sum() for e in offline) / sum(e.input_ids.size for e in offline)
@@ -129,7 +129,7 @@ def test_offline_packing_fills_rows_like_in_memory(train_docs, tokenizer, packin
 def _build(prepared, name, tokens="tokens6", nsp=True, **cfg):
   out = prepared / name
   if not (out / manifest.MANIFEST).exists():
-    build_examples.build(str(prepared / tokens), str(out), _cfg(**cfg), nsp=nsp, seed=0,
+    prepare_examples.build(str(prepared / tokens), str(out), _cfg(**cfg), nsp=nsp, seed=0,
                          workers=0, progress=False)
   return str(out)
 
@@ -225,13 +225,13 @@ def test_rerun_resumes_and_refuses_other_settings(prepared, tokenizer):
   with pytest.raises(DataError, match="did not finish.*rerun the same"):
     pipeline.build_pretraining_data(_cfg(corpus=spec), tokenizer, batch_size=4, seed=0,
                                     nsp=True)
-  out = build_examples.build(str(prepared / "tokens6"), spec, _cfg(), nsp=True, seed=0,
+  out = prepare_examples.build(str(prepared / "tokens6"), spec, _cfg(), nsp=True, seed=0,
                              workers=0, progress=False)
   assert open(shard, "rb").read() == before
   assert out["splits"] == manifest_before["splits"]
   assert out["documents"] == manifest_before["documents"]
   with pytest.raises(DataError, match="other settings: dupe_factor=3") as e:
-    build_examples.build(str(prepared / "tokens6"), spec, _cfg(dupe_factor=3), nsp=True,
+    prepare_examples.build(str(prepared / "tokens6"), spec, _cfg(dupe_factor=3), nsp=True,
                          seed=0, workers=0, progress=False)
   assert "\n" not in str(e.value)
 
@@ -311,7 +311,7 @@ def test_beam_writes_the_shards_and_manifest_of_the_multiprocessing_path(prepare
   pytest.importorskip("apache_beam")
   from bertjax.data import prepare_beam  # pylint: disable=g-import-not-at-top
   tokens, ours, theirs = (str(prepared / n) for n in ("tokens6", f"beam{nsp}", f"mp{nsp}"))
-  expected = build_examples.build(tokens, theirs, _cfg(), nsp=nsp, seed=0,
+  expected = prepare_examples.build(tokens, theirs, _cfg(), nsp=nsp, seed=0,
                                   workers=0, progress=False)
   built = prepare_beam.build(tokens, ours, _cfg(), nsp=nsp, seed=0,
                              options="direct_num_workers=2")
@@ -331,7 +331,7 @@ def test_beam_runner_without_beam_is_one_config_error(prepared, monkeypatch):
   monkeypatch.delattr(sys.modules["bertjax.data"], "prepare_beam", raising=False)
   config = bert_tiny.get_config()
   with pytest.raises(ConfigError, match=r"--runner needs Apache Beam: pip install") as e:
-    list(prepare_run.prepare_config(config, input_spec=str(prepared / "tokens6"),
+    list(prepare.prepare_config(config, input_spec=str(prepared / "tokens6"),
                                     tokenizer_path=None, output=str(prepared / "no"),
                                     workers=0, runner="DirectRunner"))
   assert "\n" not in str(e.value)

@@ -8,7 +8,7 @@ import os
 import numpy as np
 import pytest
 
-from bertjax.data import prepare, sources, tfds_builder
+from bertjax.data import prepare_tokens as prepare, sources, tfds_builder
 from bertjax.data.tokenizer import train_tokenizer
 from bertjax.errors import DataError
 

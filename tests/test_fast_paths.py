@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from bertjax import checkpoint as ckpt_lib
+from bertjax.checkpoint import manager as ckpt_lib, workdir as workdir_lib
 from bertjax.model import BertForPreTraining, ModelConfig, layers
 from bertjax.model.layout import scan_params, to_layout, unscan_params
 from bertjax.parallel import mesh as mesh_lib
@@ -100,12 +100,12 @@ def test_scanned_and_unscanned_checkpoints_load_each_other(setup, tmp_path):
   for scan in (False, True):
     config.model.scan_layers = scan
     workdir = str(tmp_path / f"scan_{scan}")
-    ckpt_lib.save_config(workdir, config)
+    workdir_lib.save_config(workdir, config)
     saver = ckpt_lib.Checkpointer(workdir)
     saver.save(1, {"params": to_layout(params, scan)}, None, force=True)
     saver.wait()
     saver.close()
-    _, restored = ckpt_lib.restore_params(workdir)
+    restored = workdir_lib.restore_params(workdir)
     other = dataclasses.replace(cfg, scan_layers=not scan)
     _close(_apply(other, to_layout(restored, not scan), inputs), _apply(cfg, params, inputs))
   config.model.scan_layers = False

@@ -12,9 +12,9 @@ import numpy as np
 import optax
 import pytest
 
-from bertjax import convert
+from bertjax.hf import convert
 from bertjax.model import ModelConfig
-from bertjax.tasks import base, loop
+from bertjax.tasks import base, finetune
 from bertjax.tasks.classification import ClassifierHead
 from bertjax.train import optimizer
 from configs.finetune import glue
@@ -24,7 +24,7 @@ transformers = pytest.importorskip("transformers")
 
 
 def _train_cfg(num_steps, warmup_fraction=0.1, **kw):
-  """The fine-tuning recipe's optimizer fields as `loop.make_optimizer` passes them."""
+  """The fine-tuning recipe's optimizer fields as `finetune.make_optimizer` passes them."""
   t = ml_collections.ConfigDict(glue.get_config("mrpc").train.to_dict())
   t.update(kw)
   t.num_steps = num_steps
@@ -127,6 +127,6 @@ def test_fine_tuning_defaults_are_the_documented_recipe():
       0.9, 0.999, 1e-8, 0.01, 1.0, 0.1)
   assert t.optimizer == "adamw" and t.decay_start == "warmup_end"
   c = glue.get_config("mrpc")
-  tx, schedule = loop.make_optimizer(c, ModelConfig(), 100)
+  tx, schedule = finetune.make_optimizer(c, ModelConfig(), 100)
   assert float(schedule(10)) == pytest.approx(c.train.learning_rate)  # peak at warm-up end
   assert float(schedule(55)) == pytest.approx(c.train.learning_rate * 0.5)

@@ -11,9 +11,9 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from bertjax import flops
+from bertjax.benchmarks import flops
 from bertjax.model import ModelConfig
-from bertjax.train import optimizer, pretraining, state as state_lib, step as step_lib
+from bertjax.train import optimizer, objective, state as state_lib, step as step_lib
 from tests.helpers import synthetic_batch, tiny_config
 
 
@@ -50,7 +50,7 @@ def test_agrees_with_xla_cost_analysis(seq):
   state = state_lib.abstract_state(config)[0]
   batch = jax.tree.map(jnp.asarray, synthetic_batch(config, 8))
   train_step = step_lib.make_train_step(
-      pretraining.objective(model), tx, optimizer.learning_rate_schedule(config.train), seed=0)
+      objective.objective(model), tx, optimizer.learning_rate_schedule(config.train), seed=0)
   xla = jax.jit(train_step).lower(state, batch).compile().cost_analysis()["flops"]
   ours = flops.train_flops(model.config, 8, seq, seq // 8)["total"]
   assert abs(xla - ours) / ours < 0.10, (xla, ours)

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, example, given, settings, strategies as st
 
-from bertjax.data import corpus, masking, pretraining, sources
+from bertjax.data import masking, builders, sources
 from bertjax.data import tokenizer as tok_lib
 from bertjax.errors import ConfigError, DataError
 
@@ -43,7 +43,7 @@ LONG_WORD = "supercalifragilistic" * 40
 
 
 def _tokenizer_corpus() -> list[str]:
-  docs = corpus.load_documents("embedded")
+  docs = sources.load_documents("embedded")
   return [s for d in docs[:100] for s in d] + [
       "Héllo wörld: naïve café façade, Ünïcödé and ÀCCÉNTS.",
       "中文字符 mixed with English words and 日本語 text.", "Привет мир, это тест.",
@@ -228,8 +228,8 @@ def test_enormous_documents(tmp_path, tokenizers):
   docs = list(sources.iter_documents(str(jsonl)))
   assert len(docs) == 2 and len(docs[0]) == 200_000
   tok = tokenizers["wordpiece"]
-  tokenized = pretraining.tokenize_documents(docs, tok)
-  examples = pretraining.create_packed_examples(tokenized, tok, max_seq_length=128)
+  tokenized = builders.tokenize_documents(docs, tok)
+  examples = builders.create_packed_examples(tokenized, tok, max_seq_length=128)
   assert examples.input_ids.shape[1] == 128 and len(examples) > 1000
 
 
@@ -265,7 +265,7 @@ DOCUMENTS = st.lists(st.lists(SENTENCE, min_size=1, max_size=6), max_size=8)
 def test_nsp_pairs(id_tokenizers, documents, style, max_seq_length, short_seq_prob,
                    dupe_factor, seed):
   tok = id_tokenizers[style]
-  ex = pretraining.create_nsp_examples(
+  ex = builders.create_nsp_examples(
       documents, tok, max_seq_length=max_seq_length, short_seq_prob=short_seq_prob,
       dupe_factor=dupe_factor, rng=np.random.default_rng(seed))
   n = len(ex)
@@ -292,7 +292,7 @@ def test_nsp_pairs(id_tokenizers, documents, style, max_seq_length, short_seq_pr
 
 @FUZZ
 @given(DOCUMENTS, st.sampled_from(["bert", "roberta"]), st.integers(8, 48),
-       st.sampled_from(pretraining.PACKINGS), st.booleans(), st.integers(0, 2))
+       st.sampled_from(builders.PACKINGS), st.booleans(), st.integers(0, 2))
 @example([[[5] * 300], [[6]]], "bert", 8, "full_sentences", True, 2)
 @example([], "bert", 8, "doc_sentences", True, 0)
 def test_packing(id_tokenizers, documents, style, max_seq_length, packing, isolate,
@@ -302,7 +302,7 @@ def test_packing(id_tokenizers, documents, style, max_seq_length, packing, isola
   cross a document; isolation segments and positions restart at each document."""
   tok = id_tokenizers[style]
   assert tok.style == style and tok.vocab_size == VOCAB and tok.sep_id == 3
-  ex = pretraining.create_packed_examples(
+  ex = builders.create_packed_examples(
       documents, tok, max_seq_length=max_seq_length, packing=packing,
       isolate_documents=isolate, position_offset=position_offset)
   n, T = len(ex), max_seq_length
@@ -338,14 +338,14 @@ def test_packing(id_tokenizers, documents, style, max_seq_length, packing, isola
 def test_text_to_examples(tokenizers, texts, name, max_seq_length, nsp):
   """Random text through a real tokenizer and a builder: rows fit, ids in vocabulary."""
   tok = tokenizers[name]
-  documents = pretraining.tokenize_documents(texts, tok)
+  documents = builders.tokenize_documents(texts, tok)
   assert all(doc and all(doc) for doc in documents)
   if nsp:
-    ex = pretraining.create_nsp_examples(documents, tok, max_seq_length=max_seq_length,
+    ex = builders.create_nsp_examples(documents, tok, max_seq_length=max_seq_length,
                                          short_seq_prob=0.1, dupe_factor=1,
                                          rng=np.random.default_rng(0))
   else:
-    ex = pretraining.create_packed_examples(documents, tok, max_seq_length=max_seq_length,
+    ex = builders.create_packed_examples(documents, tok, max_seq_length=max_seq_length,
                                             isolate_documents=True)
   assert ex.input_ids.shape[1] == max_seq_length and (ex.lengths <= max_seq_length).all()
   assert ((ex.input_ids >= 0) & (ex.input_ids < tok.vocab_size)).all()

@@ -9,8 +9,8 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from bertjax import api, convert  # pylint: disable=g-import-not-at-top,wrong-import-position
-from bertjax import fill_mask as fill_mask_lib  # pylint: disable=wrong-import-position
+from bertjax import api  # pylint: disable=g-import-not-at-top,wrong-import-position
+from bertjax.hf import convert
 from bertjax.data import tokenizer as tokenizer_lib  # pylint: disable=wrong-import-position
 from bertjax.errors import CheckpointError  # pylint: disable=wrong-import-position
 
@@ -175,7 +175,7 @@ def test_xlmr_matches_hf(xlmr_dir):
 def test_fill_mask(bert_dir, xlmr_dir):
   for path, _ in (bert_dir, xlmr_dir):
     pretrained = api.load_pretrained(path)
-    result = fill_mask_lib.fill_mask(pretrained, "the quick [MASK] fox [MASK] .", top_k=3)
+    result = pretrained.fill_mask("the quick [MASK] fox [MASK] .", top_k=3)
     assert len(result) == 2 and all(len(r) == 3 for r in result)
     probs = [p for r in result for _, p in r]
     assert all(0 <= p <= 1 for p in probs) and result[0][0][1] >= result[0][1][1]
@@ -227,20 +227,20 @@ def test_real_minilm_matches_hf():
   _assert_close_masked(enc["hidden_states"][-1], hf.last_hidden_state.numpy(),
                        batch["attention_mask"])
   with pytest.raises(CheckpointError, match="no MLM head"):
-    fill_mask_lib.fill_mask(pretrained, "hello [MASK] .")
+    pretrained.fill_mask("hello [MASK] .")
 
 
 def test_bertjax_workdir(tmp_path):
   import flax.linen as nn  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
-  from bertjax import checkpoint, files  # pylint: disable=g-import-not-at-top
+  from bertjax.checkpoint import files, manager as checkpoint, workdir as workdir_lib  # pylint: disable=g-import-not-at-top
   from bertjax.train import state as state_lib  # pylint: disable=g-import-not-at-top
   from tests.helpers import tiny_config  # pylint: disable=g-import-not-at-top
   tok = tokenizer_lib.train_tokenizer(CORPUS, "wordpiece", vocab_size=300)
   config = tiny_config()
   config.model.vocab_size = tok.vocab_size
   workdir = str(tmp_path)
-  checkpoint.save_config(workdir, config)
+  workdir_lib.save_config(workdir, config)
   tok.save(os.path.join(workdir, files.TOKENIZER_DIR))
   params = jax.jit(lambda: nn.unbox(state_lib.build_model(config).init_params(
       jax.random.key(0))))()
@@ -252,4 +252,4 @@ def test_bertjax_workdir(tmp_path):
   jax.tree.map(np.testing.assert_array_equal, pretrained.params, params)
   out = pretrained.encode(TEXTS, PAIRS, max_length=16)
   assert out["hidden_states"].shape[:2] == (config.model.num_layers + 1, len(TEXTS))
-  assert fill_mask_lib.fill_mask(pretrained, "the [MASK] fox", top_k=2)[0][0][1] > 0
+  assert pretrained.fill_mask("the [MASK] fox", top_k=2)[0][0][1] > 0

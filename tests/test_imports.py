@@ -1,8 +1,12 @@
 """The import graph of bertjax/ flows one way (read from the source with `ast`, every
-import counted, function-level ones included): no cycle, nothing imports `configs/`,
-the checkpoint layer sits below the trainer, and no module reaches for another's
-private (`_name`) attributes. A program's `if __name__ == "__main__":` block is its
-entry point, not a library import, and is left out."""
+import counted, function-level ones included): every module sits on a floor of
+`FLOORS` and imports only its own floor and those below, with no cycle; nothing imports
+`configs/`, and no module reaches for another's private (`_name`) attributes. A
+program's `if __name__ == "__main__":` block is its entry point, not a library import,
+and is left out.
+
+  python -m tests.test_imports   # the floors, modules per folder, cycles, back-edges
+"""
 
 from __future__ import annotations
 
@@ -92,30 +96,89 @@ def _graph():
 GRAPH, CONFIG_IMPORTS, PRIVATE = _graph()
 
 
-def _below(module: str) -> set[str]:
-  """Every module `module` imports, directly or not."""
-  seen, todo = set(), [module]
-  while todo:
-    for m in GRAPH[todo.pop()] - seen:
-      seen.add(m)
-      todo.append(m)
-  return seen
+# The floors of bertjax/, bottom up: a module imports its own floor and those below.
+# A package's modules share its floor (data/prepare.py, an entry point inside data/,
+# included); the top floor holds the programs and the Python API.
+FLOORS = (
+    ("bertjax.errors", "bertjax.console"),  # one-line errors; what the terminal shows
+    ("bertjax.model", "bertjax.parallel"),  # Flax modules and their configs; the mesh
+    ("bertjax.data",),  # corpora, tokenizers, prepare, example rows, masking, pipeline
+    ("bertjax.hf",),  # Hugging Face checkpoints <-> parameters
+    ("bertjax.checkpoint",),  # workdirs: orbax, config.json, parameters, pretrained
+    ("bertjax.train",),  # THE trainer, the step, optimizers, pretraining's run
+    ("bertjax.tasks",),  # fine-tuning tasks, their run, sweep, predictions
+    ("bertjax.embeddings",),  # contextual embeddings from a pretrained encoder
+    ("bertjax.benchmarks",),  # `python -m bertjax.benchmark NAME`
+    ("bertjax", "bertjax.api", "bertjax.main", "bertjax.finetune", "bertjax.predict",
+     "bertjax.embed", "bertjax.fill_mask", "bertjax.convert", "bertjax.plot",
+     "bertjax.benchmark"),  # the programs and the Python API
+)
+
+
+def floor_of(module: str) -> int | None:
+  """The floor `module` (or the package it lies in) is listed on; None: on none."""
+  for level, names in enumerate(FLOORS):
+    if module in names or any(module.startswith(n + ".") for n in names if n != "bertjax"):
+      return level
+  return None
+
+
+def back_edges() -> list[str]:
+  """'a -> b' for every import of a module on a higher floor than the importer's."""
+  return sorted(f"{m} -> {d}" for m, deps in GRAPH.items() for d in deps
+                if floor_of(d) is not None and floor_of(m) is not None
+                and floor_of(d) > floor_of(m))
+
+
+def cycles() -> list[list[str]]:
+  """The strongly connected components of more than one module (each holds a cycle)."""
+  index, low, stack, on, out, counter = {}, {}, [], set(), [], [0]
+
+  def visit(v):
+    index[v] = low[v] = counter[0]
+    counter[0] += 1
+    stack.append(v)
+    on.add(v)
+    for w in GRAPH[v]:
+      if w not in index:
+        visit(w)
+        low[v] = min(low[v], low[w])
+      elif w in on:
+        low[v] = min(low[v], index[w])
+    if low[v] == index[v]:
+      component = []
+      while True:
+        w = stack.pop()
+        on.discard(w)
+        component.append(w)
+        if w == v:
+          break
+      if len(component) > 1:
+        out.append(sorted(component))
+
+  for v in sorted(GRAPH):
+    if v not in index:
+      visit(v)
+  return out
+
+
+def test_every_module_is_on_a_floor():
+  assert not [m for m in GRAPH if floor_of(m) is None], (
+      "modules on no floor of FLOORS (add each where it belongs): "
+      f"{sorted(m for m in GRAPH if floor_of(m) is None)}")
+
+
+def test_no_module_imports_a_higher_floor():
+  assert not back_edges(), f"imports that run back up the floors: {back_edges()}"
 
 
 def test_no_import_cycles():
-  try:
-    graphlib.TopologicalSorter(GRAPH).prepare()
-  except graphlib.CycleError as e:
-    raise AssertionError(f"import cycle: {' -> '.join(e.args[1])}") from None
+  assert not cycles(), f"import cycles among: {cycles()}"
+  graphlib.TopologicalSorter(GRAPH).prepare()  # the same, by another algorithm
 
 
 def test_nothing_under_bertjax_imports_configs():
   assert not CONFIG_IMPORTS, CONFIG_IMPORTS
-
-
-def test_checkpoint_sits_below_the_trainer():
-  below = _below("bertjax.checkpoint")
-  assert not {m for m in below if m.startswith("bertjax.train")}, below
 
 
 def test_no_module_uses_another_modules_private_names():
@@ -123,7 +186,27 @@ def test_no_module_uses_another_modules_private_names():
 
 
 def test_the_graph_is_read():
-  """The checks above see real edges (a parser that found none would pass them)."""
-  assert "bertjax.checkpoint" in GRAPH["bertjax.train.loop"]
-  assert "bertjax.convert" in GRAPH["bertjax.api"]
+  """The checks above see real edges (a parser that found none would pass them): a
+  known edge of each kind of import, and a planted back-edge and cycle are found."""
+  assert "bertjax.checkpoint.manager" in GRAPH["bertjax.train.trainer"]  # from a import b
+  assert "bertjax.checkpoint.pretrained" in GRAPH["bertjax.api"]  # from a.b import c
+  assert "bertjax.train.pretrain" in GRAPH["bertjax.main"]  # inside a function
   assert len(GRAPH) > 60
+  GRAPH["bertjax.errors"].add("bertjax.train.trainer")
+  try:
+    assert "bertjax.errors -> bertjax.train.trainer" in back_edges()
+    assert any("bertjax.errors" in c and "bertjax.train.trainer" in c for c in cycles())
+  finally:
+    GRAPH["bertjax.errors"].discard("bertjax.train.trainer")
+
+
+if __name__ == "__main__":
+  import collections
+  paths = _module_names()
+  folders = collections.Counter(os.path.relpath(os.path.dirname(paths[m]), REPO)
+                                for m in GRAPH)
+  for level, names in reversed(list(enumerate(FLOORS))):
+    print(f"floor {level}: " + ", ".join(names))
+  print("modules per folder:", dict(sorted(folders.items())))
+  print(f"modules {len(GRAPH)} | imports {sum(map(len, GRAPH.values()))} | cycles "
+        f"{cycles() or 0} | back-edges {back_edges() or 0}")

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from bertjax.errors import BertjaxError, DataError
-from bertjax.train import loop
+from bertjax.train import pretrain
 from tests.helpers import tiny_config
 
 STEPS = 12
@@ -50,7 +50,7 @@ def train_losses(workdir) -> dict[int, float]:
 def reference(tmp_path_factory):
   """One uninterrupted run of STEPS steps."""
   workdir = str(tmp_path_factory.mktemp("straight"))
-  metrics = loop.train_and_evaluate(e2e_config(), workdir)
+  metrics = pretrain.run(e2e_config(), workdir)
   return workdir, metrics
 
 
@@ -76,7 +76,7 @@ def test_bad_corpus_fails_with_one_line(tmp_path, corpus, message):
   config = e2e_config()
   config.data.corpus = corpus
   with pytest.raises(DataError, match=message) as info:
-    loop.train_and_evaluate(config, str(tmp_path / "wd"))
+    pretrain.run(config, str(tmp_path / "wd"))
   assert "\n" not in str(info.value)
 
 
@@ -97,15 +97,14 @@ def test_model_change_in_existing_workdir_is_refused(reference, tmp_path):
   config.model.hidden_size = 64
   with pytest.raises(BertjaxError,
                      match=r"another model: config.model.hidden_size=64 \(the run's: \d+\);"):
-    loop.train_and_evaluate(config, workdir)
+    pretrain.run(config, workdir)
 
 
 def test_fill_mask_on_the_trained_workdir(reference):
   workdir, _ = reference
   import bertjax
-  from bertjax.fill_mask import fill_mask
   pretrained = bertjax.load_pretrained(workdir)
-  (fillers,) = fill_mask(pretrained, "please turn [MASK] homework in .", top_k=5)
+  (fillers,) = pretrained.fill_mask("please turn [MASK] homework in .", top_k=5)
   probs = [p for _, p in fillers]
   assert len(fillers) == 5 and probs == sorted(probs, reverse=True) and sum(probs) <= 1 + 1e-6
   proc = subprocess.run(
@@ -126,4 +125,4 @@ def test_workdir_from_before_a_new_model_field_still_resumes(reference, tmp_path
   del saved["model"]["remat_policy"]
   with open(path, "w") as f:
     json.dump(saved, f)
-  loop.train_and_evaluate(e2e_config(), workdir)  # resumes at the last step: no error
+  pretrain.run(e2e_config(), workdir)  # resumes at the last step: no error

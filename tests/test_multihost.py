@@ -24,6 +24,7 @@ def _worker_main() -> None:
   """bertjax.main, recording a hash of every training row this process feeds."""
   from bertjax.console import cli
   from bertjax import main
+  from bertjax.train import program
   from bertjax.train import trainer
 
   put_batch = trainer.put_train_batch
@@ -38,7 +39,7 @@ def _worker_main() -> None:
     return put_batch(batch, sharding)
 
   trainer.put_train_batch = recording_put_batch
-  cli.run(main.main, flags_parser=main.parse_flags)
+  cli.run(main.main, flags_parser=program.parse_flags)
 
 
 def _launch(workdir, tmp, run, extra, config="configs/bert_tiny.py",

@@ -12,7 +12,7 @@ import jax
 import numpy as np
 import pytest
 
-from bertjax import checkpoint as ckpt_lib
+from bertjax.checkpoint import manager as ckpt_lib
 from bertjax.errors import ConfigError
 from bertjax.parallel import mesh as mesh_lib
 from bertjax.train import state as state_lib, step as step_lib

@@ -1,4 +1,4 @@
-"""bertjax.plot: the PNG of a run's curves from a metrics.jsonl in the logger's format.
+"""bertjax.train.curves: the PNG of a run's curves from a metrics.jsonl in the logger's format.
 (The pretraining loop writing it at the end of a real run is checked by
 tests/test_notebooks.py, whose pretraining notebook shows WORKDIR/training.png.)"""
 
@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from bertjax import plot
+from bertjax.train import curves
 from bertjax.errors import DataError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -51,8 +51,8 @@ def png_size(path) -> tuple[int, int]:
 
 def test_plot_has_every_panel_and_a_png_of_1200x800(tmp_path):
   write_metrics(tmp_path, pretraining_rows())
-  fig = plot.plot_training(str(tmp_path))
-  assert [ax.get_title() for ax in fig.axes] == list(plot.PANELS)
+  fig = curves.plot_training(str(tmp_path))
+  assert [ax.get_title() for ax in fig.axes] == list(curves.PANELS)
   assert png_size(tmp_path / "training.png") == (1200, 800)
   loss, accuracy, lr, throughput = fig.axes
   labels = [line.get_label() for line in accuracy.get_lines()]
@@ -68,7 +68,7 @@ def test_plot_has_every_panel_and_a_png_of_1200x800(tmp_path):
 def test_a_metric_the_run_did_not_log_leaves_a_labelled_empty_panel(tmp_path):
   rows = [r for r in pretraining_rows(nsp=False, resumed=False) if r["split"] != "perf"]
   write_metrics(tmp_path, rows)
-  fig = plot.plot_training(str(tmp_path), out=str(tmp_path / "other.png"))
+  fig = curves.plot_training(str(tmp_path), out=str(tmp_path / "other.png"))
   assert (tmp_path / "other.png").exists() and not (tmp_path / "training.png").exists()
   throughput = fig.axes[3]
   assert not throughput.get_lines()
@@ -86,12 +86,12 @@ def test_missing_or_bad_metrics_are_one_line_errors(tmp_path, content, message):
   if content is not None:
     (tmp_path / "metrics.jsonl").write_text(content)
   with pytest.raises(DataError, match=message) as e:
-    plot.plot_training(str(tmp_path))
+    curves.plot_training(str(tmp_path))
   assert "\n" not in str(e.value)
 
 
 def test_plot_after_run_only_warns(tmp_path, caplog):
-  plot.plot_after_run(str(tmp_path))  # no metrics.jsonl: must not raise
+  curves.plot_after_run(str(tmp_path))  # no metrics.jsonl: must not raise
   assert not (tmp_path / "training.png").exists()
   assert any("No training.png written" in r.getMessage() for r in caplog.records)
 

@@ -4,7 +4,7 @@ decoding), written per example next to the input fields, or as GLUE test-server 
 `python -m bertjax.convert --to=hf` writes the Hugging Face *For<Task> model (BERT- and
 RoBERTa-style encoders) that transformers loads and that predicts the same; `init_from`
 a fine-tuned workdir (intermediate fine-tuning) drops or keeps its head. The SQuAD run
-is also the test that a whole span-QA fine-tuning run goes through the loop."""
+is also the test that a whole span-QA fine-tuning run goes through the finetune."""
 
 import json
 import os
@@ -16,10 +16,12 @@ import jax
 import numpy as np
 import pytest
 
-from bertjax import api, convert_cli, predict
+from bertjax import api, convert as convert_cli
+from bertjax.checkpoint import workdir as workdir_lib
+from bertjax.tasks import predict
 from bertjax.data import tokenizer as tok_lib
 from bertjax.errors import CheckpointError, DataError
-from bertjax.tasks import base, get_task, loop
+from bertjax.tasks import base, get_task, finetune
 from configs.finetune import glue, ner, squad, swag
 from tests.tasks_helpers import FIXTURES, fixture, fixture_tokenizer, tiny_finetune
 
@@ -72,7 +74,7 @@ def runs(tmp_path_factory):
       _roberta_style(c)
     c.data.train, c.data.dev = fixture(train), fixture(dev)
     workdir = str(tmp_path_factory.mktemp(name))
-    out[name] = (c, workdir, loop.finetune(c, workdir))
+    out[name] = (c, workdir, finetune.run(c, workdir))
   return out
 
 
@@ -118,7 +120,7 @@ def test_cli_on_jsonl_without_gold(runs, tmp_path):
   pretrained = api.load_pretrained(workdir)
   assert set(pretrained.params) == {"encoder"} and not pretrained.has_mlm
   assert pretrained.head.name == "tagging" and "B-PER" in pretrained.head.labels
-  assert pretrained.head.labels == api.task_info(workdir)["labels"]
+  assert pretrained.head.labels == workdir_lib.task_info(workdir)["labels"]
 
 
 def _hf_outputs(torch, model, task_name: str, arrays: dict) -> dict:
@@ -178,7 +180,7 @@ def test_export_predicts_what_bertjax_predicts(runs, run, tmp_path):
 def test_span_ner_has_no_hugging_face_class(runs, tmp_path, capsys):
   workdir = str(tmp_path / "span_ner")
   shutil.copytree(runs["ner"][1], workdir)
-  info = api.task_info(workdir)
+  info = workdir_lib.task_info(workdir)
   with open(os.path.join(workdir, "task.json"), "w") as f:
     json.dump(dict(info, name="span_ner"), f)
   with pytest.raises(SystemExit):
@@ -230,30 +232,30 @@ def test_init_from_a_finetuned_workdir(runs, tmp_path):
   saved = api.load_finetuned(source)
   stsb = tiny_finetune(glue.get_config("stsb"), vocab)
   stsb.tokenizer, stsb.init_from = "", source
-  start = loop.load_start(stsb)
+  start = finetune.load_start(stsb)
   assert start.head is None and start.model == saved.model
   assert start.tokenizer.vocab_size == saved.tokenizer.vocab_size
   jax.tree.map(np.testing.assert_array_equal, start.encoder_params, saved.params["encoder"])
   # Kept: the run starts from the whole fine-tuned model.
   again = tiny_finetune(glue.get_config("sst2"), vocab)
   again.tokenizer, again.init_from, again.init_keep_head = "", source, True
-  start = loop.load_start(again)
+  start = finetune.load_start(again)
   task = get_task("classification")(again.task, start.tokenizer, 32)
   task.labels = task.fit_labels(task.read(source_config.data.train, "train"))
   features = task.featurize(task.read(source_config.data.dev, "dev"), train=False)
-  setup = loop.build(again, task, start.model, loop.example_batch(features), 6)
-  params = loop.initial_params(setup, again, start.encoder_params, start.head, task.labels)
+  setup = finetune.build(again, task, start.model, finetune.example_batch(features), 6)
+  params = finetune.initial_params(setup, again, start.encoder_params, start.head, task.labels)
   jax.tree.map(np.testing.assert_array_equal, jax.device_get(params), saved.params)
   # Kept only when it fits: the same task, the same labels in the same order (checked
   # where `finetune` starts the state).
   again.task.labels = ("1", "0")
   again.data.train, again.data.dev = source_config.data.train, source_config.data.dev
   with pytest.raises(CheckpointError) as e:
-    loop.finetune(again, str(tmp_path / "swapped"))
+    finetune.run(again, str(tmp_path / "swapped"))
   assert "\n" not in str(e.value) and "predicts the labels ['0', '1'], this run has " \
       "['1', '0']" in str(e.value)
   tagging = tiny_finetune(ner.get_config(), vocab)
   tagging.tokenizer, tagging.init_from, tagging.init_keep_head = "", source, True
   with pytest.raises(CheckpointError, match="fine-tuned for task 'classification', this "
                      "run is 'tagging'"):
-    loop.load_start(tagging)
+    finetune.load_start(tagging)

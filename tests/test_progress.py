@@ -108,7 +108,7 @@ def test_only_process_zero_shows_progress(monkeypatch, lines):
 def test_pretraining_reports_eta_and_a_final_train_line(tmp_path, monkeypatch):
   """One real operation: the pretraining loop's step lines carry the rate and ETA, and
   the run ends with the train progress line (stderr is not a terminal under pytest)."""
-  from bertjax.train import loop  # pylint: disable=g-import-not-at-top
+  from bertjax.train import pretrain  # pylint: disable=g-import-not-at-top
   from tests.helpers import tiny_config  # pylint: disable=g-import-not-at-top
   messages = []
   monkeypatch.setattr(logging, "info",
@@ -116,7 +116,7 @@ def test_pretraining_reports_eta_and_a_final_train_line(tmp_path, monkeypatch):
   config = tiny_config(num_steps=4, log_every=2, eval_every=4, eval_batches=1)
   config.model.vocab_size = config.data.tokenizer.vocab_size = 512
   config.data.dupe_factor = 1
-  loop.train_and_evaluate(config, str(tmp_path))
+  pretrain.run(config, str(tmp_path))
   assert re.match(r"^tokenizer: ([\d,]+)/\1 sentences \(100%\) [\d.,]+ sentences/s, \w+$",
                   next(m for m in messages if m.startswith("tokenizer: "))), messages
   steps = [m for m in messages if m.startswith("step ")]

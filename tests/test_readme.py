@@ -164,7 +164,7 @@ def expected_pattern(output: str, tmp: str) -> re.Pattern:
 def _module_files(words: list[str]) -> list[str]:
   """The source files that may define the flags of `python -m bertjax.X [subcommand]`:
   the module (a benchmark's own file) and the bertjax modules it imports (at any
-  indentation: `bertjax.convert` imports its program in its `__main__` block)."""
+  indentation: `bertjax.hf.convert` imports its program in its `__main__` block)."""
   module = words[words.index("-m") + 1]
   if module == "bertjax.benchmark":
     module = f"bertjax.benchmarks.{words[words.index('-m') + 2]}"

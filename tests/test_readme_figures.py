@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bertjax import flops
+from bertjax.benchmarks import flops
 from bertjax.model import BertForPreTraining, ModelConfig
 from tests.tasks_helpers import fixture
 

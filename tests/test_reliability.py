@@ -19,9 +19,9 @@ import numpy as np
 import optax
 import pytest
 
-from bertjax import checkpoint as ckpt_lib
+from bertjax.checkpoint import manager as ckpt_lib, workdir as workdir_lib
 from bertjax.errors import BertjaxError, CheckpointError, TrainingError
-from bertjax.train import loop, optimizer, spikes
+from bertjax.train import pretrain, optimizer, spikes
 from tests import faults
 from tests.faults import losses, train_rows
 from tests.helpers import tiny_config
@@ -45,14 +45,14 @@ def rel_config(**train):
 
 
 def final_params(workdir, step=None):
-  return ckpt_lib.restore_params(workdir, step)[1]
+  return workdir_lib.restore_params(workdir, step)
 
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
   """One uninterrupted run: checkpoints at 10, 15 and 20 remain (max_to_keep=3)."""
   workdir = str(tmp_path_factory.mktemp("reference"))
-  loop.train_and_evaluate(rel_config(), workdir)
+  pretrain.run(rel_config(), workdir)
   return workdir
 
 
@@ -73,7 +73,7 @@ def test_sigterm_ten_times_in_one_run_is_bit_exact(reference, tmp_path, on_train
     pending = [s - done for s in kill_at if s > done]
     on_train_batch(lambda n, _, first=pending[:1]: n in first and os.kill(os.getpid(),
                                                                           signal.SIGTERM))
-    loop.train_and_evaluate(rel_config(), workdir)
+    pretrain.run(rel_config(), workdir)
     done = int(faults.saved_state(workdir)["step"])
     stops.append(done)
   assert stops == [*kill_at, STEPS]
@@ -104,14 +104,14 @@ def test_corrupt_checkpoint_is_named_and_previous_step_used_on_request(reference
 
   with pytest.raises(CheckpointError, match=r"checkpoint step 20 in .* cannot be restored.*"
                      r"--config.checkpoint.on_corrupt=previous") as info:
-    loop.train_and_evaluate(rel_config(), workdir)
+    pretrain.run(rel_config(), workdir)
   assert "\n" not in str(info.value)
   assert sorted(os.listdir(ckpts)) == ["10", "15", "20"]
 
   config = rel_config()
   config.checkpoint.on_corrupt = "previous"
   with caplog.at_level("WARNING"):
-    loop.train_and_evaluate(config, workdir)
+    pretrain.run(config, workdir)
   assert "Skipping checkpoint step 20" in caplog.text
   assert "Skipping checkpoint step 15" in caplog.text
   assert sorted(os.listdir(os.path.join(workdir, "corrupt_checkpoints"))) == ["15", "20"]
@@ -128,14 +128,14 @@ def test_all_checkpoints_corrupt_never_restarts_from_step_0(reference, tmp_path)
   config = rel_config()
   config.checkpoint.on_corrupt = "previous"
   with pytest.raises(CheckpointError, match="refusing to start over from step 0") as info:
-    loop.train_and_evaluate(config, workdir)
+    pretrain.run(config, workdir)
   assert "\n" not in str(info.value)
   assert losses(workdir) == before  # Not a single step trained.
   assert sorted(os.listdir(os.path.join(workdir, "corrupt_checkpoints"))) == ["10", "15", "20"]
 
 
 def test_a_state_missing_fields_restores_the_others_never_one_without_params(tmp_path):
-  """A checkpoint from an older bertjax (no log window) or from bertjax.convert
+  """A checkpoint from an older bertjax (no log window) or from bertjax.hf.convert
   (parameters only) restores what it holds, for the trainer to start the rest afresh;
   one without parameters is a CheckpointError, not a fresh start."""
   device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
@@ -176,7 +176,7 @@ def test_disk_full_or_read_only_stops_in_one_line_and_keeps_checkpoints(
   cause = "No space left on device" if fault == "disk_full" else "Read-only file system"
   with pytest.raises(BertjaxError, match=f"cannot write .*{cause}.*steps 5.* are intact"
                      ) as info:
-    loop.train_and_evaluate(rel_config(), str(workdir))
+    pretrain.run(rel_config(), str(workdir))
   assert "\n" not in str(info.value)
   assert max(losses(workdir)) <= 10  # It stopped at the first save after the fault.
 
@@ -185,7 +185,7 @@ def test_disk_full_or_read_only_stops_in_one_line_and_keeps_checkpoints(
   assert 5 in kept and max(kept) < 10, kept
   for step in kept:
     final_params(str(workdir), step)  # Restores.
-  loop.train_and_evaluate(rel_config(), str(workdir))
+  pretrain.run(rel_config(), str(workdir))
   faults.assert_same_metrics(workdir, reference)
   faults.assert_same_arrays(faults.saved_state(workdir), faults.saved_state(reference))
 
@@ -200,7 +200,7 @@ def test_switching_spike_skipping_on_resume_is_refused_not_taken_for_corruption(
   config.checkpoint.on_corrupt = "previous"
   with pytest.raises(CheckpointError, match=r"optimizer state has another layout: "
                      r"config.train.skip_step_on_spikes=True \(the run's: False\)") as info:
-    loop.train_and_evaluate(config, workdir)
+    pretrain.run(config, workdir)
   assert "\n" not in str(info.value)
   assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["10", "15", "20"]
 
@@ -225,7 +225,7 @@ def test_nan_loss_stops_naming_the_step_and_the_last_good_checkpoint(tmp_path,
   workdir = str(tmp_path / "nan")
   with pytest.raises(TrainingError, match=r"non-finite loss, grad_norm, param_norm at or "
                      r"before step 9; the last good checkpoint is step 5 in") as info:
-    loop.train_and_evaluate(rel_config(), workdir)  # Found where step 9 logs step 7-9.
+    pretrain.run(rel_config(), workdir)  # Found where step 9 logs step 7-9.
   assert "\n" not in str(info.value)
   assert max(losses(workdir)) == 6
   assert ckpt_lib.Checkpointer(workdir, read_only=True).complete_steps() == [5]
@@ -242,7 +242,7 @@ def test_skip_step_on_spikes_drops_nan_and_spike_updates(reference, tmp_path,
   config = rel_config(skip_step_on_spikes=True, spike_window=5, spike_sigma=6.0,
                       log_every=1)
   with caplog.at_level("WARNING"):
-    loop.train_and_evaluate(config, workdir)
+    pretrain.run(config, workdir)
   rows, expected = train_rows(workdir), train_rows(reference)
   assert "Skipped step 8 (update dropped, 1 so far)" in caplog.text
   assert "Skipped step 14 (update dropped, 2 so far)" in caplog.text
@@ -293,6 +293,7 @@ def _worker_main() -> None:
 
   from bertjax.console import cli
   from bertjax import main
+  from bertjax.train import program
 
   finalize = atomicity.AtomicRenameTemporaryPath.finalize
 
@@ -303,7 +304,7 @@ def _worker_main() -> None:
     return await finalize(self, *args, **kwargs)
 
   atomicity.AtomicRenameTemporaryPath.finalize = held_finalize
-  cli.run(main.main, flags_parser=main.parse_flags)
+  cli.run(main.main, flags_parser=program.parse_flags)
 
 
 def test_kill_9_during_an_asynchronous_save_resumes_from_the_last_complete_step(
@@ -338,7 +339,7 @@ def test_kill_9_during_an_asynchronous_save_resumes_from_the_last_complete_step(
                                recursive=True)  # Half-written: data files, no commit.
   assert ckpt_lib.Checkpointer(str(workdir), read_only=True).complete_steps() == [5]
   assert max(losses(workdir)) > 5  # Logged by the killed process after step 5.
-  loop.train_and_evaluate(config, str(workdir))
+  pretrain.run(config, str(workdir))
   faults.assert_same_metrics(workdir, reference)
   faults.assert_same_arrays(faults.saved_state(workdir), faults.saved_state(reference))
   assert ckpt_lib.Checkpointer(str(workdir), read_only=True).complete_steps() == [10, 15, 20]

@@ -19,10 +19,10 @@ import ml_collections
 import numpy as np
 import pytest
 
-from bertjax import checkpoint as ckpt_lib, files
+from bertjax.checkpoint import manager as ckpt_lib, files
 from bertjax.errors import BertjaxError, TrainingError
 from bertjax.parallel import mesh as mesh_lib
-from bertjax.tasks import get_task, loop
+from bertjax.tasks import get_task, finetune
 from configs.finetune import glue
 from tests import faults
 from tests.tasks_helpers import FIXTURES, fixture, tiny_finetune
@@ -68,7 +68,7 @@ def dev_outputs(workdir) -> tuple:
 def reference(tmp_path_factory):
   """One uninterrupted run."""
   workdir = str(tmp_path_factory.mktemp("reference"))
-  loop.finetune(ft_config(), workdir)
+  finetune.run(ft_config(), workdir)
   return workdir
 
 
@@ -90,7 +90,7 @@ def test_sigterms_and_a_sigkill_resume_bit_for_bit_with_the_same_logged_metrics(
   sigterm = lambda at: lambda n, _: n == at and os.kill(os.getpid(), signal.SIGTERM)
 
   on_train_batch(sigterm(5))
-  assert loop.finetune(ft_config(), workdir) == {}  # Preempted: no dev results.
+  assert finetune.run(ft_config(), workdir) == {}  # Preempted: no dev results.
   assert int(faults.saved_state(workdir)["step"]) == 5
 
   env = dict(os.environ, BERTJAX_TEST_KILL_AT="7",
@@ -103,10 +103,10 @@ def test_sigterms_and_a_sigkill_resume_bit_for_bit_with_the_same_logged_metrics(
   assert max(faults.losses(workdir)) == 9  # Logged after the last checkpoint, 8.
 
   on_train_batch(sigterm(6))  # Resumes at step 8.
-  loop.finetune(ft_config(), workdir)
+  finetune.run(ft_config(), workdir)
   assert int(faults.saved_state(workdir)["step"]) == 14
   on_train_batch(lambda n, _: None)
-  assert loop.finetune(ft_config(), workdir) == dev_outputs(reference)[0]
+  assert finetune.run(ft_config(), workdir) == dev_outputs(reference)[0]
 
   faults.assert_same_metrics(workdir, reference)
   assert dev_outputs(workdir) == dev_outputs(reference)
@@ -131,11 +131,11 @@ def test_full_disk_stops_in_one_line_and_keeps_checkpoints(reference, small_disk
   on_train_batch(inject)
   with pytest.raises(BertjaxError, match=r"cannot write .*No space left on device.*"
                      r"steps 4\) are intact") as info:
-    loop.finetune(ft_config(), str(workdir))
+    finetune.run(ft_config(), str(workdir))
   assert "\n" not in str(info.value)
   repair.pop()()
   assert ckpt_lib.Checkpointer(str(workdir), read_only=True).complete_steps() == [4]
-  loop.finetune(ft_config(), str(workdir))
+  finetune.run(ft_config(), str(workdir))
   faults.assert_same_metrics(workdir, reference)
   assert dev_outputs(workdir) == dev_outputs(reference)
 
@@ -154,7 +154,7 @@ def test_nan_stops_naming_the_last_good_checkpoint(tmp_path, on_train_batch):
   workdir = str(tmp_path / "nan")
   with pytest.raises(TrainingError, match=r"non-finite loss, grad_norm, param_norm at or "
                      r"before step 6; the last good checkpoint is step 4 in") as info:
-    loop.finetune(ft_config(), workdir)
+    finetune.run(ft_config(), workdir)
   assert "\n" not in str(info.value)
   assert ckpt_lib.Checkpointer(workdir, read_only=True).complete_steps() == [4]
 
@@ -173,15 +173,15 @@ def test_gradient_accumulation_equals_the_full_batch(batching):
     # Adam with eps 1e-8 moves a parameter whose gradient is ~0 by ~lr * sign(g): the
     # reassociation noise of such gradients would decide it. BERT's 1e-6 damps them.
     c.train.eps = 1e-6
-    start = loop.load_start(c)
+    start = finetune.load_start(c)
     task = get_task(c.task.name)(c.task, start.tokenizer, c.task.max_seq_length)
     examples = task.read(c.data.train, "train")
     task.labels = task.fit_labels(examples)
     features = task.featurize(examples[:40], train=True)  # 3 batches, the last of 8 rows
-    setup = loop.build(c, task, start.model, loop.example_batch(features), 3)
+    setup = finetune.build(c, task, start.model, finetune.example_batch(features), 3)
     state, step_losses = setup.init_state(c), []
     dp = mesh_lib.data_parallel_size(setup.mesh, setup.rules)
-    stream = loop.train_stream(loop.batcher(task, features, start.model, dp, accum), 16,
+    stream = finetune.train_stream(finetune.batcher(task, features, start.model, dp, accum), 16,
                                c.seed, 3)
     with jax.set_mesh(setup.mesh):
       for batch in stream:
@@ -218,7 +218,8 @@ def _worker_main() -> None:
   """bertjax.finetune; with $BERTJAX_TEST_KILL_AT=n it SIGKILLs itself before its n-th
   training batch, once $BERTJAX_TEST_WAIT_FOR (a checkpoint) exists."""
   from bertjax.console import cli
-  from bertjax import finetune, main
+  from bertjax import finetune
+  from bertjax.train import program
   from bertjax.train import trainer
 
   put, count = trainer.put_train_batch, [0]
@@ -232,7 +233,7 @@ def _worker_main() -> None:
     return put(batch, sharding)
 
   trainer.put_train_batch = hooked
-  cli.run(finetune.main, flags_parser=main.parse_flags)
+  cli.run(finetune.main, flags_parser=program.parse_flags)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ hanging), and the restart of both, which resumes from the last checkpoint."""
 import signal
 import time
 
-from bertjax import checkpoint as ckpt_lib
+from bertjax.checkpoint import manager as ckpt_lib
 from tests.test_loop import e2e_config, overrides, train_losses
 from tests.test_multihost import _finish, _launch, _rows, _wait_for_steps
 

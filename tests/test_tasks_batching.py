@@ -10,7 +10,7 @@ import pytest
 
 from bertjax.errors import ConfigError
 from bertjax.parallel import mesh as mesh_lib
-from bertjax.tasks import batching, get_task, loop
+from bertjax.tasks import batching, get_task, finetune
 from configs.finetune import glue, ner
 from tests.tasks_helpers import fixture, fixture_tokenizer, tiny_finetune
 
@@ -84,13 +84,13 @@ def vocab(tmp_path_factory):
 
 def _setup(config, train_file, n):
   """(task, features of `n` training examples, Setup) of a tiny random encoder."""
-  start = loop.load_start(config)
+  start = finetune.load_start(config)
   task = get_task(config.task.name)(config.task, start.tokenizer, config.task.max_seq_length)
   examples = task.read(train_file, "train")
   task.labels = task.fit_labels(examples)
   features = task.featurize(examples[:n], train=True)
-  return task, features, start.model, loop.build(config, task, start.model,
-                                                 loop.example_batch(features), 4)
+  return task, features, start.model, finetune.build(config, task, start.model,
+                                                 finetune.example_batch(features), 4)
 
 
 @pytest.mark.parametrize("name", ["sst2", "ner"])
@@ -110,13 +110,13 @@ def test_packed_and_bucketed_rows_predict_as_full_rows(vocab, name):
   apply = jax.jit(lambda p, b: setup.model.apply({"params": p}, b)["logits"])
   n = len(features)  # sst2: 8 sentences; conll: its 4
   idx, valid = np.arange(n), np.ones(n, bool)
-  full = np.asarray(apply(params, loop.rows(features, idx, valid)))
+  full = np.asarray(apply(params, finetune.rows(features, idx, valid)))
   c.task.batching = "bucket"
-  bucketed = loop.batcher(task, features, model).batch(idx, valid, slice(0, n), False)
+  bucketed = finetune.batcher(task, features, model).batch(idx, valid, slice(0, n), False)
   assert bucketed["input_ids"].shape[1] < c.task.max_seq_length
   got = np.asarray(apply(params, bucketed))
   c.task.batching = "pack"
-  packed = loop.batcher(task, features, model).batch(idx, valid, slice(0, n), True)
+  packed = finetune.batcher(task, features, model).batch(idx, valid, slice(0, n), True)
   assert packed["input_ids"].shape[0] < n  # Several examples share a row.
   out = np.asarray(apply(params, packed))
   if name == "sst2":
@@ -147,7 +147,7 @@ def test_pack_refused_where_it_does_not_apply(vocab):
   c.task.batching = "pack"
   task = get_task("squad")(c.task, None, 32)
   with pytest.raises(ConfigError, match="'pack' does not apply to task 'squad'"):
-    loop.batcher(task, None, None)
+    finetune.batcher(task, None, None)
 
 
 def test_one_compilation_per_shape_and_the_stream_resumes(vocab):
@@ -157,9 +157,9 @@ def test_one_compilation_per_shape_and_the_stream_resumes(vocab):
   c = tiny_finetune(glue.get_config("sst2"), vocab)
   c.task.bucket_lengths = (9, 12)
   task, features, model, setup = _setup(c, fixture("sst2_train.tsv"), 48)
-  batches = loop.batcher(task, features, model)
+  batches = finetune.batcher(task, features, model)
   steps = 12
-  stream = loop.train_stream(batches, 8, c.seed, steps)
+  stream = finetune.train_stream(batches, 8, c.seed, steps)
   state, shapes, seen = setup.init_state(c), set(), []
   with jax.set_mesh(setup.mesh):
     for k, batch in enumerate(stream):
@@ -170,7 +170,7 @@ def test_one_compilation_per_shape_and_the_stream_resumes(vocab):
       state, _ = setup.train_step(state, mesh_lib.put_batch(batch, setup.batch_sharding))
   assert len(shapes) >= 2
   assert setup.train_step._cache_size() == len(shapes)  # pylint: disable=protected-access
-  again = loop.train_stream(batches, 8, c.seed, steps)
+  again = finetune.train_stream(batches, 8, c.seed, steps)
   again.set_state(saved)
   for want in seen[6:]:
     got = next(again)

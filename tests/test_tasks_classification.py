@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from bertjax.parallel import mesh as mesh_lib
-from bertjax.tasks import loop
+from bertjax.tasks import finetune
 from configs.finetune import glue
 from tests.tasks_helpers import fixture, fixture_tokenizer, tiny_finetune
 
@@ -36,7 +36,7 @@ def _losses(workdir):
 def sst2_run(vocab, tmp_path_factory):
   workdir = str(tmp_path_factory.mktemp("sst2"))
   config = _sst2(vocab, num_epochs=8, learning_rate=2e-3)
-  return config, workdir, loop.finetune(config, workdir)
+  return config, workdir, finetune.run(config, workdir)
 
 
 def test_sst2_learns_the_training_words(sst2_run):
@@ -63,7 +63,7 @@ def test_stsb_pair_regression_with_a_profile_of_steps_2_to_3(vocab, tmp_path, ss
   c = tiny_finetune(glue.get_config("stsb"), vocab, num_epochs=3)
   c.data.train, c.data.dev = fixture("stsb_train.tsv"), fixture("stsb_dev.tsv")
   c.train.profile_steps = (2, 3)
-  scores = loop.finetune(c, str(tmp_path))
+  scores = finetune.run(c, str(tmp_path))
   assert set(scores) == {"pearson", "spearman", "loss"}
   assert all(np.isfinite(v) for v in scores.values())
   with open(os.path.join(tmp_path, "dev_predictions.json")) as f:
@@ -97,16 +97,16 @@ def test_freeze_all_but_the_top_layer(vocab, tmp_path):
   c = _sst2(vocab, num_epochs=1)
   c.model.num_layers = 2
   c.freeze.top_k_layers = 1
-  start = loop.load_start(c)
+  start = finetune.load_start(c)
   from bertjax.tasks.classification import Classification
   task = Classification(c.task, start.tokenizer, 32)
   task.labels = ["0", "1"]
   features = task.featurize(task.read(c.data.train, "train"), train=True)
-  setup = loop.build(c, task, start.model, loop.example_batch(features), 6)
+  setup = finetune.build(c, task, start.model, finetune.example_batch(features), 6)
   state = setup.init_state(c)
   before = jax.device_get(state.params)
   with jax.set_mesh(setup.mesh):
-    state, _ = setup.train_step(state, mesh_lib.put_batch(loop.rows(
+    state, _ = setup.train_step(state, mesh_lib.put_batch(finetune.rows(
         features, np.arange(8), np.ones(8, bool)), setup.batch_sharding))
   after = jax.device_get(state.params)
   changed = lambda a, b: not np.array_equal(a, b)

@@ -10,11 +10,12 @@ import jax
 import numpy as np
 import pytest
 
-from bertjax import api, convert
+from bertjax import api
+from bertjax.hf import convert
 from bertjax.data.tokenizer import load_tokenizer
 from bertjax.errors import CheckpointError, ConfigError
 from bertjax.model import ModelConfig
-from bertjax.tasks import base, features, loop
+from bertjax.tasks import base, features, finetune
 from bertjax.tasks.tagging import Tagging
 from configs.finetune import ner
 from tests import faults
@@ -39,15 +40,15 @@ def setup_of(c):
   task = Tagging(c.task, load_tokenizer(TOKENIZER), c.task.max_seq_length)
   task.labels = task.fit_labels(task.read(c.data.train, "train"))
   train = task.featurize(task.read(c.data.train, "train"), train=True)
-  setup = loop.build(c, task, ModelConfig.from_config(c.model), loop.example_batch(train),
+  setup = finetune.build(c, task, ModelConfig.from_config(c.model), finetune.example_batch(train),
                      STEPS)
-  return setup, loop.rows(train, np.arange(8) % len(train), np.ones(8, bool))
+  return setup, finetune.rows(train, np.arange(8) % len(train), np.ones(8, bool))
 
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
   workdir = str(tmp_path_factory.mktemp("features"))
-  return workdir, loop.finetune(feature_config(), workdir)
+  return workdir, finetune.run(feature_config(), workdir)
 
 
 def test_the_encoder_is_unchanged_and_without_optimizer_state(reference):
@@ -99,10 +100,10 @@ def test_the_step_skips_the_encoders_backward_pass():
 def test_interrupted_run_resumes_bit_for_bit(reference, tmp_path, on_train_batch):
   workdir = str(tmp_path / "interrupted")
   on_train_batch(lambda n, _: n == 3 and os.kill(os.getpid(), signal.SIGTERM))
-  assert loop.finetune(feature_config(), workdir) == {}
+  assert finetune.run(feature_config(), workdir) == {}
   assert int(faults.saved_state(workdir)["step"]) == 3
   on_train_batch(lambda n, _: None)
-  assert loop.finetune(feature_config(), workdir) == reference[1]
+  assert finetune.run(feature_config(), workdir) == reference[1]
   faults.assert_same_arrays(faults.saved_state(workdir), faults.saved_state(reference[0]))
 
 

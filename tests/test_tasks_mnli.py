@@ -7,7 +7,7 @@ import types
 
 import pytest
 
-from bertjax.tasks import loop, readers
+from bertjax.tasks import finetune, readers
 from configs.finetune import glue
 from tests.tasks_helpers import fixture_tokenizer, tiny_finetune
 
@@ -18,7 +18,7 @@ def test_matched_and_mismatched_dev_sets_are_both_reported(mnli_tsvs, tmp_path):
   c.data.train, c.data.dev = mnli_tsvs["train"], mnli_tsvs["dev_matched"]
   c.data.dev_mismatched = mnli_tsvs["dev_mismatched"]
   workdir = str(tmp_path / "run")
-  scores = loop.finetune(c, workdir)
+  scores = finetune.run(c, workdir)
   assert set(scores) == {"accuracy", "loss", "accuracy_mm", "loss_mm"}
   with open(os.path.join(workdir, "dev_results.json")) as f:
     assert json.load(f) == scores

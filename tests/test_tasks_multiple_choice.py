@@ -13,7 +13,7 @@ import pytest
 from bertjax.data.tokenizer import load_tokenizer
 from bertjax.errors import DataError
 from bertjax.model import ModelConfig
-from bertjax.tasks import base, loop
+from bertjax.tasks import base, finetune
 from bertjax.tasks.multiple_choice import MultipleChoice
 from configs.finetune import swag
 from tests.helpers import tiny_config
@@ -66,7 +66,7 @@ def test_one_sequence_per_choice_and_softmax_over_choices(vocab, tmp_path):
 def test_swag_finetuning_run(vocab, tmp_path):
   c = tiny_finetune(swag.get_config(), vocab, num_epochs=12)
   c.data.train, c.data.dev = fixture("swag_train.csv"), fixture("swag_dev.csv")
-  scores = loop.finetune(c, str(tmp_path))
+  scores = finetune.run(c, str(tmp_path))
   assert set(scores) == {"accuracy", "loss"}
   with open(os.path.join(tmp_path, "dev_predictions.json")) as f:
     predictions = json.load(f)

@@ -21,7 +21,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def compare(workdir: str) -> dict:
   """Dev accuracy of the pretrained start and of the same model from random init (12
   steps each: 2 epochs of 48 sentences, batch 8, 12 tokens)."""
-  from bertjax.tasks import loop  # pylint: disable=g-import-not-at-top
+  from bertjax.tasks import finetune  # pylint: disable=g-import-not-at-top
   from configs.finetune import glue  # pylint: disable=g-import-not-at-top
   from tests.tasks_helpers import fixture  # pylint: disable=g-import-not-at-top
   c = glue.get_config("sst2")
@@ -31,11 +31,11 @@ def compare(workdir: str) -> dict:
   c.train.batch_size = c.train.eval_batch_size = 8
   c.train.num_epochs = 2
   c.train.learning_rate = 1e-4
-  pretrained = loop.load_start(c)
+  pretrained = finetune.load_start(c)
   random = dataclasses.replace(pretrained, encoder_params=None)
   return {"layers": pretrained.model.num_layers, "hidden": pretrained.model.hidden_size,
-          "pretrained": loop.finetune(c, os.path.join(workdir, "pretrained"), pretrained),
-          "random": loop.finetune(c, os.path.join(workdir, "random"), random)}
+          "pretrained": finetune.run(c, os.path.join(workdir, "pretrained"), pretrained),
+          "random": finetune.run(c, os.path.join(workdir, "random"), random)}
 
 
 def test_pretrained_minilm_beats_random_init(tmp_path):

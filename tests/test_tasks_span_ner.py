@@ -11,11 +11,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bertjax import metrics
+from bertjax.tasks import metrics
 from bertjax.data.tokenizer import load_tokenizer
 from bertjax.errors import ConfigError
 from bertjax.model import ModelConfig
-from bertjax.tasks import loop
+from bertjax.tasks import finetune
 from bertjax.tasks.span_ner import NULL, SpanHead, SpanNER
 from configs.finetune import span_ner
 from tests.helpers import tiny_config
@@ -123,7 +123,7 @@ def test_span_ner_finetuning_run_learns_nested_entities(vocab, tmp_path):
   c = tiny_finetune(span_ner.get_config("attention"), vocab, num_epochs=30)
   c.task.max_span_length = 3
   c.data.train, c.data.dev = fixture("span_ner_train.jsonl"), fixture("span_ner_dev.jsonl")
-  scores = loop.finetune(c, str(tmp_path))
+  scores = finetune.run(c, str(tmp_path))
   assert set(scores) == {"f1", "precision", "recall", "loss"}
   # MISC is unlearnable (never in training): recall stays below 1; the rest is learnt.
   assert 0.5 < scores["f1"] and scores["recall"] < 1.0

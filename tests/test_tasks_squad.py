@@ -4,7 +4,7 @@ back to the original text, the v2 null answer, and the official EM / F1 semantic
 import numpy as np
 import pytest
 
-from bertjax import metrics
+from bertjax.tasks import metrics
 from bertjax.data.tokenizer import load_tokenizer
 from bertjax.tasks.squad import SquadQA
 from configs.finetune import squad

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from seqeval import metrics as seqeval
 
-from bertjax import metrics
+from bertjax.tasks import metrics
 from bertjax.data.tokenizer import load_tokenizer
-from bertjax.tasks import loop
+from bertjax.tasks import finetune
 from bertjax.tasks.tagging import Tagging
 from configs.finetune import ner
 from tests.tasks_helpers import fixture, fixture_tokenizer, tiny_finetune
@@ -79,7 +79,7 @@ def test_entity_f1_agrees_with_seqeval():
 def test_conll_finetuning_run(vocab, tmp_path):
   c = tiny_finetune(ner.get_config(), vocab, num_epochs=30, batch_size=8)
   c.data.train, c.data.dev = fixture("conll_train.txt"), fixture("conll_dev.txt")
-  scores = loop.finetune(c, str(tmp_path))
+  scores = finetune.run(c, str(tmp_path))
   assert {"f1", "precision", "recall", "accuracy", "loss"} == set(scores)
   with open(os.path.join(tmp_path, "dev_predictions.json")) as f:
     predictions = json.load(f)

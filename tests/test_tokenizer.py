@@ -96,11 +96,11 @@ TRICKY = [
 def test_word_cache_gives_the_same_ids_as_whole_texts(wordpiece_dir, lower):
   """`encode_batch` tokenizes each distinct word once; the ids equal the library's on
   whole texts, for the tricky strings and the embedded corpus, twice (warm cache)."""
-  from bertjax.data import corpus
+  from bertjax.data import sources
   tok = tokenizer_lib.load_tokenizer(os.path.join(wordpiece_dir, "vocab.txt"))
   backend = tok._backend  # pylint: disable=protected-access
   backend.tok.normalizer = tokenizer_lib.normalizers.BertNormalizer(lowercase=lower)
-  texts = TRICKY + [s for d in corpus.load_documents("embedded")[:40] for s in d]
+  texts = TRICKY + [s for d in sources.load_documents("embedded")[:40] for s in d]
   whole = [e.ids for e in backend.tok.encode_batch(texts, add_special_tokens=False)]
   assert backend._words is not None  # pylint: disable=protected-access
   assert tok.tokenize_batch(texts) == whole

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bertjax import flops
+from bertjax.benchmarks import flops
 from bertjax.benchmarks import plan as plan_lib
 from bertjax.errors import ConfigError
 from bertjax.model import ModelConfig, layers

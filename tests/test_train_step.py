@@ -80,18 +80,18 @@ def test_no_weight_decay_on_layernorm_and_biases():
 
 
 def test_batch_not_divisible_by_data_parallel_devices(tmp_path):
-  from bertjax.train import loop
+  from bertjax.train import pretrain
   config = tiny_config(batch_size=12)  # 8 data-parallel devices
   with pytest.raises(ConfigError, match="batch_size=12 is not divisible by the 8 data-parallel"):
-    loop.train_and_evaluate(config, str(tmp_path))
+    pretrain.run(config, str(tmp_path))
 
 
 def test_out_of_range_values_name_the_field(tmp_path):
-  from bertjax.train import loop
+  from bertjax.train import pretrain
   config = tiny_config()
   config.data.masked_lm_prob = 1.5
   with pytest.raises(ConfigError, match="config.data.masked_lm_prob"):
-    loop.train_and_evaluate(config, str(tmp_path))
+    pretrain.run(config, str(tmp_path))
   config = tiny_config(num_steps=-1)
   with pytest.raises(ConfigError, match="config.train.num_steps"):
-    loop.train_and_evaluate(config, str(tmp_path))
+    pretrain.run(config, str(tmp_path))

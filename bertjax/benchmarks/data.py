@@ -36,7 +36,7 @@ import ml_collections
 import numpy as np
 
 from bertjax.benchmarks import data_scale
-from bertjax.data import corpus, masking, pipeline, pretraining, rows as rows_lib
+from bertjax.data import sources, masking, pipeline, builders, rows as rows_lib
 from bertjax.data.tokenizer import load_tokenizer, train_tokenizer
 
 _SEQ = flags.DEFINE_integer("seq", 128, "Sequence length.")
@@ -58,7 +58,7 @@ def _masked_batches(examples, mask_cfg, batch: int, epochs: int = 1) -> tuple[in
   """`epochs` passes of the grain stream over `examples` (Examples in memory, or a
   row source) with new masks each epoch; (examples, real tokens) produced."""
   rows = len(examples)
-  if not isinstance(examples, pretraining.Examples):
+  if not isinstance(examples, builders.Examples):
     examples = [pipeline.Phase(None, (examples,), None, mask_cfg)]
   it = iter(pipeline.make_train_dataset(examples, mask_cfg, batch_size=batch, seed=0,
                                         nsp=False))
@@ -123,7 +123,7 @@ def main(argv):
     return data_scale.main(argv)
   del argv
   seq, batch = _SEQ.value, _BATCH.value
-  documents = corpus.load_documents("embedded") * _REPEAT.value
+  documents = sources.load_documents("embedded") * _REPEAT.value
   sentences = [s for d in documents for s in d]
   words = [w for s in sentences for w in s.split()]
   with tempfile.TemporaryDirectory() as vocab_dir:
@@ -134,8 +134,8 @@ def main(argv):
         mask_token_prob=0.8, random_token_prob=0.1, masking="token",
         random_token_distribution="uniform"))
     mask_cfg = masking.MaskingConfig.create(data_cfg, tok)
-    packed = pretraining.create_packed_examples(
-        pretraining.tokenize_documents(documents, tok), tok, max_seq_length=seq)
+    packed = builders.create_packed_examples(
+        builders.tokenize_documents(documents, tok), tok, max_seq_length=seq)
     prepared = _prepared_rows(packed, tok, vocab_dir)
     hf_tools = _hf_tools(tok)
 
@@ -144,8 +144,8 @@ def main(argv):
 
     def ours_raw(i):
       tok, fresh[i] = fresh[i], None  # Its cache is freed after the pass.
-      return _masked_batches(pretraining.create_packed_examples(
-          pretraining.tokenize_documents(documents, tok), tok, max_seq_length=seq),
+      return _masked_batches(builders.create_packed_examples(
+          builders.tokenize_documents(documents, tok), tok, max_seq_length=seq),
                              mask_cfg, batch)
 
     # The objects of the set-up (transformers' import above all) are left out of the

@@ -43,7 +43,7 @@ import time
 
 from absl import flags
 
-from bertjax.data import corpus
+from bertjax.data import sources
 from bertjax.data.tokenizer import train_tokenizer
 
 _SIZES = flags.DEFINE_list("sizes_mb", ["50", "200", "1000"], "Corpus sizes, MB of text.")
@@ -64,7 +64,7 @@ _FIRST_BATCH = "Data: first batch ready"
 
 def _corpus(size_mb: int, layout: str) -> str:
   """Writes (once) about `size_mb` MB of text; returns its corpus spec."""
-  text = "\n\n".join("\n".join(d) for d in corpus.load_documents("embedded")) + "\n\n"
+  text = "\n\n".join("\n".join(d) for d in sources.load_documents("embedded")) + "\n\n"
   data = text.encode()
   copies = max(1, round(size_mb * MB / len(data)))
   base = os.path.join(_DIR.value, f"text_{layout}_{size_mb}mb")
@@ -177,7 +177,7 @@ def main(argv):
   os.makedirs(_DIR.value, exist_ok=True)
   tokenizer = os.path.join(_DIR.value, "tokenizer")
   if not os.path.isdir(tokenizer):  # bert_tiny's: 4,096 WordPiece ids
-    sentences = [s for d in corpus.load_documents("embedded") for s in d]
+    sentences = [s for d in sources.load_documents("embedded") for s in d]
     train_tokenizer(sentences, kind="wordpiece", vocab_size=4096).save(tokenizer)
   rows, extra = [], {}
   for i, size in enumerate(int(s) for s in _SIZES.value):

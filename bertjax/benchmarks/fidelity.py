@@ -9,7 +9,7 @@ topics: each text has two words of its topic and one of another among shared fil
 words, and 10% of the training labels are flipped), so no data is needed. Every
 variant trains from the same checkpoint with batch 32, lr 5e-5, 3 epochs, 10% warm-up,
 weight decay 0.01 (not on biases and LayerNorm), clipping 1.0, dropout 0.1:
-- `bertjax`: `bertjax.tasks.loop.finetune` with the default recipe
+- `bertjax`: `bertjax.tasks.finetune.run` with the default recipe
   (`configs/finetune/base.py`: Hugging Face's schedule, AdamW eps 1e-8);
 - `bertjax_tf`: the same with BERT's TF code's schedule (`decay_start='step0'`) and eps
   1e-6 (bertjax's defaults before this comparison);
@@ -93,7 +93,7 @@ def _write_tsv(path: str, rows) -> None:
 
 
 def run_bertjax(init_from, train_tsv, dev_tsv, seed, workdir, settings, tf_recipe):
-  from bertjax.tasks import loop  # pylint: disable=g-import-not-at-top
+  from bertjax.tasks import finetune  # pylint: disable=g-import-not-at-top
   c = ml_collections.ConfigDict(flags.FLAGS.config.to_dict())
   c.init_from, c.seed = init_from, seed
   c.data.train, c.data.dev = train_tsv, dev_tsv
@@ -104,7 +104,7 @@ def run_bertjax(init_from, train_tsv, dev_tsv, seed, workdir, settings, tf_recip
   c.train.log_every = 1000
   if tf_recipe:
     c.train.decay_start, c.train.eps = "step0", 1e-6
-  return loop.finetune(c, workdir)["accuracy"]
+  return finetune.run(c, workdir)["accuracy"]
 
 
 def run_hf(init_from, train, dev, seed, settings):

@@ -13,12 +13,12 @@ needed. For each candidate (a mesh layout with a remat policy), per chip:
 - temporaries and peak from the TPU compiler's buffer assignment (`memory_analysis()`);
   peak = arguments + temporaries + outputs not aliased to the donated arguments + the
   program; it fits when the compiler accepts the program and the peak is at most the
-  HBM the compiler offers a program (`bertjax.flops.CHIPS`);
+  HBM the compiler offers a program (`bertjax.benchmarks.flops.CHIPS`);
 - with `--max_batch`, the largest global batch that fits: the per-chip batch doubled,
   then bisected (to `--batch_tolerance`), every try a real compile (the compiler
   refuses a program over HBM, quickly);
 - compile time, and the compiler's FLOPs and bytes accessed per chip
-  (`cost_analysis()`; it counts a scanned loop's body once) next to `bertjax.flops`
+  (`cost_analysis()`; it counts a scanned loop's body once) next to `bertjax.benchmarks.flops`
   (model FLOPs / chips), with the roofline bound max(FLOPs / peak FLOP/s, bytes / HBM
   bandwidth), the larger FLOP count of the two: a lower bound on the step time, not a
   prediction. No step time or MFU is claimed from a compile.
@@ -50,7 +50,7 @@ import numpy as np
 from absl import flags
 from ml_collections import config_flags
 
-from bertjax import flops as flops_lib
+from bertjax.benchmarks import flops as flops_lib
 from bertjax.errors import ConfigError
 from bertjax.model import ModelConfig
 from bertjax.model.config import REMAT_POLICIES
@@ -172,9 +172,9 @@ def batch_spec(config, batch_size: int) -> dict[str, tuple[tuple[int, ...], np.d
                "example_weights": ((B,), np.float32)})
   if config.model.nsp:
     spec["next_sentence_labels"] = ((B,), np.int32)
-  elif config.data.get("isolate_documents", False):
+  elif config.data.isolate_documents:
     spec.update(segment_ids=((B, T), np.int32), position_ids=((B, T), np.int32))
-  if config.model.get("sbo", False):
+  if config.model.sbo:
     for k in ("span_left_positions", "span_right_positions", "span_relative_positions"):
       spec[k] = ((B, P), np.int32)
   return spec
@@ -219,7 +219,7 @@ def _out_of_memory(error: Exception) -> bool:
 def plan(config, topo: Topology, batch_size: int) -> dict:
   """One compile of `config` (its mesh and model settings) at `batch_size` on `topo`.
   Per chip, bytes: params, opt_state, batch (exact), temp, peak (the compiler's);
-  `fits`; flops / bytes_accessed (the compiler's), model_flops (bertjax.flops / chips);
+  `fits`; flops / bytes_accessed (the compiler's), model_flops (bertjax.benchmarks.flops / chips);
   roofline_s; compile_s. A program over HBM: `fits` False and `error` set."""
   from bertjax.parallel import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
   start = time.perf_counter()
@@ -300,7 +300,7 @@ def candidate(config, layout, remat: str, num_slices: int):
   with config.unlocked():
     config.mesh.data, config.mesh.fsdp, config.mesh.tensor = layout
     config.model.remat_policy = remat
-    dcn = [int(config.mesh.get(f"dcn_{a}", 1)) for a in ("data", "fsdp", "tensor")]
+    dcn = [int(config.mesh[f"dcn_{a}"]) for a in ("data", "fsdp", "tensor")]
     if num_slices > 1 and int(np.prod(dcn)) == 1:
       config.mesh.dcn_data = num_slices
     elif int(np.prod(dcn)) != num_slices:
@@ -346,7 +346,7 @@ def main(argv) -> None:
           f"{topo.hbm_bytes / GIB:.2f} GiB a chip"
           + (f" ({chip.source})" if chip and not f.hbm_gb else " (--hbm_gb)")
           + (". CPU compiler: temporaries are an estimate." if not chip else ""))
-    if config.data.get("length_phases"):
+    if config.data.length_phases:
       print(f"config.data.length_phases={tuple(config.data.length_phases)}: planned at "
             f"one length, max_seq_length={config.data.max_seq_length} with "
             f"{config.data.max_predictions_per_seq} predictions; plan each phase with "
@@ -429,7 +429,7 @@ def _print_tables(rows: list[dict], max_batch: bool, tpu: bool, scanned: bool) -
                   *([_max_batch(r)] if max_batch else []),
                   f"{r['compile_s']:.0f}"])
   _table(head, lines)
-  head = ["mesh d,f,t", "remat", "compiler TFLOP", "bertjax.flops TFLOP", "compiler GB "
+  head = ["mesh d,f,t", "remat", "compiler TFLOP", "bertjax.benchmarks.flops TFLOP", "compiler GB "
           "accessed", *(["roofline bound ms"] if tpu else [])]
   notes = (["the roofline bound max(FLOPs / peak, bytes / HBM bandwidth) is a lower "
             "bound, not a step time"] if tpu else []) + (

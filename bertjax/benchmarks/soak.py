@@ -1,7 +1,7 @@
 """Soak benchmark: `python -m bertjax.benchmark soak [--steps=2000 --every=100
 --config=configs/bert_tiny.py --workdir=DIR --json=FILE]`.
 
-Runs the real pretraining loop (`train.loop.train_and_evaluate`) for `--steps` steps
+Runs the real pretraining loop (`train.pretrain.run`) for `--steps` steps
 with an evaluation, a metrics log and a checkpoint every `--every` steps, and watches
 at each checkpoint (right before it is written, once the previous asynchronous save
 has finished, where orbax itself waits): the host memory (RSS), the number of
@@ -42,7 +42,7 @@ from unittest import mock
 from absl import flags
 from ml_collections import config_flags
 
-from bertjax import checkpoint as ckpt_lib, files
+from bertjax.checkpoint import manager as ckpt_lib, files
 from bertjax.errors import ConfigError
 
 
@@ -104,7 +104,7 @@ class Sample:
 def run(config, workdir: str, every: int) -> dict[str, Any]:
   """Trains `config` in `workdir` with an evaluation and a checkpoint every `every`
   steps; returns the samples (one per checkpoint) and the final checkpoint count."""
-  from bertjax.train import loop  # pylint: disable=g-import-not-at-top
+  from bertjax.train import pretrain  # pylint: disable=g-import-not-at-top
 
   config.train.eval_every = config.train.checkpoint_every = config.train.log_every = every
   if config.train.num_steps % every:
@@ -122,7 +122,7 @@ def run(config, workdir: str, every: int) -> dict[str, Any]:
 
   start = time.perf_counter()
   with mock.patch.object(ckpt_lib.Checkpointer, "save", watched_save):
-    loop.train_and_evaluate(config, workdir)
+    pretrain.run(config, workdir)
   return {"samples": samples, "seconds": time.perf_counter() - start,
           "final_checkpoints": checkpoint_count(os.path.join(workdir, files.CHECKPOINT_DIR))}
 

@@ -3,7 +3,7 @@
 
 Times the real jitted train step (forward, backward, clipping, AdamW; donated state)
 on synthetic full-length rows after warm-up and reports: step time (median, min, max),
-sequences/s, tokens/s, model FLOPs per step (`bertjax.flops`, next to XLA's own
+sequences/s, tokens/s, model FLOPs per step (`bertjax.benchmarks.flops`, next to XLA's own
 count), MFU: the global step's FLOPs over the bf16 peak of all the devices it ran on
 (on a CPU: the matmul throughput of all of them at once, measured in this run, in the
 same dtype), peak memory and compile time. `--compare=hf` times Hugging Face
@@ -30,7 +30,7 @@ import numpy as np
 from absl import flags
 from ml_collections import config_flags
 
-from bertjax import flops as flops_lib
+from bertjax.benchmarks import flops as flops_lib
 from bertjax.errors import ConfigError
 from bertjax.parallel import mesh as mesh_lib
 from bertjax.train import state as state_lib

@@ -80,7 +80,7 @@ def load(spec: str) -> dict[str, Any]:
 
 def phase_lengths(data_cfg) -> list[int]:
   """The sequence lengths training uses (one per length phase, or max_seq_length)."""
-  spec = tuple(data_cfg.get("length_phases", ()) or ())
+  spec = tuple(data_cfg.length_phases)
   return sorted({int(p[1]) for p in spec} if spec else {data_cfg.max_seq_length})
 
 
@@ -100,7 +100,7 @@ def check(manifest: dict[str, Any], spec: str, data_cfg, tokenizer_fingerprint: 
   again = (f"prepare it again with this config (python -m bertjax.data.prepare "
            f"--config=... --input=TOKENIZED --output=DIR) or train with the settings it "
            f"was built with")
-  builder = builder_name(nsp, data_cfg.get("packing", "full_sentences"))
+  builder = builder_name(nsp, data_cfg.packing)
   if manifest["builder"] != builder:
     field = ("config.model.nsp=True" if nsp else
              f"config.model.nsp=False, config.data.packing={builder!r}")

@@ -102,15 +102,15 @@ class MaskingConfig:
   def create(cls, data_cfg, tokenizer, token_counts: np.ndarray | None = None
              ) -> MaskingConfig:
     """The masking settings of `config.data` (its fields are range-checked by
-    `bertjax.config_checks`) and a tokenizer.
+    `bertjax.data.pipeline.check_config`) and a tokenizer.
 
     token_counts [V]: corpus counts per id, needed when
     `config.data.random_token_distribution='unigram'`.
     """
-    strategy = data_cfg.get("masking", "token")
-    distribution = data_cfg.get("random_token_distribution", "uniform")
-    span_p = float(data_cfg.get("span_geometric_p", 0.2))
-    max_span = int(data_cfg.get("max_span_length", 10))
+    strategy = data_cfg.masking
+    distribution = data_cfg.random_token_distribution
+    span_p = float(data_cfg.span_geometric_p)
+    max_span = int(data_cfg.max_span_length)
     special = np.array(sorted(set(tokenizer.special_ids) | {tokenizer.pad_id}), np.int32)
     random_ids = np.setdiff1d(np.arange(tokenizer.vocab_size, dtype=np.int32), special)
     cdf = None

@@ -13,7 +13,7 @@ from typing import Sequence
 
 import numpy as np
 
-from bertjax.data import manifest
+from bertjax.data import manifest, sources
 from bertjax.errors import ConfigError, DataError
 
 # What n_i of eq. 11.7 counts (config.data.language_counts).
@@ -49,7 +49,7 @@ def sampling_probabilities(sizes: Sequence[float], alpha: float) -> np.ndarray:
 
 def language_counts(data_cfg) -> str:
   """`config.data.language_counts`, checked: what n_i counts."""
-  counts = data_cfg.get("language_counts", "sentences")
+  counts = data_cfg.language_counts
   if counts not in COUNTS:
     raise ConfigError(f"config.data.language_counts={counts!r}: use one of {COUNTS}")
   return counts
@@ -84,17 +84,16 @@ def sample_sentences(per_language: Sequence[Sequence[str]], alpha: float, total:
 def tokenizer_sentences(data_cfg, seed: int) -> list[str]:
   """The sentences to train a tokenizer on: the corpus's, or with
   `config.data.languages` as many sentences as all languages hold, drawn with q."""
-  from bertjax.data import corpus  # pylint: disable=g-import-not-at-top (cycle)
   field = data_cfg.text_field
-  languages = parse_languages(data_cfg.get("languages", ""))
+  languages = parse_languages(data_cfg.languages)
   for spec in [s for _, s in languages] or [data_cfg.corpus]:
     if manifest.kind_of(spec):
       raise DataError(f"corpus {spec!r} is prepared (tokenized): give the tokenizer it "
                       f"was prepared with, --config.data.tokenizer.path={spec}/tokenizer")
   if not languages:
-    return [s for d in corpus.load_documents(data_cfg.corpus, field) for s in d]
-  per_language = [[s for d in corpus.load_documents(spec, field) for s in d]
+    return [s for d in sources.load_documents(data_cfg.corpus, field) for s in d]
+  per_language = [[s for d in sources.load_documents(spec, field) for s in d]
                   for _, spec in languages]
-  return sample_sentences(per_language, data_cfg.get("language_alpha", 0.3),
+  return sample_sentences(per_language, data_cfg.language_alpha,
                           sum(map(len, per_language)), np.random.default_rng(seed),
                           language_counts(data_cfg))

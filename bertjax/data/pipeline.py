@@ -35,9 +35,12 @@ from absl import flags, logging
 import grain
 import numpy as np
 
-from bertjax.data import (corpus, manifest, masking, multilingual, permutation, prepare,
-                          pretraining, rows as rows_lib, seeds, sources as sources_lib)
-from bertjax.errors import ConfigError, DataError
+from bertjax.data import (manifest, masking, multilingual, permutation, prepare_tokens,
+                          builders, rows as rows_lib, seeds, sources as sources_lib)
+from bertjax.data import tokenizer as tok_lib
+from bertjax.errors import ConfigError, DataError, at_least, one_of, within
+
+MIN_SEQ_LENGTH = 8  # [CLS] a [SEP] b [SEP] with room for a few tokens
 
 
 
@@ -170,7 +173,7 @@ def _phase_batches(phase: Phase, index: int, *, batch_size: int, seed: int, nsp:
       seeds.stream_seed(seed, seeds.TRAIN_MASKS, process_index, index)))
 
 
-def make_train_dataset(examples: pretraining.Examples | list[Phase],
+def make_train_dataset(examples: builders.Examples | list[Phase],
                        mask_cfg: masking.MaskingConfig | None = None,
                        *, batch_size: int, seed: int, nsp: bool, process_index: int = 0,
                        process_count: int = 1, worker_count: int = 0,
@@ -184,7 +187,7 @@ def make_train_dataset(examples: pretraining.Examples | list[Phase],
   so its state is the index of the next batch and a restore anywhere, in any phase,
   replays exactly.
   """
-  if isinstance(examples, pretraining.Examples):
+  if isinstance(examples, builders.Examples):
     isolate = examples.segment_ids is not None
     if isolate:
       position_offset = int(examples.position_ids[0, 0])
@@ -212,6 +215,52 @@ def make_train_dataset(examples: pretraining.Examples | list[Phase],
   return ds
 
 
+def check_config(data_cfg, model, num_steps: int) -> None:
+  """Every field of `config.data` in range (one ConfigError line each), given the
+  model it feeds (`model`: the model's config dataclass) and the run's step count."""
+  d, tok = data_cfg, data_cfg.tokenizer
+  at_least("data.max_seq_length", d.max_seq_length, MIN_SEQ_LENGTH)
+  if d.max_seq_length + model.position_offset > model.max_position_embeddings:
+    raise ConfigError(
+        f"config.data.max_seq_length={d.max_seq_length} + config.model.position_offset="
+        f"{model.position_offset} exceeds config.model.max_position_embeddings="
+        f"{model.max_position_embeddings}.")
+  within("data.max_predictions_per_seq", d.max_predictions_per_seq, 1, d.max_seq_length)
+  within("data.masked_lm_prob", d.masked_lm_prob, 0, 1, "(]")
+  within("data.mask_token_prob", d.mask_token_prob, 0, 1)
+  within("data.random_token_prob", d.random_token_prob, 0, 1)
+  if d.mask_token_prob + d.random_token_prob > 1:
+    raise ConfigError(f"config.data.mask_token_prob={d.mask_token_prob} + "
+                      f"random_token_prob={d.random_token_prob} must be <= 1.")
+  one_of("data.masking", d.masking, masking.STRATEGIES)
+  one_of("data.random_token_distribution", d.random_token_distribution,
+         masking.RANDOM_DISTRIBUTIONS)
+  within("data.span_geometric_p", d.span_geometric_p, 0, 1, "(]")
+  at_least("data.max_span_length", d.max_span_length, 1)
+  within("data.short_seq_prob", d.short_seq_prob, 0, 1)
+  at_least("data.dupe_factor", d.dupe_factor, 1)
+  one_of("data.packing", d.packing, builders.PACKINGS)
+  if model.nsp and d.isolate_documents:
+    raise ConfigError("config.data.isolate_documents applies to packed rows: set "
+                      "config.model.nsp=False or isolate_documents=False.")
+  length_phases(d, num_steps)
+  within("data.language_alpha", d.language_alpha, 0, 1)
+  one_of("data.language_counts", d.language_counts, multilingual.COUNTS)
+  within("data.eval_fraction", d.eval_fraction, 0, 1, "()")
+  if not (isinstance(d.text_field, str) and d.text_field):
+    raise ConfigError(f"config.data.text_field={d.text_field!r} must name the JSON / "
+                      "TFDS field holding the text, e.g. 'text'.")
+  at_least("data.worker_count", d.worker_count, 0)
+  at_least("data.raw_text_limit_mb", d.raw_text_limit_mb, 0)
+  if not tok.path:  # A tokenizer is trained: it must be able to fill the vocabulary.
+    one_of("data.tokenizer.kind", tok.kind, tok_lib.KINDS)
+    if tok.vocab_size < model.vocab_size:
+      raise ConfigError(
+          f"config.data.tokenizer.vocab_size={tok.vocab_size} is smaller than "
+          f"config.model.vocab_size={model.vocab_size}: the trained tokenizer cannot "
+          "fill the model's vocabulary; set both to the same size.")
+
+
 def length_phases(data_cfg, num_steps: int | None) -> list[tuple[int | None, int, int]]:
   """`config.data.length_phases` -> [(steps or None for the last, length, P)].
 
@@ -219,7 +268,7 @@ def length_phases(data_cfg, num_steps: int | None) -> list[tuple[int | None, int
   max_predictions_per_seq scales with the length (BERT: 20 at 128, 80 at 512). No
   phases: one phase at max_seq_length.
   """
-  spec = tuple(data_cfg.get("length_phases", ()) or ())
+  spec = tuple(data_cfg.length_phases)
   T, P = data_cfg.max_seq_length, data_cfg.max_predictions_per_seq
   if not spec:
     return [(None, T, P)]
@@ -321,8 +370,8 @@ def _prepared_corpus(spec: str, data_cfg, fingerprint: str, *, nsp: bool,
 def _memory_corpus(spec: str, data_cfg, tokenizer, *, seed: int, k: int, nsp: bool,
                    lengths: list[int], tokenized: bool) -> _Corpus:
   """Raw text (or a tokenized directory) below the size limit, built in memory."""
-  limit = data_cfg.get("raw_text_limit_mb", 64)
-  size = (prepare.text_bytes(spec) if tokenized else sources_lib.text_bytes(spec))
+  limit = data_cfg.raw_text_limit_mb
+  size = (prepare_tokens.text_bytes(spec) if tokenized else sources_lib.text_bytes(spec))
   if limit and size is not None and size > limit * 2**20:
     raise DataError(
         f"corpus {spec!r} holds {size / 2**20:,.0f} MB of text, more than "
@@ -330,12 +379,12 @@ def _memory_corpus(spec: str, data_cfg, tokenizer, *, seed: int, k: int, nsp: bo
         f"it once (python -m bertjax.data.prepare --config=YOUR_CONFIG --input={spec} "
         f"--tokenizer=TOKENIZER --output=DIR) and train with --config.data.corpus=DIR")
   if tokenized:
-    documents = list(prepare.read_documents(spec))
-    characters = prepare.summary(spec).get("characters", 0)
+    documents = list(prepare_tokens.read_documents(spec))
+    characters = prepare_tokens.summary(spec).get("characters", 0)
   else:
-    text = corpus.load_documents(spec, data_cfg.text_field)
+    text = sources_lib.load_documents(spec, data_cfg.text_field)
     characters = sum(len(s) for d in text for s in d)
-    documents = pretraining.tokenize_documents(text, tokenizer)
+    documents = builders.tokenize_documents(text, tokenizer)
     del text
   n = len(documents)
   held = permutation.held_out(np.arange(n), n, data_cfg.eval_fraction,
@@ -350,14 +399,14 @@ def _memory_corpus(spec: str, data_cfg, tokenizer, *, seed: int, k: int, nsp: bo
 
   def build(docs, length, dupe_factor, *stream):
     if nsp:
-      examples = pretraining.create_nsp_examples(
+      examples = builders.create_nsp_examples(
           docs, tokenizer, max_seq_length=length, short_seq_prob=data_cfg.short_seq_prob,
           dupe_factor=dupe_factor,
           rng=np.random.default_rng(seeds.stream_seed(seed, *stream)))
     else:
-      examples = pretraining.create_packed_examples(
+      examples = builders.create_packed_examples(
           docs, tokenizer, max_seq_length=length,
-          packing=data_cfg.get("packing", "full_sentences"), isolate_documents=True)
+          packing=data_cfg.packing, isolate_documents=True)
     return rows_lib.MemoryRows(rows_lib.encode(examples, words, ids))
 
   flat = np.concatenate([np.asarray(s, np.int64) for d in train for s in d])
@@ -392,11 +441,11 @@ def build_pretraining_data(data_cfg, tokenizer, *, batch_size: int, seed: int, n
     raise ConfigError(f"per-process batch size must be >= 1, got {batch_size}")
   if not 0 <= process_index < process_count:
     raise ConfigError(f"process_index={process_index} must lie in [0, {process_count})")
-  isolate = bool(data_cfg.get("isolate_documents", False))
+  isolate = bool(data_cfg.isolate_documents)
   masking.MaskingConfig.create(data_cfg, tokenizer, np.ones(tokenizer.vocab_size))
   phases = length_phases(data_cfg, num_steps)
   lengths = sorted({t for _, t, _ in phases})
-  languages = multilingual.parse_languages(data_cfg.get("languages", "")) or [
+  languages = multilingual.parse_languages(data_cfg.languages) or [
       ("", data_cfg.corpus)]
   counts_unit = multilingual.language_counts(data_cfg)
   fingerprint = None
@@ -420,7 +469,7 @@ def build_pretraining_data(data_cfg, tokenizer, *, batch_size: int, seed: int, n
       raise DataError(f"config.data.language_counts={counts_unit!r} but a prepared corpus "
                       f"has no {counts_unit} count ({sizes}): prepare it again")
     weights = tuple(multilingual.sampling_probabilities(
-        sizes, data_cfg.get("language_alpha", 0.3)).tolist())
+        sizes, data_cfg.language_alpha).tolist())
   train_phases = []
   for steps, length, predictions in phases:
     sources = tuple(c.train[length] for c in corpora)

@@ -12,242 +12,106 @@
   # Stage 2 on Apache Beam instead of --workers: --runner=DirectRunner|DataflowRunner|
   # FlinkRunner|SparkRunner --beam_pipeline_options=key=value,... (`prepare_beam`).
 
-Stage 1 streams documents from `sources.iter_documents` in chunks of `--chunk_documents`
-(or `CHUNK_CHARACTERS` of text); worker processes tokenize a chunk each and write
-`part-NNNNN.array_record` (see `encode_document`) plus `part-NNNNN.json` (its counts)
-atomically, and a copy of the tokenizer goes to `tokenizer/`. A rerun skips chunks
-whose shard exists, so an interrupted preparation continues where it stopped; memory
-stays bounded by the chunks in flight. The summary (documents, sentences, tokens,
-characters, seconds) is printed and written to `summary.json`. Stage 2 is
-`bertjax.data.build_examples` (or `prepare_beam`); the program is `prepare_run.main`.
+The program: stage 1 (`prepare_tokens`) alone, or with `--config` a recipe's stage 1
+when its corpus is raw text and stage 2 (`prepare_examples.build` on `--workers`
+processes, or `prepare_beam.build` on the Apache Beam `--runner`).
 """
 
 from __future__ import annotations
 
-import collections
-import json
-import multiprocessing
 import os
-import time
 from typing import Iterator
 
-from absl import flags
-from etils import epath
-import numpy as np
+from absl import app, flags
+from ml_collections import config_flags
 
 from bertjax.console import cli
-from bertjax.console import progress as progress_lib
-from bertjax.data import corpus, manifest
-from bertjax.data import sources
-from bertjax.data import tokenizer as tok_lib
-from bertjax.errors import DataError
-
-SUMMARY = manifest.SUMMARY
-# A chunk (one shard) closes at this much text, whatever its document count.
-CHUNK_CHARACTERS = 1 << 25
-# Tokenized shards a reader keeps open (each holds its shard's record index).
-MAX_OPEN_SHARDS = 4096
-_worker_tokenizer: tok_lib.Tokenizer | None = None
-_worker_word_starts: np.ndarray | None = None
+from bertjax.data import manifest, multilingual, pipeline, prepare_examples, prepare_tokens
+from bertjax.errors import ConfigError
+from bertjax.model.config import ModelConfig
 
 
-def encode_document(sentences: list[list[int]], word_starts: np.ndarray) -> bytes:
-  """One record: int32 [num_sentences, sentence lengths..., ids...] followed by the
-  packed bits of the word-start flags [num_tokens] (1 where a token begins a word)."""
-  ids = np.concatenate([np.asarray(s, np.int32) for s in sentences])
-  header = np.array([len(sentences), *map(len, sentences)], np.int32)
-  return (np.concatenate([header, ids]).tobytes()
-          + np.packbits(word_starts[ids]).tobytes())
+def main(argv):
+  del argv
+  f = flags.FLAGS
+  if f.config is None:
+    if f.runner:
+      raise app.UsageError("--runner builds a config's examples: give --config=RECIPE "
+                           "(tokenizing raw text runs on --workers processes)")
+    missing = [n for n in ("input", "tokenizer") if not f[n].value]
+    if missing:
+      raise app.UsageError(f"--{' and --'.join(missing)} needed (or --config=RECIPE to "
+                           "build its training examples)")
+    totals = prepare_tokens.prepare(f.input, f.tokenizer, f.output, f.workers,
+                             f.chunk_documents, f.text_field)
+    print(" | ".join(f"{k} {v:,}" for k, v in totals.items()))
+    return
+  for line in prepare_config(
+      f.config, input_spec=f.input, tokenizer_path=f.tokenizer, output=f.output,
+      workers=f.workers, chunk_documents=f.chunk_documents, runner=f.runner,
+      beam_options=f.beam_pipeline_options):
+    print(line)
 
 
-def decode_document(record: bytes) -> tuple[list[np.ndarray], np.ndarray]:
-  """Inverse of `encode_document`: (sentences as int32 arrays, word starts [N] bool)."""
-  n = int(np.frombuffer(record, np.int32, 1)[0])
-  lengths = np.frombuffer(record, np.int32, n, 4)
-  total = int(lengths.sum())
-  ids = np.frombuffer(record, np.int32, total, 4 * (1 + n))
-  bits = np.frombuffer(record, np.uint8, offset=4 * (1 + n + total))
-  starts = np.unpackbits(bits, count=total).astype(bool)
-  return np.split(ids, np.cumsum(lengths)[:-1]), starts
+def prepare_config(config, *, input_spec: str | None, tokenizer_path: str | None,
+                   output: str, workers: int, chunk_documents: int = 1000,
+                   runner: str | None = None, beam_options: str = "") -> Iterator[str]:
+  """The `prepare --config` command: for the corpus (or each of `config.data.languages`)
+  stage 1 when it is raw text (into OUTPUT[/LANG]/tokens), then stage 2 into
+  OUTPUT[/LANG] (on the Apache Beam `runner` with `beam_options` when given, see
+  `prepare_beam`); yields summary lines and the flags to train with."""
+  # The sections the examples depend on, in range, as training checks them.
+  pipeline.check_config(config.data, ModelConfig.from_config(config.model),
+                        config.train.num_steps)
+  data = config.data
+  beam = _beam() if runner else None  # before any work: Beam may not be installed
+  languages = multilingual.parse_languages(data.languages)
+  if languages and input_spec:
+    raise ConfigError("--input and config.data.languages both name corpora: give one")
+  jobs = ([(name, spec, os.path.join(output, name)) for name, spec in languages]
+          or [("", input_spec or data.corpus, output)])
+  for name, spec, out in jobs:
+    tokens = spec
+    if manifest.kind_of(spec) != "tokens":
+      path = tokenizer_path or data.tokenizer.path
+      if not path:
+        raise ConfigError("raw text needs a tokenizer: give --tokenizer or "
+                          "config.data.tokenizer.path (train one with "
+                          "python -m bertjax.data.train_tokenizer)")
+      tokens = os.path.join(out, "tokens")
+      totals = prepare_tokens.prepare(spec, path, tokens, workers, chunk_documents,
+                               data.text_field)
+      yield " | ".join(f"{k} {v:,}" for k, v in totals.items())
+    if runner:
+      built = beam.build(tokens, out, data, nsp=config.model.nsp, seed=config.seed,
+                         runner=runner, options=beam_options)
+    else:
+      built = prepare_examples.build(tokens, out, data, nsp=config.model.nsp,
+                                   seed=config.seed, workers=workers)
+    parts = [f"{split} {info['examples']:,}" for split, info in built["splits"].items()]
+    yield (f"{name + ': ' if name else ''}examples {' | '.join(parts)} | documents "
+           f"{built['documents']['train']:,} + {built['documents']['eval']:,} held out | "
+           f"seconds {built['seconds']:,}")
+  corpus_flag = (f"--config.data.languages='{','.join(f'{n}={o}' for n, _, o in jobs)}'"
+                 if languages else f"--config.data.corpus={output}")
+  tokenizer_dir = os.path.join(jobs[0][2], manifest.TOKENIZER_DIR)
+  yield f"train with {corpus_flag} --config.data.tokenizer.path={tokenizer_dir}"
 
 
-def summary(directory: str) -> dict:
-  """The `summary.json` of a tokenized directory (local or gs://)."""
-  path = epath.Path(directory) / SUMMARY
-  if not path.exists():
-    raise DataError(f"{directory!r} holds no prepared shards: run python -m "
-                    "bertjax.data.prepare --output there first")
-  return json.loads(path.read_text())
+def _beam():
+  """The `prepare_beam` module, or a one-line error saying how to install Beam."""
+  try:
+    from bertjax.data import prepare_beam  # pylint: disable=g-import-not-at-top
+  except ImportError as e:
+    if "apache_beam" not in str(e):
+      raise
+    raise ConfigError("--runner needs Apache Beam: pip install 'bertjax[beam]' (or drop "
+                      "--runner to prepare with --workers processes)") from e
+  return prepare_beam
 
 
-def text_bytes(directory: str) -> int:
-  """About how much text a tokenized directory came from (its characters)."""
-  info = summary(directory)
-  return int(info.get("characters") or 4 * info["tokens"])
-
-
-class TokenizedDocuments:
-  """Random access to the documents of a tokenized directory: document i (in corpus
-  order) as its sentences, each a list of ids. One array_record read per access
-  (local paths or gs://); shards are opened when first read, at most
-  `MAX_OPEN_SHARDS` at a time with small buffers, so memory stays bounded however
-  many shards the corpus has. Not thread-safe (one per process)."""
-
-  def __init__(self, directory: str):
-    info = summary(directory)
-    root = epath.Path(directory)
-    counts = info.get("shard_documents") or [
-        json.loads((root / f"part-{k:05d}.json").read_text())["documents"]
-        for k in range(info["shards"])]
-    if not counts:
-      raise DataError(f"{directory!r} holds no documents: prepare a corpus with text")
-    self.starts = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])
-    self._paths = [str(root / f"part-{k:05d}.array_record") for k in range(len(counts))]
-    self._readers: collections.OrderedDict = collections.OrderedDict()
-
-  def __len__(self) -> int:
-    return int(self.starts[-1])
-
-  def _reader(self, shard: int):
-    from array_record.python import array_record_module  # pylint: disable=g-import-not-at-top
-    reader = self._readers.pop(shard, None)
-    if reader is None:
-      if len(self._readers) >= MAX_OPEN_SHARDS:
-        self._readers.popitem(last=False)[1].close()
-      reader = array_record_module.ArrayRecordReader(
-          self._paths[shard], options="readahead_buffer_size:0", file_reader_buffer_size=4096)
-    self._readers[shard] = reader
-    return reader
-
-  def __getitem__(self, i: int) -> list[list[int]]:
-    shard = int(np.searchsorted(self.starts, i, side="right")) - 1
-    record = self._reader(shard).read([int(i - self.starts[shard])])[0]
-    n = int(np.frombuffer(record, np.int32, 1)[0])
-    header = np.frombuffer(record, np.int32, n + 1).tolist()
-    ids = np.frombuffer(record, np.int32, sum(header[1:]), 4 * (1 + n)).tolist()
-    ends = np.cumsum(header[1:]).tolist()
-    return [ids[end - length:end] for end, length in zip(ends, header[1:])]
-
-
-def read_documents(directory: str) -> Iterator[list[list[int]]]:
-  """Tokenized documents of a prepared directory, in order (each a list of sentences)."""
-  documents = TokenizedDocuments(directory)
-  for i in range(len(documents)):
-    yield documents[i]
-
-
-def _init_worker(tokenizer_path: str) -> None:
-  global _worker_tokenizer, _worker_word_starts
-  _worker_tokenizer = tok_lib.load_tokenizer(tokenizer_path)
-  _worker_word_starts = _worker_tokenizer.word_starts()
-
-
-def _write_shard(args: tuple[str, list[list[str]]]) -> dict[str, int]:
-  """Tokenizes one chunk of documents into `path` (atomically); returns its counts."""
-  from array_record.python import array_record_module  # pylint: disable=g-import-not-at-top
-  path, documents = args
-  flat = [s for d in documents for s in d]
-  ids = _worker_tokenizer.tokenize_batch(flat)
-  counts = {"documents": 0, "sentences": 0, "tokens": 0, "characters": 0}
-  tmp = path + ".tmp"
-  writer = array_record_module.ArrayRecordWriter(tmp, "group_size:1")
-  k = 0
-  for doc in documents:
-    sentences = [(s, text) for s, text in zip(ids[k:k + len(doc)], doc) if s]
-    k += len(doc)
-    if sentences:
-      writer.write(encode_document([s for s, _ in sentences], _worker_word_starts))
-      counts["documents"] += 1
-      counts["sentences"] += len(sentences)
-      counts["tokens"] += sum(len(s) for s, _ in sentences)
-      counts["characters"] += sum(len(text) for _, text in sentences)
-  writer.close()
-  with open(path.replace(".array_record", ".json"), "w") as f:
-    json.dump(counts, f)
-  os.replace(tmp, path)
-  return counts
-
-
-def _chunks(spec: str, size: int, text_field: str) -> Iterator[list[list[str]]]:
-  """Lists of `size` documents (fewer once they hold CHUNK_CHARACTERS of text)."""
-  chunk, characters = [], 0
-  documents = (corpus.load_documents(spec) if spec == corpus.EMBEDDED
-               else sources.iter_documents(spec, text_field))
-  for doc in documents:
-    chunk.append(doc)
-    characters += sum(map(len, doc))
-    if len(chunk) == size or characters >= CHUNK_CHARACTERS:
-      yield chunk
-      chunk, characters = [], 0
-  if chunk:
-    yield chunk
-
-
-def _save_tokenizer(tokenizer_path: str, output: str) -> str:
-  """Copies the tokenizer into OUTPUT/tokenizer (refusing to mix two tokenizers in one
-  directory); returns its fingerprint."""
-  tok = tok_lib.load_tokenizer(tokenizer_path)  # fail fast, in this process
-  fingerprint = manifest.fingerprint(tok)
-  saved = os.path.join(output, manifest.TOKENIZER_DIR)
-  if os.path.isdir(saved):
-    if manifest.fingerprint(tok_lib.load_tokenizer(saved)) != fingerprint:
-      raise DataError(f"{output} was prepared with another tokenizer than "
-                      f"{tokenizer_path}: use a new --output")
-  else:
-    tok.save(saved)
-  return fingerprint
-
-
-def prepare(input_spec: str, tokenizer_path: str, output: str, workers: int = 1,
-            chunk_documents: int = 1000, text_field: str = "text",
-            progress: bool = True) -> dict[str, float]:
-  """Tokenizes `input_spec` into ArrayRecord shards under `output`; returns the summary
-  (documents, sentences, tokens, characters, shards, resumed_shards, seconds)."""
-  start = time.perf_counter()
-  os.makedirs(output, exist_ok=True)
-  fingerprint = _save_tokenizer(tokenizer_path, output)
-  totals = {"documents": 0, "sentences": 0, "tokens": 0, "characters": 0, "shards": 0,
-            "resumed_shards": 0}
-  shard_documents: dict[int, int] = {}
-
-  def add(k, counts):
-    for key, value in counts.items():
-      totals[key] += value
-    totals["shards"] += 1
-    shard_documents[k] = counts["documents"]
-    bar.update(counts["documents"])
-
-  ctx = multiprocessing.get_context("spawn")
-  with ctx.Pool(max(1, workers), _init_worker, (tokenizer_path,)) as pool, \
-      progress_lib.Progress("prepare", unit="docs", enable=progress) as bar:
-    pending = []
-    for k, chunk in enumerate(_chunks(input_spec, chunk_documents, text_field)):
-      path = os.path.join(output, f"part-{k:05d}.array_record")
-      if os.path.exists(path):  # done by an earlier, interrupted run
-        with open(path.replace(".array_record", ".json")) as f:
-          add(k, {"characters": 0, **json.load(f)})
-        totals["resumed_shards"] += 1
-        continue
-      pending.append((k, pool.apply_async(_write_shard, ((path, chunk),))))
-      while len(pending) >= 2 * max(1, workers):  # bounded memory: wait for the oldest
-        k, result = pending.pop(0)
-        add(k, result.get())
-    for k, result in pending:
-      add(k, result.get())
-  totals["seconds"] = round(time.perf_counter() - start, 3)
-  tmp = os.path.join(output, SUMMARY + ".tmp")
-  with open(tmp, "w") as f:
-    json.dump({**totals, "tokenizer_fingerprint": fingerprint,
-               "shard_documents": [shard_documents[k] for k in sorted(shard_documents)]},
-              f, indent=1)
-  os.replace(tmp, os.path.join(output, SUMMARY))
-  return totals
-
-
-if __name__ == "__main__":
-  # Defined only when run as a program, so importing the module defines no flags.
-  from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
-  from bertjax.data import prepare_run  # pylint: disable=g-import-not-at-top
+def define_flags() -> None:
+  """Defined only when run as a program (importing the module defines no flags)."""
   flags.DEFINE_string("input", None, "Corpus: file, glob, directory, tfds:NAME, embedded; "
                       "with --config also a tokenized directory (default: its corpus).")
   flags.DEFINE_string("tokenizer", None, "vocab.txt, .model, tokenizer.json or dir "
@@ -268,4 +132,8 @@ if __name__ == "__main__":
       "(every length phase and the held-out documents) from the tokenized documents.",
       lock_config=True)
   flags.mark_flags_as_required(["output"])
-  cli.run(prepare_run.main)
+
+
+if __name__ == "__main__":
+  define_flags()
+  cli.run(main)

@@ -7,12 +7,12 @@
   # or --runner=DataflowRunner|FlinkRunner|SparkRunner with that runner's options, e.g.
   #   --beam_pipeline_options=project=P,region=R,temp_location=gs://B/tmp,setup_file=./setup.py
 
-This driver does what `build_examples.build` does around its worker pool: `plan`
+This driver does what `prepare_examples.build` does around its worker pool: `plan`
 (settings check, split directories, the units left to build), then, once the
 pipeline has finished, `finish` (unigram counts, tokenizer, manifest). The pipeline
 only distributes the units: `Create(units) | Reshuffle | ParDo(build a unit)`, each
-Beam worker initialised by `build_examples.init_worker` and building a unit with
-`build_examples.build_unit`, so the shards and the manifest are those of the
+Beam worker initialised by `prepare_examples.init_worker` and building a unit with
+`prepare_examples.build_unit`, so the shards and the manifest are those of the
 multiprocessing path, byte for byte (tests/test_data_prepared.py checks it). A rerun
 skips the units already written, whichever path wrote them.
 
@@ -32,7 +32,7 @@ from typing import Any, Sequence
 import apache_beam as beam
 from apache_beam.options import pipeline_options as beam_options
 
-from bertjax.data import build_examples
+from bertjax.data import prepare_examples
 
 
 class _BuildUnits(beam.DoFn):
@@ -43,10 +43,10 @@ class _BuildUnits(beam.DoFn):
     self._tokens, self._settings = tokens, settings
 
   def setup(self):
-    build_examples.init_worker(self._tokens, self._settings)
+    prepare_examples.init_worker(self._tokens, self._settings)
 
   def process(self, task):
-    counts = build_examples.build_unit(tuple(task))
+    counts = prepare_examples.build_unit(tuple(task))
     beam.metrics.Metrics.counter("bertjax", "units").inc()
     beam.metrics.Metrics.counter("bertjax", "examples").inc(counts["examples"])
     yield task[:3]
@@ -64,14 +64,14 @@ def parse_options(runner: str, options: str | Sequence[str]) -> beam_options.Pip
 def build(tokens: str, output: str, data_cfg, *, nsp: bool, seed: int,
           runner: str = "DirectRunner", options: str | Sequence[str] = ()
           ) -> dict[str, Any]:
-  """`build_examples.build` with the units run by the Beam `runner` (its `options`,
+  """`prepare_examples.build` with the units run by the Beam `runner` (its `options`,
   see `parse_options`); returns the manifest."""
   start = time.perf_counter()
-  plan = build_examples.plan(tokens, output, data_cfg, nsp=nsp, seed=seed)
+  plan = prepare_examples.plan(tokens, output, data_cfg, nsp=nsp, seed=seed)
   if plan.todo:
     with beam.Pipeline(options=parse_options(runner, options)) as pipeline:
       _ = (pipeline
            | "Units" >> beam.Create([list(task) for task in plan.todo])
            | "Spread" >> beam.Reshuffle()
            | "Build" >> beam.ParDo(_BuildUnits(tokens, plan.settings)))
-  return build_examples.finish(plan, start)
+  return prepare_examples.finish(plan, start)

@@ -29,7 +29,7 @@ from typing import Sequence
 from etils import epath
 import numpy as np
 
-from bertjax.data import pretraining
+from bertjax.data import builders
 
 SUFFIX = ".rows"
 _MAX_OPEN_FILES = 256
@@ -53,7 +53,7 @@ def row_dtype(length: int, ids: np.dtype) -> np.dtype:
                    ("documents", "u1", (bits,))])
 
 
-def encode(examples: pretraining.Examples, word_starts: np.ndarray,
+def encode(examples: builders.Examples, word_starts: np.ndarray,
            ids: np.dtype) -> np.ndarray:
   """[N] rows of `examples` ([N, T]; packed rows need their `segment_ids`).
 

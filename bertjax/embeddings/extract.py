@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from bertjax.api import Pretrained
+from bertjax.checkpoint.pretrained import Pretrained
 from bertjax.console.progress import Progress
 from bertjax.errors import ConfigError, DataError
 from bertjax.model.bert import BertForPreTraining

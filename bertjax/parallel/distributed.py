@@ -11,7 +11,7 @@ from __future__ import annotations
 import jax
 from absl import logging
 
-from bertjax.errors import ConfigError
+from bertjax.errors import ConfigError, at_least
 
 
 def initialize(coordinator_address: str = "", num_processes: int = 0, process_id: int = -1,
@@ -23,7 +23,10 @@ def initialize(coordinator_address: str = "", num_processes: int = 0, process_id
   CPU processes talk through gloo collectives. `timeout_s` bounds the wait for every
   process to join; a process silent for `heartbeat_timeout_s` (dead, or its host gone)
   makes JAX's coordination service terminate every other process with an error naming
-  the missing task, instead of leaving them blocked in a collective forever."""
+  the missing task, instead of leaving them blocked in a collective forever (the two
+  timeouts are `config.distributed`'s fields)."""
+  at_least("distributed.initialization_timeout_s", timeout_s, 1)
+  at_least("distributed.heartbeat_timeout_s", heartbeat_timeout_s, 1)
   if coordinator_address:
     if num_processes < 1 or not 0 <= process_id < num_processes:
       raise ConfigError(f"--coordinator_address={coordinator_address} needs "

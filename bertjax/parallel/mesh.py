@@ -43,7 +43,7 @@ def mesh_shape(mesh_cfg, num_devices: int) -> tuple[int, int, int]:
 
 def dcn_shape(mesh_cfg) -> tuple[int, int, int]:
   """`config.mesh.dcn_*`: the split of each axis across slices (1, 1, 1: one slice)."""
-  sizes = tuple(int(mesh_cfg.get(f"dcn_{a}", 1)) for a in AXES)
+  sizes = tuple(int(mesh_cfg[f"dcn_{a}"]) for a in AXES)
   if any(s < 1 for s in sizes):
     raise ConfigError(f"config.mesh.dcn_*={dict(zip(AXES, sizes))}: sizes must be >= 1.")
   return sizes

@@ -1,4 +1,4 @@
-"""Fine-tuning tasks, one module each, run by one loop (`bertjax.tasks.loop`)."""
+"""Fine-tuning tasks, one module each, run by one loop (`bertjax.tasks.finetune`)."""
 
 from __future__ import annotations
 

@@ -121,6 +121,8 @@ class Task(abc.ABC):
   token_arrays: tuple[str, ...] = TOKEN_KEYS
   token_outputs: dict[str, float] = {}
   packing = ""
+  # A feature-based task trains its head over a frozen encoder (no optimizer state).
+  feature_based = False
 
   def __init__(self, task_cfg, tokenizer: Tokenizer, max_seq_length: int):
     self.cfg = task_cfg

@@ -3,7 +3,7 @@
 The pooler's output on `[CLS]` (dense + tanh; for an encoder without one, RoBERTa's:
 dropout, a head-owned dense + tanh) -> dropout -> linear; softmax cross-entropy over
 the labels, or mean squared error on one output for regression (as Hugging Face's
-*ForSequenceClassification, into which `bertjax.convert --to=hf` exports it).
+*ForSequenceClassification, into which `bertjax.hf.convert --to=hf` exports it).
 Fields of an example are named by `config.task.text_a`, `text_b` ('' for single
 sentences) and `label`.
 """
@@ -16,7 +16,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 import numpy as np
 
-from bertjax import metrics
+from bertjax.tasks import metrics
 from bertjax.data.tokenizer import truncate_longest_first
 from bertjax.errors import ConfigError, DataError
 from bertjax.model import ModelConfig
@@ -53,7 +53,7 @@ class Classification(base.Task):
     """The (text_a, text_b, label) fields of `path`'s rows: `config.task.tfds_fields`
     for a tfds: input when set (TFDS names GLUE's columns its own way), else
     `config.task.text_a`, `text_b`, `label`."""
-    if path.startswith(readers.TFDS_PREFIX) and self.cfg.get("tfds_fields"):
+    if path.startswith(readers.TFDS_PREFIX) and self.cfg.tfds_fields:
       return tuple(self.cfg.tfds_fields)
     return self.cfg.text_a, self.cfg.text_b, self.cfg.label
 
@@ -91,7 +91,7 @@ class Classification(base.Task):
     `test_text_a` column by its header (CoLA: train/dev have none, test.tsv has
     'index<TAB>sentence')."""
     header = self.cfg.header
-    if not header and self.cfg.get("test_text_a"):
+    if not header and self.cfg.test_text_a:
       header = self.cfg.test_text_a in readers.first_row(path)
     rows = readers.read_tsv(path, header)
     if header and not self.cfg.header:

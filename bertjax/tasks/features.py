@@ -11,7 +11,7 @@ or a linear layer alone.
 Frozen means no gradient and no optimizer state: `FinetuneModel` runs the encoder
 deterministically under `jax.lax.stop_gradient` when its head says
 `frozen_encoder` (no backward pass through the encoder, none of its activations kept
-for one), and `loop.make_optimizer` gives the encoder's parameters
+for one), and `finetune.make_optimizer` gives the encoder's parameters
 `optax.set_to_zero` through `optax.partition` (no Adam moments for them).
 """
 

@@ -14,7 +14,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 import numpy as np
 
-from bertjax import metrics
+from bertjax.tasks import metrics
 from bertjax.data.tokenizer import truncate_longest_first
 from bertjax.errors import DataError
 from bertjax.model import ModelConfig

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bertjax import metrics
+from bertjax.tasks import metrics
 from bertjax.errors import ConfigError, DataError
 from bertjax.model import ModelConfig
 from bertjax.model import layers

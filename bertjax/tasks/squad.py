@@ -17,7 +17,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 import numpy as np
 
-from bertjax import metrics
+from bertjax.tasks import metrics
 from bertjax.model import ModelConfig
 from bertjax.tasks import base, readers
 

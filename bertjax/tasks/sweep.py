@@ -13,8 +13,22 @@ import statistics
 
 import ml_collections
 
-from bertjax import config_checks, files
-from bertjax.tasks import get_task, loop
+from bertjax.checkpoint import files
+from bertjax.errors import ConfigError
+from bertjax.tasks import get_task, finetune
+
+
+def check_config(config) -> None:
+  """`config.sweep` in range, and the rest of the config (`finetune.check_config`)."""
+  finetune.check_config(config)
+  for lr in config.sweep.learning_rates:
+    if not (isinstance(lr, (int, float)) and 0 < lr < float("inf")):
+      raise ConfigError(f"config.sweep.learning_rates={tuple(config.sweep.learning_rates)}"
+                        " must all be positive.")
+  for seed in config.sweep.seeds:
+    if not (isinstance(seed, int) and seed >= 0):
+      raise ConfigError(f"config.sweep.seeds={tuple(config.sweep.seeds)} must all be "
+                        "non-negative integers.")
 
 
 def grid(config) -> list[tuple[float, int]]:
@@ -24,7 +38,7 @@ def grid(config) -> list[tuple[float, int]]:
 
 
 def selection_metric(config) -> str:
-  metrics = config.task.get("metrics", ())
+  metrics = config.task.metrics
   return metrics[0] if metrics else get_task(config.task.name).default_metric
 
 
@@ -70,10 +84,10 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   `workdir/lr{LR}_seed{SEED}` (each resumable) and the table. Returns
   {'best': row, 'runs': [rows]} with rows {learning_rate, seed, workdir, dev}, and for
   a sweep also 'metric' and 'by_learning_rate' (`by_learning_rate`)."""
-  config_checks.finetuning(config)  # before the pretrained weights are read
+  check_config(config)  # before the pretrained weights are read
   points = grid(config)
   if len(points) == 1 and not config.sweep.learning_rates and not config.sweep.seeds:
-    dev = loop.finetune(config, workdir)
+    dev = finetune.train(config, workdir)
     row = {"learning_rate": points[0][0], "seed": points[0][1], "workdir": workdir,
            "dev": dev}
     return {"best": row, "runs": [row]}
@@ -82,11 +96,11 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   for lr, seed in points:
     run_dir = os.path.join(workdir, f"lr{lr:g}_seed{seed}")
     if start is None and not os.path.isfile(os.path.join(run_dir, files.TASK_FILE)):
-      start = loop.load_start(config)  # The pretrained weights, read once.
+      start = finetune.load_start(config)  # The pretrained weights, read once.
     c = ml_collections.ConfigDict(config.to_dict())
     c.train.learning_rate, c.seed = lr, seed
     rows.append({"learning_rate": lr, "seed": seed, "workdir": run_dir,
-                 "dev": loop.finetune(c, run_dir, start)})
+                 "dev": finetune.train(c, run_dir, start)})
   metric = selection_metric(config)
   best = max(rows, key=lambda r: r["dev"][metric])
   result = {"metric": metric, "best": best, "runs": rows,

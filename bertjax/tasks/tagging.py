@@ -13,7 +13,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 import numpy as np
 
-from bertjax import metrics
+from bertjax.tasks import metrics
 from bertjax.errors import DataError
 from bertjax.model import ModelConfig
 from bertjax.tasks import base, features, readers
@@ -41,7 +41,7 @@ class Tagging(base.Task):
 
   def __init__(self, task_cfg, tokenizer, max_seq_length):
     super().__init__(task_cfg, tokenizer, max_seq_length)
-    self.feature_based = bool(task_cfg.get("features"))
+    self.feature_based = bool(task_cfg.features)
     if self.feature_based:
       features.check(task_cfg)
 

@@ -9,7 +9,7 @@ import sys
 import jax
 from etils import epath
 
-from bertjax import files
+from bertjax.checkpoint import files
 from bertjax.data.tokenizer import is_remote
 
 

@@ -8,9 +8,10 @@ import flax
 import jax
 import optax
 
+from bertjax.errors import at_least, one_of, positive, within
 from bertjax.train import spikes
 
-# config.train.optimizer -> optax's optimizer (the names are checked in config_checks).
+# config.train.optimizer -> optax's optimizer.
 OPTIMIZERS = {"adamw": optax.adamw, "lamb": optax.lamb}
 
 
@@ -24,17 +25,30 @@ DECAY_STARTS = ("warmup_end", "step0")
 
 def learning_rate_schedule(train_cfg) -> optax.Schedule:
   """Linear warm-up from 0 to the peak over `warmup_steps`, then linear decay reaching
-  0 at `num_steps`, from where `train_cfg.decay_start` says (a config without the
-  field: 'step0', pretraining's BERT recipe). With 'warmup_end',
+  0 at `num_steps`, from where `train_cfg.decay_start` says. With 'warmup_end',
   lr(t) = peak * (num_steps - t) / (num_steps - warmup) after warm-up; with 'step0',
   lr(t) = peak * (1 - t / num_steps)."""
   peak, warmup, total = train_cfg.learning_rate, train_cfg.warmup_steps, train_cfg.num_steps
   if warmup == 0:
     return optax.linear_schedule(peak, 0.0, total)
-  start = peak if train_cfg.get("decay_start", "step0") == "warmup_end" else (
+  start = peak if train_cfg.decay_start == "warmup_end" else (
       peak * (1 - warmup / total))
   decay = optax.linear_schedule(start, 0.0, total - warmup)
   return optax.join_schedules([optax.linear_schedule(0.0, peak, warmup), decay], [warmup])
+
+
+def check_config(train_cfg) -> None:
+  """The optimizer's fields of `config.train` in range (one ConfigError line each)."""
+  positive("train.learning_rate", train_cfg.learning_rate)
+  one_of("train.optimizer", train_cfg.optimizer, OPTIMIZERS)
+  one_of("train.decay_start", train_cfg.decay_start, DECAY_STARTS)
+  at_least("train.weight_decay", train_cfg.weight_decay, 0)
+  within("train.b1", train_cfg.b1, 0, 1, "[)")
+  within("train.b2", train_cfg.b2, 0, 1, "[)")
+  positive("train.eps", train_cfg.eps, " (Adam divides by sqrt(v) + eps)")
+  at_least("train.max_grad_norm", train_cfg.max_grad_norm, 0)
+  at_least("train.spike_window", train_cfg.spike_window, 2)  # a standard deviation needs two
+  positive("train.spike_sigma", train_cfg.spike_sigma)
 
 
 def decay_mask(params):

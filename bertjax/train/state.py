@@ -15,8 +15,29 @@ from jax.sharding import Mesh, NamedSharding
 from bertjax.errors import ConfigError
 from bertjax.model import BertForPreTraining, ModelConfig
 from bertjax.parallel import mesh as mesh_lib
-from bertjax.train import optimizer, pretraining
+from bertjax.train import optimizer, objective
 from bertjax.train.step import Objective, TrainState, make_train_step, new_window
+
+
+class Inference(NamedTuple):
+  """What running a model (no training) needs on one mesh: the model, the shardings of
+  its parameters and of a batch (`inference`, or a training `Setup.inference`)."""
+
+  mesh: Mesh
+  rules: tuple
+  model: nn.Module
+  params: Any  # NamedShardings of the parameters
+  batch_sharding: NamedSharding
+
+
+def inference(config: ml_collections.ConfigDict, model: nn.Module,
+              init: Callable[[jax.Array], Any]) -> Inference:
+  """The `Inference` of `model` on `config.mesh` with `config.logical_axis_rules`;
+  `init(rng)` gives its boxed parameters (traced for their shapes only)."""
+  rules = tuple(map(tuple, config.logical_axis_rules))
+  mesh = mesh_lib.create_mesh(config.mesh)
+  params = mesh_lib.logical_shardings(jax.eval_shape(init, jax.random.key(0)), mesh, rules)
+  return Inference(mesh, rules, model, params, mesh_lib.batch_sharding(mesh, rules))
 
 
 class Setup(NamedTuple):
@@ -32,6 +53,11 @@ class Setup(NamedTuple):
   batch_sharding: NamedSharding
   train_step: Callable  # jitted `(state, batch) -> (state, metrics)`, state donated
   objective: Objective
+
+  @property
+  def inference(self) -> Inference:
+    return Inference(self.mesh, self.rules, self.model, self.shardings.params,
+                     self.batch_sharding)
 
   def init_params(self, config) -> Any:
     """Parameters drawn from `config.seed`, directly onto their shardings. Traced
@@ -89,7 +115,7 @@ def build_trainer(config: ml_collections.ConfigDict, mesh: Mesh | None = None) -
   """Pretraining's `Setup`: BERT with its heads, the optimizer and schedule of
   `config.train`, the sharded state and the jitted step. No data, no workdir."""
   model = build_model(config)
-  return setup(config, model, pretraining.objective(model),
+  return setup(config, model, objective.objective(model),
                optimizer.create_optimizer(config.train),
                optimizer.learning_rate_schedule(config.train), mesh)
 
@@ -98,7 +124,7 @@ def abstract_state(config: ml_collections.ConfigDict) -> tuple[TrainState, Any]:
   """Pretraining's (unboxed abstract TrainState, boxed abstract TrainState) — no
   memory, no mesh."""
   tx = optimizer.create_optimizer(config.train)
-  boxed = jax.eval_shape(_initial_state(pretraining.objective(build_model(config)), tx,
+  boxed = jax.eval_shape(_initial_state(objective.objective(build_model(config)), tx,
                                         config.seed))
   return nn.unbox(boxed), boxed
 

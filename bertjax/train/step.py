@@ -1,7 +1,7 @@
 """The pure train step every run shares: `(state, batch) -> (state, metrics)`.
 
-What is trained is an `Objective` (pretraining's: `bertjax.train.pretraining`; each
-fine-tuning task's: `bertjax.tasks.loop`). The step draws dropout from (seed, step),
+What is trained is an `Objective` (pretraining's: `bertjax.train.objective`; each
+fine-tuning task's: `bertjax.tasks.finetune`). The step draws dropout from (seed, step),
 splits the batch into `grad_accum_steps` micro-batches whose gradients add up to the
 whole batch's exactly, applies the optimizer (whose `skip_spikes` wrapper may drop the
 update), and adds the step's metrics to the log window held in the state, so the

@@ -1,5 +1,5 @@
-"""THE training loop: pretraining (`bertjax.train.loop`) and every fine-tuning task
-(`bertjax.tasks.loop`) hand it a `Setup` (an objective, an optimizer, the mesh and the
+"""THE training loop: pretraining (`bertjax.train.pretrain`) and every fine-tuning task
+(`bertjax.tasks.finetune`) hand it a `Setup` (an objective, an optimizer, the mesh and the
 jitted step: `bertjax.train.state.setup`), a data stream and evaluators.
 
     trainer = Trainer(setup, config, workdir)
@@ -39,11 +39,11 @@ import jax
 from absl import logging
 from etils import epath
 
-from bertjax import checkpoint as ckpt_lib
-from bertjax import files, plot
+from bertjax.checkpoint import files, manager as ckpt_lib
 from bertjax.console import progress
-from bertjax.errors import TrainingError
+from bertjax.errors import ConfigError, TrainingError, at_least, one_of, seed
 from bertjax.parallel import mesh as mesh_lib
+from bertjax.train import curves, optimizer
 from bertjax.train.logger import MetricLogger, format_metrics
 from bertjax.train.state import Setup
 from bertjax.train.step import TrainState
@@ -56,6 +56,26 @@ put_train_batch = mesh_lib.put_batch
 _WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM)
 # Train metrics whose non-finite value stops the run.
 _FINITE = ("loss", "grad_norm", "param_norm")
+
+
+def check_config(config) -> None:
+  """The fields every trained run shares, in range (one ConfigError line each): the
+  seed, the optimizer's (`optimizer.check_config`), the trainer's own fields of
+  `config.train` and `config.checkpoint` (`config.distributed` is checked where it is
+  used, `parallel.distributed.initialize`)."""
+  seed("seed", config.seed)
+  t = config.train
+  optimizer.check_config(t)
+  at_least("train.log_every", t.log_every, 1)
+  at_least("train.checkpoint_every", t.checkpoint_every, 1)
+  at_least("train.max_to_keep", t.max_to_keep, 1)
+  at_least("train.grad_accum_steps", t.grad_accum_steps, 1)
+  steps = tuple(t.profile_steps)
+  if steps and not (len(steps) == 2 and all(isinstance(s, int) for s in steps)
+                    and 1 <= steps[0] <= steps[1]):
+    raise ConfigError(f"config.train.profile_steps={steps!r}: give (first, last) steps "
+                      "with 1 <= first <= last, or () for no trace.")
+  one_of("checkpoint.on_corrupt", config.checkpoint.on_corrupt, ckpt_lib.ON_CORRUPT)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -198,7 +218,7 @@ class Trainer:
         except Exception as e:  # pylint: disable=broad-except
           logging.warning("While stopping: %s", str(e).splitlines()[0][:300])
     if jax.process_index() == 0:  # WORKDIR/training.png; a failure only warns.
-      plot.plot_after_run(self.workdir)
+      curves.plot_after_run(self.workdir)
     return results
 
   def info(self, msg: str, *args) -> None:

@@ -35,10 +35,15 @@ def get_config():
   # a row of max_seq_length in training, each isolated (evaluation: bucketed).
   c.task.batching = "bucket"
   c.task.bucket_lengths = ()  # () = powers of two from 16, then max_seq_length.
+  c.task.metrics = ()  # Dev metrics reported first; [0] selects (() = the task's own).
+  c.task.glue = ""  # The GLUE task it is (glue.py): names predict --glue_dir's file.
 
   c.data = ml_collections.ConfigDict()
   c.data.train = ""  # Training file (native format or .jsonl) or tfds:NAME.
   c.data.dev = ""  # Dev file: evaluated after training, selects the best sweep run.
+  # A second dev set, reported too (its metrics suffixed _mm): MNLI's mismatched one
+  # (dev_mismatched.tsv, or tfds:glue/mnli, whose split validation_mismatched is read).
+  c.data.dev_mismatched = ""
 
   c.freeze = ml_collections.ConfigDict()
   c.freeze.embeddings = False  # Keep the embedding layer fixed.

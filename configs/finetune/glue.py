@@ -56,8 +56,6 @@ def get_config(arg="sst2"):
   c.task.labels = labels  # Label names in order; () for regression.
   c.task.regression = arg == "stsb"  # One output, mean squared error.
   c.task.metrics = metrics  # Dev metrics; the first selects the best sweep run.
-  if arg == "mnli":  # data.dev: the matched dev set (dev_matched.tsv), which selects.
-    # The mismatched dev set (dev_mismatched.tsv, or tfds:glue/mnli, whose split
-    # validation_mismatched is then read): reported too, as accuracy_mm and loss_mm.
-    c.data.dev_mismatched = ""
+  # MNLI: data.dev is the matched dev set (dev_matched.tsv), which selects; the
+  # mismatched one goes to data.dev_mismatched (configs/finetune/base.py).
   return c

@@ -33,7 +33,7 @@ from etils import epath
 import numpy as np
 
 from bertjax.console import progress as progress_lib
-from bertjax.data import (manifest, multilingual, permutation, prepare, pretraining,
+from bertjax.data import (manifest, multilingual, permutation, prepare_tokens, builders,
                           rows as rows_lib, seeds)
 from bertjax.data import tokenizer as tok_lib
 from bertjax.errors import ConfigError, DataError
@@ -48,7 +48,7 @@ class SplitDocuments:
   unpermute(k), the k-th training one unpermute(E + k) with E held out).
   `of_shard(s)` gives the split's indices of tokenized shard s's documents."""
 
-  def __init__(self, documents: prepare.TokenizedDocuments, held_out: bool,
+  def __init__(self, documents: prepare_tokens.TokenizedDocuments, held_out: bool,
                fraction: float, seed: int):
     self._documents, self._seed, self._n = documents, seed, len(documents)
     held = permutation.num_held_out(self._n, fraction)
@@ -61,7 +61,7 @@ class SplitDocuments:
   def shards(self) -> int:
     return len(self._documents.starts) - 1
 
-  def __getitem__(self, k: int) -> pretraining.Document:
+  def __getitem__(self, k: int) -> builders.Document:
     return self._documents[permutation.unpermute_one(self._first + k, self._n, self._seed)]
 
   def of_shard(self, shard: int) -> np.ndarray:
@@ -75,7 +75,7 @@ class SplitDocuments:
 
 def _settings(data_cfg, nsp: bool, seed: int, tokens: str) -> dict[str, Any]:
   """What the examples depend on: a rerun into the same directory must match."""
-  builder = manifest.builder_name(nsp, data_cfg.get("packing", "full_sentences"))
+  builder = manifest.builder_name(nsp, data_cfg.packing)
   return {
       "builder": builder,
       "dupe_factor": data_cfg.dupe_factor if nsp else None,
@@ -84,7 +84,7 @@ def _settings(data_cfg, nsp: bool, seed: int, tokens: str) -> dict[str, Any]:
       "seed": seed,
       "train_lengths": manifest.phase_lengths(data_cfg),
       "eval_length": data_cfg.max_seq_length,
-      "tokenizer_fingerprint": prepare.summary(tokens).get("tokenizer_fingerprint"),
+      "tokenizer_fingerprint": prepare_tokens.summary(tokens).get("tokenizer_fingerprint"),
       "input": os.path.abspath(tokens),
   }
 
@@ -99,7 +99,7 @@ class _WithOwn:
   def __len__(self) -> int:
     return len(self._documents)
 
-  def __getitem__(self, k: int) -> pretraining.Document:
+  def __getitem__(self, k: int) -> builders.Document:
     document = self._own.get(k)
     return self._documents[k] if document is None else document
 
@@ -108,7 +108,7 @@ def init_worker(tokens: str, settings: dict[str, Any]) -> None:
   """Readies this process (a pool worker, a Beam worker, or the driver) to build units
   of the tokenized directory `tokens` with `settings` (see `plan`)."""
   tok = tok_lib.load_tokenizer(os.path.join(tokens, manifest.TOKENIZER_DIR))
-  documents = prepare.TokenizedDocuments(tokens)
+  documents = prepare_tokens.TokenizedDocuments(tokens)
   split_seed = seeds.stream_seed(settings["seed"], seeds.SPLIT, 0)
   _worker.update(
       tokenizer=tok, word_starts=tok.word_starts(), ids=rows_lib.id_dtype(tok.vocab_size),
@@ -126,13 +126,13 @@ def build_unit(task: tuple[str, int, int, str, bool]) -> dict[str, int]:
   stream = seeds.TRAIN_EXAMPLES if split == "train" else seeds.EVAL_EXAMPLES
   own = _WithOwn(documents, mine)
   if settings["builder"] == "nsp":
-    examples = pretraining.nsp_examples_of(
+    examples = builders.nsp_examples_of(
         own, mine, tok, max_seq_length=length, short_seq_prob=settings["short_seq_prob"],
         dupe_factor=settings["dupe_factor"] if split == "train" else 1,
         rng=np.random.default_rng(seeds.stream_seed(settings["seed"], stream, length,
                                                     shard)))
   else:
-    examples = pretraining.create_packed_examples(
+    examples = builders.create_packed_examples(
         [own[k] for k in mine], tok, max_seq_length=length, packing=settings["builder"],
         isolate_documents=True)
   rows = rows_lib.encode(examples, _worker["word_starts"], _worker["ids"])
@@ -227,7 +227,7 @@ def finish(plan_: Plan, start: float) -> dict[str, Any]:
   np.save(os.path.join(output, manifest.UNIGRAM_COUNTS), counts)
   baseline = counts.copy()
   baseline[sorted(tok.special_ids | {tok.pad_id})] = 0
-  text = prepare.summary(plan_.tokens)
+  text = prepare_tokens.summary(plan_.tokens)
   tok.save(os.path.join(output, manifest.TOKENIZER_DIR))
   out = {
       "format": manifest.FORMAT,

@@ -17,14 +17,14 @@ from absl import logging
 from etils import epath
 from jax.experimental import multihost_utils
 
-from bertjax import checkpoint as ckpt_lib
-from bertjax import config_checks, files
+from bertjax.checkpoint import files, workdir as workdir_lib
 from bertjax.console import progress
 from bertjax.data import multilingual, pipeline
 from bertjax.data import tokenizer as tok_lib
-from bertjax.errors import ConfigError
+from bertjax.errors import ConfigError, at_least
+from bertjax.model.config import ModelConfig
 from bertjax.parallel import mesh as mesh_lib
-from bertjax.train import pretraining, state as state_lib
+from bertjax.train import objective, state as state_lib, trainer as trainer_lib
 from bertjax.train.trainer import Evaluator, Trainer
 
 
@@ -73,7 +73,7 @@ def evaluator(setup: state_lib.Setup, data: pipeline.PretrainingData, batches: i
   """Every `every` steps: the held-out MLM (+ NSP, SBO) metrics over `batches` of the
   eval batches (0: all) and the accuracy of always predicting the corpus's most
   frequent token."""
-  eval_step = jax.jit(pretraining.make_eval_step(setup.model),
+  eval_step = jax.jit(objective.make_eval_step(setup.model),
                       in_shardings=(setup.shardings.params, setup.batch_sharding))
   chosen = data.eval_batches[:batches or None]
 
@@ -91,19 +91,38 @@ def evaluator(setup: state_lib.Setup, data: pipeline.PretrainingData, batches: i
                                  * batch["masked_lm_weights"]))
     if jax.process_count() > 1:  # Each process counted its own eval rows.
       baseline = float(np.sum(multihost_utils.process_allgather(np.float32(baseline))))
-    metrics = pretraining.eval_metrics(totals)
+    metrics = objective.eval_metrics(totals)
     metrics["mlm_accuracy_most_frequent_baseline"] = baseline / max(totals["mlm_count"], 1)
     return metrics
 
   return Evaluator("eval", run, every)
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
+def check_config(config: ml_collections.ConfigDict) -> None:
+  """Every field of a pretraining config (configs/bert_base.py) in range, each section
+  by its owner (the model's dataclass, `trainer.check_config`, `pipeline.check_config`):
+  one ConfigError line, before anything slow starts (`run` and `prepare --config` call
+  it once)."""
+  model = ModelConfig.from_config(config.model)
+  t = config.train
+  at_least("train.num_steps", t.num_steps, 1)
+  at_least("train.batch_size", t.batch_size, 1)
+  at_least("train.warmup_steps", t.warmup_steps, 0)
+  if t.warmup_steps >= t.num_steps:
+    raise ConfigError(f"config.train.warmup_steps={t.warmup_steps} must be smaller than "
+                      f"config.train.num_steps={t.num_steps}.")
+  trainer_lib.check_config(config)
+  at_least("train.eval_every", t.eval_every, 1)
+  at_least("train.eval_batches", t.eval_batches, 0)
+  pipeline.check_config(config.data, model, t.num_steps)
+
+
+def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   """Runs (or resumes) pretraining in `workdir`; returns the last eval metrics ({} when
   stopped by SIGTERM before the first evaluation)."""
-  config_checks.pretraining(config)
+  check_config(config)
   epath.Path(workdir).mkdir(parents=True, exist_ok=True)
-  ckpt_lib.save_config(workdir, config)
+  workdir_lib.save_config(workdir, config)
   setup = state_lib.build_trainer(config)
   tokenizer = get_tokenizer(config, workdir)
   data = pipeline.build_pretraining_data(

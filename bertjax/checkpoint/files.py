@@ -9,7 +9,7 @@ A pretraining workdir (`python -m bertjax.main --workdir=DIR`) holds:
   metrics.jsonl          one JSON line per logged step and split (process 0)
   tensorboard/           TensorBoard events, and `jax.profiler` traces of
                          `config.train.profile_steps`
-  training.png           the curves of metrics.jsonl (`bertjax.plot`)
+  training.png           the curves of metrics.jsonl (`bertjax.train.curves`)
 A fine-tuning workdir (`python -m bertjax.finetune`) holds the same, and:
   task.json              the task's name, labels and step count
   dev_results.json       the dev metrics at the end of training

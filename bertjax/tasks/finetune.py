@@ -10,7 +10,7 @@ bring its own: `objective(task, model, sample)`, `train_stream(...)` (any grain
 iterator of host batches: bucketed or packed batches fit), `dev_evaluator(...)`.
 
 The workdir holds config.json (the model section is the encoder actually used),
-tokenizer/, task.json (labels and the step count) and checkpoints/ (`bertjax.files`).
+tokenizer/, task.json (labels and the step count) and checkpoints/ (`bertjax.checkpoint.files`).
 """
 
 from __future__ import annotations
@@ -30,17 +30,37 @@ import ml_collections
 import numpy as np
 from jax.experimental import multihost_utils
 
-from bertjax import api, checkpoint as ckpt_lib, config_checks, files
+from bertjax.checkpoint import files, workdir as workdir_lib
+from bertjax.checkpoint.pretrained import load_pretrained
 from bertjax.console import progress
 from bertjax.data import tokenizer as tok_lib
-from bertjax.errors import CheckpointError, ConfigError
+from bertjax.data.pipeline import MIN_SEQ_LENGTH
+from bertjax.errors import CheckpointError, ConfigError, at_least, within
 from bertjax.model import ModelConfig
 from bertjax.model.config import dtype_of
 from bertjax.parallel import mesh as mesh_lib
-from bertjax.tasks import base, batching, get_task
-from bertjax.train import optimizer, state as state_lib
+from bertjax.tasks import base, batching, finetuned, get_task
+from bertjax.train import optimizer, state as state_lib, trainer as trainer_lib
 from bertjax.train.step import Objective
 from bertjax.train.trainer import Evaluator, Trainer
+
+
+def check_config(config: ml_collections.ConfigDict) -> None:
+  """Every field of a fine-tuning config (configs/finetune/base.py) but the sweep's in
+  range, each section by its owner (the model's dataclass only when it is used, without
+  `init_from`; its dtype always; `trainer.check_config`): one ConfigError line, before
+  the pretrained weights are read."""
+  dtype_of(config.model.dtype)
+  if not config.init_from:
+    ModelConfig.from_config(config.model)
+  t = config.train
+  at_least("train.batch_size", t.batch_size, 1)
+  at_least("train.eval_batch_size", t.eval_batch_size, 1)
+  at_least("train.num_epochs", t.num_epochs, 1)
+  within("train.warmup_fraction", t.warmup_fraction, 0, 1, "[)")
+  trainer_lib.check_config(config)
+  at_least("task.max_seq_length", config.task.max_seq_length, MIN_SEQ_LENGTH)
+  at_least("freeze.top_k_layers", config.freeze.top_k_layers, -1)
 
 
 @dataclasses.dataclass
@@ -51,7 +71,7 @@ class Start:
   model: ModelConfig
   encoder_params: Any
   tokenizer: tok_lib.Tokenizer
-  head: Any = None  # api.TaskHead of a fine-tuned init_from kept by config.init_keep_head
+  head: Any = None  # TaskHead of a fine-tuned init_from kept by config.init_keep_head
 
 
 def load_start(config: ml_collections.ConfigDict) -> Start:
@@ -59,10 +79,10 @@ def load_start(config: ml_collections.ConfigDict) -> Start:
   with the tokenizer of `config.tokenizer`."""
   dtype = config.model.dtype
   if config.init_from:
-    pretrained = api.load_pretrained(config.init_from)
+    pretrained = load_pretrained(config.init_from)
     _refuse_other_tokenizer(config, pretrained.tokenizer, f"config.init_from={config.init_from}")
     model = dataclasses.replace(pretrained.config, dtype=dtype_of(dtype))
-    return Start(model, pretrained.params["encoder"], pretrained.tokenizer, api.start_head(
+    return Start(model, pretrained.params["encoder"], pretrained.tokenizer, finetuned.start_head(
         pretrained, config.init_from, config.init_keep_head, config.task.name))
   if not config.tokenizer:
     raise ConfigError("set config.init_from (a pretrained checkpoint) or, to train from "
@@ -121,15 +141,15 @@ def _boxed(x) -> bool:
   return isinstance(x, nn.meta.AxisMetadata)
 
 
-def make_optimizer(config, model: ModelConfig, num_steps: int):
+def make_optimizer(config, model: ModelConfig, num_steps: int, feature_based: bool = False):
   """The optimizer and schedule of `config.train` over `num_steps` steps (warm-up: a
   fraction of them), with the parameters `config.freeze` names kept fixed, or the
-  whole encoder, without optimizer state, for a feature-based task
-  (`config.task.features`)."""
+  whole encoder, without optimizer state, when `feature_based` (a task's
+  `config.task.features`)."""
   t = ml_collections.ConfigDict(config.train.to_dict())
   t.num_steps = num_steps
   t.warmup_steps = int(config.train.warmup_fraction * num_steps)
-  if config.task.get("features"):  # Feature-based: the encoder frozen, stateless.
+  if feature_based:  # The encoder frozen, stateless.
     # A bool per (possibly boxed) parameter: optax then drops a frozen one whole.
     frozen = lambda params: {k: jax.tree.map(lambda _: k == "encoder", v, is_leaf=_boxed)
                              for k, v in params.items()}
@@ -157,14 +177,14 @@ def batcher(task: base.Task, features: base.Features, model: ModelConfig, groups
             row_multiple: int = 1) -> batching.Batcher:
   """The batches of `features` as `config.task.batching` says (default 'bucket'; for
   packing, `groups`: the data-parallel size, `row_multiple`: grad_accum_steps)."""
-  mode = task.cfg.get("batching", "bucket")
+  mode = task.cfg.batching
   if mode not in batching.BATCHING:
     raise ConfigError(f"config.task.batching={mode!r}: use one of {batching.BATCHING}.")
   if mode == "pack" and not task.packing:
     raise ConfigError(f"config.task.batching='pack' does not apply to task {task.name!r} "
                       "(only classification and tagging); use 'bucket'.")
   return batching.Batcher(
-      features.arrays, mode, batching.bucket_lengths(task.cfg.get("bucket_lengths", ()),
+      features.arrays, mode, batching.bucket_lengths(task.cfg.bucket_lengths,
                                                      task.max_seq_length),
       task.token_arrays, task.packing, groups, model.position_offset, model.pad_token_id,
       row_multiple)
@@ -193,12 +213,21 @@ def objective(task: base.Task, model: base.FinetuneModel, sample: dict) -> Objec
                    metrics=lambda s, c: {}, metric_names=())
 
 
+def inference(config, task: base.Task, model_cfg: ModelConfig, sample: dict
+              ) -> state_lib.Inference:
+  """The task's model (encoder + head) on `config.mesh`, to predict with
+  (`predictor`); `sample`: a one-row batch."""
+  model = base.FinetuneModel(model_cfg, task.head(model_cfg))
+  sample = {k: jnp.asarray(v) for k, v in sample.items()}
+  return state_lib.inference(config, model, lambda rng: model.init(rng, sample)["params"])
+
+
 def build(config, task: base.Task, model_cfg: ModelConfig, sample: dict, num_steps: int
           ) -> state_lib.Setup:
   """The task's model (encoder + head), objective, optimizer, shardings and jitted
   step on `config.mesh`."""
   model = base.FinetuneModel(model_cfg, task.head(model_cfg))
-  tx, schedule = make_optimizer(config, model_cfg, num_steps)
+  tx, schedule = make_optimizer(config, model_cfg, num_steps, task.feature_based)
   return state_lib.setup(config, model, objective(task, model, sample), tx, schedule)
 
 
@@ -235,33 +264,34 @@ def train_stream(batches: batching.Batcher, batch_size: int, seed: int, num_step
       grain.ReadOptions(num_threads=1, prefetch_buffer_size=4)))
 
 
-def predictor(setup: state_lib.Setup, task: base.Task
+def predictor(inference: state_lib.Inference, task: base.Task
               ) -> Callable[[Any, base.Features, int], tuple[dict[str, np.ndarray], float]]:
   """`(params, features, batch_size) -> (outputs, loss)`: the task's prediction outputs
   over all features ([N, ...] numpy, on every process) and the mean loss (over rows
-  with a known target). Each process feeds its share of every batch."""
+  with a known target) of `inference`'s model. Each process feeds its share of every
+  batch."""
 
   def eval_step(params, batch):
-    out = setup.model.apply({"params": params}, batch, deterministic=True)
+    out = inference.model.apply({"params": params}, batch, deterministic=True)
     total, count = task.loss(out, batch)
     return dict(task.predict_outputs(out), loss_sum=total, loss_count=count)
 
-  step = jax.jit(eval_step, in_shardings=(setup.shardings.params, setup.batch_sharding))
-  dp = mesh_lib.data_parallel_size(setup.mesh, setup.rules)
+  step = jax.jit(eval_step, in_shardings=(inference.params, inference.batch_sharding))
+  dp = mesh_lib.data_parallel_size(inference.mesh, inference.rules)
 
   def outputs(params, features: base.Features, batch_size: int):
     n = len(features)
     batch_size = -(-batch_size // dp) * dp
     share = batch_size // jax.process_count()
     mine = slice(jax.process_index() * share, (jax.process_index() + 1) * share)
-    batches = batcher(task, features, setup.model.config, dp)
+    batches = batcher(task, features, inference.model.config, dp)
     parts, loss, count = [], 0.0, 0.0
     starts = range(0, n, batch_size)
-    with jax.set_mesh(setup.mesh), nn.logical_axis_rules(setup.rules):
+    with jax.set_mesh(inference.mesh), nn.logical_axis_rules(inference.rules):
       for lo in progress.Progress("eval", len(starts), "batches").wrap(starts):
         idx = np.arange(lo, lo + batch_size)
         batch = batches.batch(np.minimum(idx, n - 1), idx < n, mine, train=False)
-        out = step(params, mesh_lib.put_batch(batch, setup.batch_sharding))
+        out = step(params, mesh_lib.put_batch(batch, inference.batch_sharding))
         out = (multihost_utils.process_allgather(out, tiled=True)
                if jax.process_count() > 1 else jax.device_get(out))
         loss, count = loss + float(out.pop("loss_sum")), count + float(out.pop("loss_count"))
@@ -286,10 +316,10 @@ def dev_evaluator(setup: state_lib.Setup, task: base.Task, config, workdir: str
   dev predictions; process 0 writes dev_results.json and dev_predictions.json. With
   `config.data.dev_mismatched` (MNLI) that set too, its metrics named with `_mm`
   (`accuracy_mm`, `loss_mm`) and its predictions in dev_predictions_mm.json."""
-  outputs = predictor(setup, task)
+  outputs = predictor(setup.inference, task)
   sets = []
   for split, suffix in [("dev", ""), *SECOND_DEV_SETS.items()]:
-    if split == "dev" or config.data.get(split):
+    if split == "dev" or config.data[split]:
       examples = read_split(task, config, split)
       sets.append((suffix, examples, task.featurize(examples, train=False)))
 
@@ -323,7 +353,7 @@ def read_split(task: base.Task, config, split: str) -> list[dict]:
 
 
 def _check(config, model: ModelConfig) -> None:
-  """The checks that need the encoder (the rest: `config_checks.finetuning`)."""
+  """The checks that need the encoder (the rest: `check_config`)."""
   if config.task.max_seq_length + model.position_offset > model.max_position_embeddings:
     raise ConfigError(f"config.task.max_seq_length={config.task.max_seq_length} exceeds "
                       f"the model's {model.max_position_embeddings - model.position_offset} "
@@ -331,12 +361,12 @@ def _check(config, model: ModelConfig) -> None:
 
 
 def initial_params(setup: state_lib.Setup, config, encoder_params, head, labels) -> Any:
-  """The head drawn from `config.seed` (or a kept fine-tuned `head`, an api.TaskHead
+  """The head drawn from `config.seed` (or a kept fine-tuned `head`, a TaskHead
   that must predict `labels`) and the encoder `encoder_params` (pretrained) or drawn
   too (None)."""
   params = setup.init_params(config)
   if head is not None:
-    params = dict(params, head=jax.device_put(api.kept_head_params(
+    params = dict(params, head=jax.device_put(finetuned.kept_head_params(
         head, labels, setup.abstract.params["head"]), setup.shardings.params["head"],
         may_alias=False))
   if encoder_params is None:
@@ -353,36 +383,35 @@ def initial_params(setup: state_lib.Setup, config, encoder_params, head, labels)
       may_alias=False))
 
 
-def finetune(config: ml_collections.ConfigDict, workdir: str, start: Start | None = None
-             ) -> dict[str, float]:
-  """Runs (or resumes) one fine-tuning run in `workdir`; returns the dev metrics ({}
-  when stopped by SIGTERM). `start` (the loaded pretrained encoder) lets a sweep load
-  it once."""
-  config_checks.finetuning(config)
+def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
+  """Checks `config` (`check_config`), then runs (or resumes) one fine-tuning run in
+  `workdir`; returns the dev metrics ({} when stopped by SIGTERM)."""
+  check_config(config)
+  return train(config, workdir)
+
+
+def train(config: ml_collections.ConfigDict, workdir: str, start: Start | None = None
+          ) -> dict[str, float]:
+  """`run` of a checked config (a sweep checks once, then trains each point): `start`
+  (the loaded pretrained encoder) lets a sweep load it once."""
   os.makedirs(workdir, exist_ok=True)
-  task_path = os.path.join(workdir, files.TASK_FILE)
-  resuming = os.path.isfile(task_path)  # Read by every process before save_config.
+  resuming = workdir_lib.is_finetuned(workdir)  # Read by every process before save_config.
   if resuming:
-    saved = ckpt_lib.load_config(workdir)
-    tokenizer = tok_lib.load_tokenizer(os.path.join(workdir, files.TOKENIZER_DIR))
-    _refuse_other_tokenizer(config, tokenizer, f"the run being resumed in {workdir}")
-    start = Start(ModelConfig.from_config(saved.model), None, tokenizer)
+    saved = workdir_lib.open_finetuned(workdir, read_params=False)
+    _refuse_other_tokenizer(config, saved.tokenizer, f"the run being resumed in {workdir}")
+    start = Start(ModelConfig.from_config(saved.config.model), None, saved.tokenizer)
   elif start is None:
     start = load_start(config)
   _check(config, start.model)
-  ckpt_lib.save_config(workdir, _with_model(config, start.model))
+  workdir_lib.save_config(workdir, _with_model(config, start.model))
   task = get_task(config.task.name)(config.task, start.tokenizer, config.task.max_seq_length)
   train_examples = read_split(task, config, "train")
-  if resuming:
-    with open(task_path) as f:
-      task.labels = json.load(f)["labels"]
-  else:
-    task.labels = task.fit_labels(train_examples)
+  task.labels = saved.task["labels"] if resuming else task.fit_labels(train_examples)
   train = task.featurize(train_examples, train=True)
   num_steps = steps_per_epoch(len(train), config.train.batch_size) * config.train.num_epochs
   if not resuming and jax.process_index() == 0:
     start.tokenizer.save(os.path.join(workdir, files.TOKENIZER_DIR))
-    with open(task_path, "w") as f:
+    with open(os.path.join(workdir, files.TASK_FILE), "w") as f:
       json.dump({"name": task.name, "labels": task.labels, "num_steps": num_steps}, f)
   setup = build(config, task, start.model, example_batch(train), num_steps)
   trainer = Trainer(setup, config, workdir, num_steps)

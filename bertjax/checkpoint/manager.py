@@ -1,24 +1,21 @@
 """Checkpoints with orbax: the train state and the data-iterator state saved together
-in WORKDIR/checkpoints/N/ (`state` and `data`), and the run's config.json (the
-workdir's other files: `bertjax.files`)."""
+in WORKDIR/checkpoints/N/ (`state` and `data`); the workdir's other files are read and
+written by `bertjax.checkpoint.workdir`."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
-import flax.linen as nn
 import grain
 import jax
-import ml_collections
 import orbax.checkpoint as ocp
 from absl import logging
 from etils import epath
 from jax.experimental import multihost_utils
 
-from bertjax import files
+from bertjax.checkpoint import files
 from bertjax.errors import CheckpointError, ConfigError
-from bertjax.model import BertForPreTraining, ModelConfig
 
 ON_CORRUPT = ("error", "previous")
 # Substrings of OS and TensorStore errors that mean the disk cannot take the checkpoint.
@@ -90,13 +87,25 @@ class Checkpointer:
       return "no checkpoint had been completed yet"
     return f"the complete checkpoints (steps {', '.join(map(str, steps))}) are intact"
 
+  def saved_shapes(self, step: int) -> dict[str, Any]:
+    """{field: tree of `jax.ShapeDtypeStruct`} of the state step `step` holds, read from
+    its metadata (no array is read)."""
+    try:
+      tree = self.manager.item_metadata(step)["state"].tree
+      return jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype), dict(tree))
+    except Exception as e:  # orbax raises many types for unreadable files.
+      raise CheckpointError(
+          f"checkpoint step {step} in {self.directory} cannot be read "
+          f"({type(e).__name__}: {str(e).splitlines()[0][:200]}); it is corrupt: move it "
+          "aside or use a new --workdir.") from e
+
   def restore(self, step: int, target: dict[str, Any], data_iterator: Any = None
               ) -> dict[str, Any]:
     """Restores the fields of `target` ({field: abstract tree}, leaves
     `jax.ShapeDtypeStruct`s with shardings) that step `step` holds, onto those
     shardings, and, when an iterator is given, sets its position. Returns {field: tree}
     for the fields present: one the step lacks (a state written before the field
-    existed, or by `bertjax.convert`, which saves parameters only) is left out, for the
+    existed, or by `bertjax.hf.convert`, which saves parameters only) is left out, for the
     caller to initialise; a step without the `params` the target asks for is
     unreadable (a CheckpointError, never a silent fresh start)."""
     try:
@@ -214,70 +223,3 @@ def abstract_on(abstract_state: Any, shardings: Any) -> Any:
   data/fsdp/tensor split, because orbax reads each new shard from the saved arrays."""
   return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                       abstract_state, shardings)
-
-
-def save_config(workdir: str, config: ml_collections.ConfigDict) -> None:
-  """Writes config.json; on resume, checks that the model section is unchanged."""
-  path = epath.Path(workdir) / files.CONFIG_FILE
-  if path.exists():
-    old = json.loads(path.read_text()).get("model", {})
-    new = json.loads(config.to_json())["model"]
-    # A field added to bertjax after the run started counts at its default value.
-    defaults = ModelConfig().to_dict()
-    changed = [f"config.model.{k}={new[k]!r} (the run's: {old.get(k, defaults.get(k))!r})"
-               for k in sorted(new) if old.get(k, defaults.get(k)) != new[k]]
-    if changed:
-      raise CheckpointError(
-          f"{workdir} holds a run of another model: {', '.join(changed)}; use a new "
-          "--workdir or the run's model config.")
-    old_train = json.loads(path.read_text()).get("train")  # None: parameters only
-    new_layout = _optimizer_layout(json.loads(config.to_json()).get("train", {}))
-    old_layout = new_layout if old_train is None else _optimizer_layout(old_train)
-    changed = [f"config.train.{k}={new_layout[k]!r} (the run's: {old_layout[k]!r})"
-               for k in new_layout if old_layout[k] != new_layout[k]]
-    if changed:  # Else every checkpoint would fail to restore, as if corrupt.
-      raise CheckpointError(
-          f"{workdir} holds a run whose optimizer state has another layout: "
-          f"{', '.join(changed)}; use a new --workdir or the run's values.")
-  if jax.process_count() > 1:  # Every process reads before process 0 writes.
-    multihost_utils.sync_global_devices("bertjax: config.json checked")
-  if jax.process_index() == 0:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(config.to_json(indent=2))
-
-
-def _optimizer_layout(train: dict) -> dict:
-  """The config.train fields that change the optimizer state's tree in a checkpoint
-  (absent ones, from runs older than the field, at their defaults)."""
-  skip = train.get("skip_step_on_spikes", False)
-  return {"optimizer": train.get("optimizer", "adamw"),
-          "max_grad_norm": "> 0" if train.get("max_grad_norm", 1.0) > 0 else "0",
-          "skip_step_on_spikes": skip,
-          "spike_window": train.get("spike_window", 100) if skip else "unused"}
-
-
-def load_config(workdir: str) -> ml_collections.ConfigDict:
-  path = epath.Path(workdir) / files.CONFIG_FILE
-  if not path.exists():
-    raise CheckpointError(f"{workdir} has no {files.CONFIG_FILE}: it is not a bertjax "
-                          "workdir.")
-  return ml_collections.ConfigDict(json.loads(path.read_text()))
-
-
-def restore_params(workdir: str, step: int | None = None
-                   ) -> tuple[ml_collections.ConfigDict, Any]:
-  """The config and the `BertForPreTraining` parameters (a nested dict on the default
-  device) of the newest (or the given) step of a bertjax workdir."""
-  config = load_config(workdir)
-  ckpt = Checkpointer(workdir, read_only=True)
-  step = ckpt.latest_step() if step is None else step
-  if step is None:
-    raise CheckpointError(f"{workdir} has no checkpoint yet under {files.CHECKPOINT_DIR}/.")
-  model = BertForPreTraining(ModelConfig.from_config(config.model))
-  abstract_params = nn.unbox(jax.eval_shape(model.init_params, jax.random.key(0)))
-  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-  restored = ckpt.restore(step, {"params": abstract_on(
-      abstract_params, jax.tree.map(lambda _: device, abstract_params))})
-  ckpt.close()
-  return config, restored["params"]
-

@@ -1,0 +1,1 @@
+"""bertjax.checkpoint.manager."""

@@ -1,0 +1,202 @@
+"""A pretrained encoder loaded from a Hugging Face dir, a bertjax pretraining workdir or
+a fine-tuning workdir (its encoder, and its task head in `head`), ready to run; and
+the reverse of a Hugging Face import: a bertjax workdir holding given parameters.
+
+    pretrained = load_pretrained("path/to/model")
+    out = pretrained.encode(["a sentence", "another one"])
+    out["hidden_states"]  # [layers + 1, batch, seq, hidden], embedding output first
+    pretrained.fill_mask("please turn [MASK] homework in .")
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+from typing import Any, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from bertjax.checkpoint import files, workdir
+from bertjax.checkpoint.manager import Checkpointer
+from bertjax.data.tokenizer import Tokenizer, load_tokenizer
+from bertjax.errors import CheckpointError, DataError
+from bertjax.hf import convert
+from bertjax.model.bert import BertForPreTraining
+from bertjax.model.config import ModelConfig, dtype_of
+
+_BUCKET = 16  # sequence lengths are padded to a multiple of this: fewer recompilations
+
+
+@dataclasses.dataclass
+class TaskHead:
+  """The task head of a fine-tuning workdir: the task's name, its labels in the head's
+  output order ([] for regression and span QA) and the head's parameters."""
+
+  name: str
+  labels: list[str]
+  params: Any
+
+
+@dataclasses.dataclass
+class Pretrained:
+  """A model with its parameters and tokenizer. `params` has BertForPreTraining's tree;
+  heads the checkpoint lacks ('mlm', 'nsp', the pooler) are absent. Loaded from a
+  fine-tuning workdir: the encoder, and its task head in `head`."""
+
+  config: ModelConfig
+  params: dict
+  tokenizer: Tokenizer
+  model: BertForPreTraining
+  head: TaskHead | None = None
+
+  def __post_init__(self):
+    self._encode = jax.jit(functools.partial(self.model.apply,
+                                             method=BertForPreTraining.encode))
+    self._logits = jax.jit(self.model.apply)
+
+  @property
+  def has_mlm(self) -> bool:
+    return "mlm" in self.params
+
+  def _inputs(self, texts, text_pairs, max_length) -> tuple[dict[str, np.ndarray], int]:
+    """Tokenised batch padded to a length bucket, and the unpadded length T."""
+    batch = self.tokenizer(texts, text_pairs, max_length=max_length)
+    length = batch["input_ids"].shape[1]
+    limit = self.config.max_position_embeddings - self.config.position_offset
+    if length > limit:
+      raise CheckpointError(f"inputs of {length} tokens exceed the model's {limit} "
+                            "positions; lower max_length.")
+    padded = min(-(-length // _BUCKET) * _BUCKET, limit)
+    pad = [(0, 0), (0, padded - length)]
+    batch = {"input_ids": np.pad(batch["input_ids"], pad,
+                                 constant_values=self.tokenizer.pad_id),
+             "attention_mask": np.pad(batch["attention_mask"], pad),
+             "token_type_ids": np.pad(batch["token_type_ids"], pad)}
+    return batch, length
+
+  def encode(self, texts: str | Sequence[str], text_pairs=None, max_length: int = 512
+             ) -> dict[str, np.ndarray]:
+    """Tokenises and encodes a batch. Returns numpy `input_ids` and `attention_mask`
+    [B, T], `hidden_states` [L+1, B, T, E] (embedding output first), `pooled` [B, E]
+    when the model has a pooler."""
+    batch, length = self._inputs(texts, text_pairs, max_length)
+    out = self._encode({"params": self.params}, batch["input_ids"],
+                       batch["attention_mask"], batch["token_type_ids"])
+    result = {"input_ids": batch["input_ids"][:, :length],
+              "attention_mask": batch["attention_mask"][:, :length],
+              "hidden_states": np.asarray(out["hidden_states"][:, :, :length])}
+    if "pooled" in out:
+      result["pooled"] = np.asarray(out["pooled"])
+    return result
+
+  def logits(self, texts: str | Sequence[str], text_pairs=None, max_length: int = 512
+             ) -> dict[str, np.ndarray]:
+    """Pretraining heads on a batch: numpy `input_ids`, `attention_mask` [B, T],
+    `mlm_logits` [B, T, vocab] (float32) and, with NSP, `nsp_logits` [B, 2]."""
+    if not self.has_mlm:
+      raise CheckpointError("this checkpoint has no MLM head (it holds the encoder only).")
+    batch, length = self._inputs(texts, text_pairs, max_length)
+    out = self._logits({"params": self.params}, batch["input_ids"],
+                       batch["attention_mask"], batch["token_type_ids"])
+    result = {"input_ids": batch["input_ids"][:, :length],
+              "attention_mask": batch["attention_mask"][:, :length],
+              "mlm_logits": np.asarray(out["mlm_logits"][:, :length])}
+    if "nsp_logits" in out:
+      result["nsp_logits"] = np.asarray(out["nsp_logits"])
+    return result
+
+  def fill_mask(self, text: str, top_k: int = 5) -> list[list[tuple[str, float]]]:
+    """For each mask of `text` (the tokenizer's mask token; `[MASK]` is accepted for
+    every tokenizer), left to right, the `top_k` (token, probability) pairs."""
+    tok = self.tokenizer
+    text = text.replace("[MASK]", tok.mask_token)
+    out = self.logits([text])
+    positions = np.flatnonzero(out["input_ids"][0] == tok.mask_id)
+    if positions.size == 0:
+      raise DataError(f"the text has no {tok.mask_token} to fill: {text!r}")
+    logits = out["mlm_logits"][0, positions, :tok.vocab_size]  # [P, vocab]
+    probs = np.exp(logits - logits.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    return [[(tok.id_to_token(int(i)), float(row[i])) for i in np.argsort(-row)[:top_k]]
+            for row in probs]
+
+
+def _finetuned_encoder(path: str) -> tuple[ModelConfig, dict, TaskHead]:
+  run = workdir.open_finetuned(path)
+  head = TaskHead(run.task["name"], list(run.task["labels"]), run.params["head"])
+  return (ModelConfig.from_config(run.config.model), {"encoder": run.params["encoder"]},
+          head)
+
+
+def _pretraining_workdir(path: str) -> tuple[ModelConfig, Any]:
+  return (ModelConfig.from_config(workdir.load_config(path).model),
+          workdir.restore_params(path))
+
+
+def load_pretrained(path: str, dtype: str = "float32") -> Pretrained:
+  """A Hugging Face model dir (config.json with a BERT / RoBERTa / XLM-R model_type,
+  weights, tokenizer files), a bertjax pretraining workdir (config.json, checkpoints/,
+  tokenizer/) or a fine-tuning workdir (its encoder, and its task head in `head`),
+  with parameters and computation in `dtype`."""
+  path = os.fspath(path)
+  dtype = dtype_of(dtype, "dtype")
+  config_path = os.path.join(path, files.CONFIG_FILE)
+  if not os.path.isfile(config_path):
+    what = "does not exist" if not os.path.exists(path) else "has no config.json"
+    raise CheckpointError(f"{path} {what}: give a Hugging Face model dir or a bertjax "
+                          "workdir.")
+  with open(config_path) as f:
+    raw = json.load(f)
+  if "model_type" in raw:
+    convert.check_supported(raw)
+    tokenizer, vocab_size, load = load_tokenizer(path), raw["vocab_size"], convert.load_hf
+  elif isinstance(raw.get("model"), dict):
+    tokenizer, vocab_size = workdir.load_tokenizer(path), raw["model"]["vocab_size"]
+    load = _finetuned_encoder if workdir.is_finetuned(path) else _pretraining_workdir
+  else:
+    raise CheckpointError(f"{config_path} is neither a Hugging Face config (model_type) "
+                          "nor a bertjax config (a model section).")
+  if tokenizer.vocab_size > vocab_size:  # before the weights
+    raise CheckpointError(
+        f"{path}: the tokenizer has {tokenizer.vocab_size} ids but the checkpoint's "
+        f"vocabulary only {vocab_size}: these tokenizer files do not belong to these "
+        "weights; put the tokenizer the model was trained with next to them.")
+  config, params, *head = load(path)
+  config = dataclasses.replace(config, dtype=dtype, param_dtype=dtype)
+  params = jax.tree.map(lambda x: jnp.asarray(x, dtype), params)
+  return Pretrained(config, params, tokenizer, BertForPreTraining(config), *head)
+
+
+def save_workdir(directory: str, params: dict, config: ModelConfig, tokenizer) -> None:
+  """A bertjax workdir (config.json, tokenizer/, checkpoints/0) holding `params`
+  (e.g. a Hugging Face checkpoint's); heads the checkpoint lacks (MLM, NSP, pooler) are
+  freshly initialised, so the workdir can go on pretraining (the optimizer starts
+  afresh) or be fine-tuned."""
+  config = dataclasses.replace(config, pooler=True, nsp=config.position_offset == 0)
+  merged = jax.device_get(nn.unbox(jax.jit(BertForPreTraining(config).init_params)(
+      jax.random.key(0))))
+
+  def overlay(dst, src):
+    for k, v in src.items():
+      if isinstance(v, dict):
+        overlay(dst[k], v)
+      else:
+        if dst[k].shape != v.shape:
+          raise CheckpointError(f"parameter {k} has shape {v.shape}, expected {dst[k].shape}.")
+        dst[k] = np.asarray(v, np.float32)
+
+  overlay(merged, params)
+  os.makedirs(directory, exist_ok=True)
+  workdir.save_config(directory, ml_collections.ConfigDict({"model": {
+      **config.to_dict(), "attention_impl": config.attention_impl or ""}}))
+  tokenizer.save(os.path.join(directory, files.TOKENIZER_DIR))
+  checkpointer = Checkpointer(directory)
+  checkpointer.save(0, {"step": np.zeros((), np.int32), "params": merged}, None, force=True)
+  checkpointer.wait()
+  checkpointer.close()

@@ -1,0 +1,137 @@
+"""A run's workdir, read and written in one place: config.json (`save_config`,
+`load_config`), the tokenizer, task.json of a fine-tuning run (`task_info`) and the
+parameters of a checkpoint (`restore_params`, the one way anything reads weights back:
+predict, embed, convert, fill_mask, init_from and the Python API). File names:
+`bertjax.checkpoint.files`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any
+
+import jax
+import ml_collections
+from etils import epath
+from jax.experimental import multihost_utils
+
+from bertjax.checkpoint import files
+from bertjax.checkpoint.manager import Checkpointer, abstract_on
+from bertjax.data import tokenizer as tok_lib
+from bertjax.errors import CheckpointError
+
+
+def save_config(workdir: str, config: ml_collections.ConfigDict) -> None:
+  """Writes config.json; on resume, checks that the model section and the optimizer
+  state's layout are unchanged (else every checkpoint would fail to restore)."""
+  path = epath.Path(workdir) / files.CONFIG_FILE
+  if path.exists():
+    saved = json.loads(path.read_text())
+    new = json.loads(config.to_json())
+    old_model, new_model = saved.get("model", {}), new["model"]
+    changed = [f"config.model.{k}={new_model[k]!r} (the run's: {old_model.get(k)!r})"
+               for k in sorted(new_model) if old_model.get(k) != new_model[k]]
+    if changed:
+      raise CheckpointError(
+          f"{workdir} holds a run of another model: {', '.join(changed)}; use a new "
+          "--workdir or the run's model config.")
+    if "train" in saved:  # A converted checkpoint holds parameters only: no optimizer.
+      old_layout, new_layout = _optimizer_layout(saved["train"]), _optimizer_layout(
+          new["train"])
+      changed = [f"config.train.{k}={new_layout[k]!r} (the run's: {old_layout[k]!r})"
+                 for k in new_layout if old_layout[k] != new_layout[k]]
+      if changed:
+        raise CheckpointError(
+            f"{workdir} holds a run whose optimizer state has another layout: "
+            f"{', '.join(changed)}; use a new --workdir or the run's values.")
+  if jax.process_count() > 1:  # Every process reads before process 0 writes.
+    multihost_utils.sync_global_devices("bertjax: config.json checked")
+  if jax.process_index() == 0:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(config.to_json(indent=2))
+
+
+def _optimizer_layout(train: dict) -> dict:
+  """The config.train fields that change the optimizer state's tree in a checkpoint."""
+  skip = train["skip_step_on_spikes"]
+  return {"optimizer": train["optimizer"],
+          "max_grad_norm": "> 0" if train["max_grad_norm"] > 0 else "0",
+          "skip_step_on_spikes": skip,
+          "spike_window": train["spike_window"] if skip else "unused"}
+
+
+def load_config(workdir: str) -> ml_collections.ConfigDict:
+  """The run's config.json."""
+  path = epath.Path(workdir) / files.CONFIG_FILE
+  if not path.exists():
+    raise CheckpointError(f"{workdir} has no {files.CONFIG_FILE}: it is not a bertjax "
+                          "workdir.")
+  return ml_collections.ConfigDict(json.loads(path.read_text()))
+
+
+def load_tokenizer(workdir: str) -> tok_lib.Tokenizer:
+  """The tokenizer the run trained with (WORKDIR/tokenizer)."""
+  directory = os.path.join(workdir, files.TOKENIZER_DIR)
+  if not epath.Path(directory).is_dir():
+    raise CheckpointError(f"{workdir} has no {files.TOKENIZER_DIR}/ directory "
+                          "(Tokenizer.save writes it).")
+  return tok_lib.load_tokenizer(directory)
+
+
+def is_finetuned(path: str) -> bool:
+  """Whether `path` is a fine-tuning workdir (it has the task file)."""
+  return os.path.isfile(os.path.join(path, files.TASK_FILE))
+
+
+def task_info(path: str) -> dict[str, Any]:
+  """A fine-tuning workdir's task file: {'name', 'labels', 'num_steps'}."""
+  if not is_finetuned(path):
+    raise CheckpointError(f"{path} has no {files.TASK_FILE}: give a fine-tuning workdir "
+                          "(python -m bertjax.finetune --workdir=...).")
+  with open(os.path.join(path, files.TASK_FILE)) as f:
+    return json.load(f)
+
+
+def restore_params(workdir: str, step: int | None = None, shardings: Any = None) -> Any:
+  """The parameters of step `step` (default: the newest) of a workdir, read alone (the
+  optimizer state is neither built nor read), in the shapes and dtypes the checkpoint
+  holds (its own metadata: no model is built), onto `shardings` (a tree of shardings
+  matching the parameters, e.g. a mesh's) or, without, onto the default device."""
+  checkpointer = Checkpointer(workdir, read_only=True)
+  try:
+    step = checkpointer.latest_step() if step is None else step
+    if step is None:
+      raise CheckpointError(f"{workdir} has no checkpoint yet under "
+                            f"{files.CHECKPOINT_DIR}/; finish (or resume) the run.")
+    abstract = checkpointer.saved_shapes(step)["params"]
+    if shardings is None:
+      device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+      shardings = jax.tree.map(lambda _: device, abstract)
+    return checkpointer.restore(step, {"params": abstract_on(abstract, shardings)})["params"]
+  finally:
+    checkpointer.close()
+
+
+@dataclasses.dataclass
+class FinetunedRun:
+  """What a fine-tuning workdir holds: its run `config` (config.json), `task`
+  (task.json: name, labels, num_steps), `tokenizer` and, when read, `params`
+  ({'encoder', 'head'} of the newest checkpoint, on the default device)."""
+
+  path: str
+  config: ml_collections.ConfigDict
+  task: dict[str, Any]
+  tokenizer: tok_lib.Tokenizer
+  params: Any = None
+
+
+def open_finetuned(path: str, read_params: bool = True) -> FinetunedRun:
+  """The one way a fine-tuning workdir (`python -m bertjax.finetune`) is opened: by
+  predict, convert, the API (`bertjax.tasks.finetuned.load_finetuned`), a run resuming
+  and `load_pretrained` of a fine-tuned encoder (init_from, embed, fill_mask)."""
+  path = os.fspath(path)
+  task = task_info(path)
+  return FinetunedRun(path, load_config(path), task, load_tokenizer(path),
+                      restore_params(path) if read_params else None)
