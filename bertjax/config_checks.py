@@ -89,6 +89,7 @@ def pretraining(config) -> None:
   """Every field of a pretraining config (configs/bert_base.py) in range."""
   from bertjax.data import masking, multilingual, pipeline, pretraining as builders  # pylint: disable=g-import-not-at-top
   from bertjax.model.config import ModelConfig  # pylint: disable=g-import-not-at-top
+  from bertjax.train import optimizer  # pylint: disable=g-import-not-at-top
 
   _seed(config)
   model = ModelConfig.from_config(config.model)
@@ -100,6 +101,7 @@ def pretraining(config) -> None:
     raise ConfigError(f"config.train.warmup_steps={t.warmup_steps} must be smaller than "
                       f"config.train.num_steps={t.num_steps}.")
   _trainer(config)
+  optimizer.check(t)
   at_least("train.eval_every", t.eval_every, 1)
   at_least("train.eval_batches", t.eval_batches, 0)
 
@@ -128,6 +130,7 @@ def pretraining(config) -> None:
     raise ConfigError("config.data.isolate_documents applies to packed rows: set "
                       "config.model.nsp=False or isolate_documents=False.")
   pipeline.length_phases(d, t.num_steps)
+  pipeline.masked_lm_prob_phases(d, t.num_steps)
   within("data.language_alpha", d.language_alpha, 0, 1)
   one_of("data.language_counts", d.language_counts, multilingual.COUNTS)
   within("data.eval_fraction", d.eval_fraction, 0, 1, "()")
