@@ -1,13 +1,20 @@
 """A masking rate that changes with the step (`config.data.masked_lm_prob_phases`,
 mmBERT's 30% -> 15% -> 5%): the rate and the predictions per row used at each step,
-across length phases, and the same masks after a restore at any step."""
+across length phases, the same masks after a restore at any step, and a resumed run
+with ModernBERT's optimizer pieces equal bit for bit."""
+
+import os
+import shutil
 
 import numpy as np
 import pytest
 
 from bertjax.data import pipeline
 from bertjax.errors import ConfigError
+from bertjax.train import loop
 from configs import bert_tiny
+from tests.helpers import tiny_config
+from tests.test_loop import train_losses
 
 RATES = ((0.25, 0.3), (0.5, 0.15), (0.25, 0.05))
 
@@ -91,3 +98,38 @@ def test_masks_are_identical_after_a_restore_at_any_step(data):
       assert got.keys() == want.keys()
       for k in want:
         np.testing.assert_array_equal(got[k], want[k], err_msg=f"restored at {stop}: {k}")
+
+
+def _modern_loop_config():
+  """ModernBERT's optimizer pieces at a tiny shape: StableAdamW without gradient
+  clipping, fully decoupled decay, warm-up-stable-1-sqrt-decay, 30% then 15% masking
+  across two length phases; 6 steps, a checkpoint at step 4."""
+  c = tiny_config(num_steps=6, log_every=1, eval_every=6, checkpoint_every=4,
+                  eval_batches=1, optimizer="stable_adamw", max_grad_norm=0.0,
+                  weight_decay=1e-5, decouple_lr=True, b2=0.98, schedule="wsd",
+                  decay_fraction=0.5)
+  c.model.vocab_size = c.data.tokenizer.vocab_size = 512
+  c.data.max_seq_length, c.data.max_predictions_per_seq = 32, 4
+  c.data.dupe_factor = 1
+  c.data.length_phases = ((0.5, 16), (0.5, 32))
+  c.data.masked_lm_prob_phases = ((0.34, 0.3), (0.66, 0.15))  # 30% for steps 1-2
+  return c
+
+
+def test_loop_resume_with_stable_adamw_and_masking_phases_is_bit_exact(tmp_path):
+  """A restart from the step-4 checkpoint (StableAdamW's state, the second length and
+  masking phases) gives steps 5-6 bit for bit."""
+  straight = str(tmp_path / "straight")
+  loop.train_and_evaluate(_modern_loop_config(), straight)
+  expected = train_losses(straight)
+  assert sorted(expected) == list(range(1, 7)) and all(map(np.isfinite, expected.values()))
+  workdir = str(tmp_path / "resumed")
+  shutil.copytree(straight, workdir)
+  for step in os.listdir(os.path.join(workdir, "checkpoints")):
+    if step != "4":
+      shutil.rmtree(os.path.join(workdir, "checkpoints", step))
+  os.remove(os.path.join(workdir, "metrics.jsonl"))
+  loop.train_and_evaluate(_modern_loop_config(), workdir)
+  resumed = train_losses(workdir)
+  assert sorted(resumed) == [5, 6]
+  assert all(resumed[s] == expected[s] for s in resumed), (resumed, expected)

@@ -5,6 +5,7 @@ torch-optimi is installed, and the config fields that select them."""
 
 import math
 
+import jax
 import ml_collections
 import numpy as np
 import optax
@@ -207,3 +208,28 @@ def test_wsd_fields_out_of_range(field, value, names):
   with pytest.raises(ConfigError) as e:
     config_checks.pretraining(config)
   assert "\n" not in str(e.value) and all(n in str(e.value) for n in names), str(e.value)
+
+
+def test_sharded_parameters_give_the_unsharded_update():
+  """Each tensor's RMS is a mean over the whole tensor, not over a device's shard:
+  the jitted update with parameters and moments split over 8 devices equals the
+  unsharded one."""
+  rng = np.random.default_rng(0)
+  params = {"dense": {"kernel": rng.standard_normal((8, 4)).astype(np.float32)}}
+  grads = [{"dense": {"kernel": (rng.standard_normal((8, 4)) * s).astype(np.float32)}}
+           for s in (1.0, 0.5, 10.0)]
+  grads[2]["dense"]["kernel"][:4] *= 0.01  # the spike on half the rows (other devices)
+  tx = stable_adamw.stable_adamw(0.1, B1, B2, EPS, 0.01)
+  want = _run(tx, params, grads)
+  mesh = jax.make_mesh((8,), ("fsdp",))
+  shard = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("fsdp"))
+  put = lambda tree: jax.device_put(tree, shard)
+  step = jax.jit(lambda g, s, p: tx.update(g, s, p))
+  p = put(params)
+  state = jax.tree.map(lambda x: jax.device_put(x, shard) if x.ndim else x, tx.init(p))
+  for i, g in enumerate(grads):
+    updates, state = step(put(g), state, p)
+    p = optax.apply_updates(p, updates)
+    assert len(p["dense"]["kernel"].sharding.device_set) == 8
+    np.testing.assert_allclose(np.asarray(p["dense"]["kernel"]), want[i][("dense", "kernel")],
+                               rtol=1e-6, atol=1e-7)
