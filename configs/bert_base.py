@@ -76,9 +76,10 @@ def get_config(arg=None):
   c.data.max_predictions_per_seq = 80  # Masked positions gathered per example.
   c.data.masked_lm_prob = 0.15  # Fraction of tokens chosen for prediction.
   # A masking rate that changes with the step: ((fraction of steps, rate), ...)
-  # summing to 1, e.g. mmBERT's ((0.6, 0.3), (0.3, 0.15), (0.1, 0.05)); each phase's
-  # max_predictions_per_seq scales by rate / masked_lm_prob, and the held-out batches
-  # stay at masked_lm_prob (comparable throughout). () trains at masked_lm_prob.
+  # summing to 1, e.g. ((0.74, 0.3), (0.22, 0.15), (0.04, 0.05)) for mmBERT's 2T /
+  # 600B / 100B tokens at 30% / 15% / 5%. Each phase's max_predictions_per_seq scales
+  # by rate / masked_lm_prob; held-out batches stay at masked_lm_prob (comparable
+  # throughout). () trains at masked_lm_prob.
   c.data.masked_lm_prob_phases = ()
   c.data.mask_token_prob = 0.8  # Of the chosen: replaced by [MASK] ...
   c.data.random_token_prob = 0.1  # ... by a random token; the rest stay unchanged.
