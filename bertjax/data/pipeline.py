@@ -450,8 +450,8 @@ def build_pretraining_data(data_cfg, tokenizer, *, batch_size: int, seed: int, n
   starting at `position_offset`, the model's). `config.data.length_phases` splits
   `num_steps` into sequence-length phases and `config.data.masked_lm_prob_phases`
   into masking-rate phases (the held-out batches stay at `masked_lm_prob`);
-  `config.data.languages` mixes per-language
-  corpora with q_i ~ p_i^language_alpha. A corpus directory written by
+  `config.data.languages` mixes per-language corpora with q_i ~ p_i^language_alpha.
+  A corpus directory written by
   `prepare --config` is read in place (its manifest checked against the config);
   other corpora are built in memory. Deterministic given `seed`.
   """
