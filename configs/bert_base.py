@@ -77,6 +77,12 @@ def get_config(arg=None):
   c.data.max_seq_length = 512  # Tokens per example, [CLS] and [SEP]s included.
   c.data.max_predictions_per_seq = 80  # Masked positions gathered per example.
   c.data.masked_lm_prob = 0.15  # Fraction of tokens chosen for prediction.
+  # A masking rate that changes with the step: ((fraction of steps, rate), ...)
+  # summing to 1, e.g. ((0.74, 0.3), (0.22, 0.15), (0.04, 0.05)) for mmBERT's 2T /
+  # 600B / 100B tokens at 30% / 15% / 5%. Each phase's max_predictions_per_seq scales
+  # by rate / masked_lm_prob; held-out batches stay at masked_lm_prob (comparable
+  # throughout). () trains at masked_lm_prob.
+  c.data.masked_lm_prob_phases = ()
   c.data.mask_token_prob = 0.8  # Of the chosen: replaced by [MASK] ...
   c.data.random_token_prob = 0.1  # ... by a random token; the rest stay unchanged.
   c.data.masking = "token"  # 'token' (BERT), 'whole_word' or 'span' (SpanBERT).
@@ -111,13 +117,26 @@ def get_config(arg=None):
   c.train.batch_size = 256  # Global batch (examples per optimizer step).
   c.train.grad_accum_steps = 1  # Micro-batches accumulated per optimizer step.
   c.train.num_steps = 1_000_000  # Optimizer steps.
-  c.train.optimizer = "adamw"  # 'adamw' or 'lamb' (large batches).
+  # 'adamw', 'lamb' (large batches) or 'stable_adamw' (AdamW with per-tensor update
+  # clipping, Wortsman et al. 2023; ModernBERT, which then clips no gradients).
+  c.train.optimizer = "adamw"
   c.train.learning_rate = 1e-4  # Peak learning rate.
-  c.train.warmup_steps = 10_000  # Linear warm-up, then linear decay to 0 at num_steps.
-  # Where the decay starts: 'step0' (BERT's TF code: measured from step 0, so it resumes
-  # below the peak at the end of warm-up) or 'warmup_end' (from the peak).
+  c.train.warmup_steps = 10_000  # Linear warm-up from 0 to the peak.
+  # After the warm-up: 'linear' decays linearly to 0 at num_steps (BERT); 'wsd'
+  # (warm-up-stable-decay, ModernBERT) holds the peak, then decays over the last
+  # decay_fraction of the steps to learning_rate * final_lr_fraction.
+  c.train.schedule = "linear"
+  # linear: where the decay starts, 'step0' (BERT's TF code: measured from step 0, so
+  # it resumes below the peak at the end of warm-up) or 'warmup_end' (from the peak).
   c.train.decay_start = "step0"
+  c.train.decay_fraction = 0.1  # wsd: share of num_steps in the final decay (0: none).
+  c.train.decay_shape = "1-sqrt"  # wsd: '1-sqrt' (Haegele et al. 2024) or 'linear'.
+  c.train.final_lr_fraction = 0.0  # wsd: the decay ends at learning_rate * this.
   c.train.weight_decay = 0.01  # Decoupled; not on LayerNorm parameters or biases.
+  # False: each step decays by lr_t * weight_decay (AdamW in optax and PyTorch). True:
+  # by (lr_t / learning_rate) * weight_decay, optimi's decouple_lr and Composer's
+  # DecoupledAdamW ("fully decoupled"; ModernBERT's weight_decay 1e-5 is of this kind).
+  c.train.decouple_lr = False
   c.train.b1 = 0.9  # Adam beta1.
   c.train.b2 = 0.999  # Adam beta2.
   c.train.eps = 1e-6  # Adam epsilon (BERT's value).

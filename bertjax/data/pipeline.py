@@ -12,8 +12,10 @@ g // n (`permutation.permute`: a fresh global shuffle every epoch that holds no 
 sources mixed with the multilingual weights, every `process_count`-th element for this
 process, batched, then read and masked a whole batch at once with one random stream
 per element keyed by (seed, its index): masks differ between epochs and replay exactly
-after a restore, and a process reads only the rows it trains on. Shapes: b per-process
-batch, T max_seq_length (or the phase's length), P max_predictions_per_seq.
+after a restore, and a process reads only the rows it trains on. The masking rate is a
+function of the step (`config.data.masked_lm_prob_phases`), so a restore draws the same
+masks too. Shapes: b per-process batch, T max_seq_length (or the phase's length), P
+max_predictions_per_seq (or the phase's).
 
 Batch dict (numpy): input_ids, attention_mask, token_type_ids [b, T] int32;
 masked_lm_positions, masked_lm_ids [b, P] int32; masked_lm_weights [b, P] float32;
@@ -56,7 +58,9 @@ class PretrainingData:
   most_frequent_token: the commonest non-special id in the training tokens (the
     "always predict it" MLM baseline).
   stats: documents, train_documents, eval_documents, train_examples, eval_examples,
-    tokens (training tokens), padding_fraction, phases, prepared, build_seconds.
+    tokens (training tokens), padding_fraction, phases, prepared, build_seconds;
+    language_weights with several languages, masking_phases with
+    config.data.masked_lm_prob_phases.
   """
 
   train: grain.IterDataset
@@ -73,7 +77,9 @@ class MaskBatch:
   permute(g mod n_k, n_k, shuffle_seeds[k], epoch=g // n_k) of source k. The rows are
   read, decoded and masked as one [b, T] batch; row r of batch i is element i * b + r
   of this process's stream and its random numbers come from `masking.RowStreams`
-  keyed by (seed, that index). Picklable, so it runs in grain worker processes too.
+  keyed by (seed, that index). Batch i is masked with `cfg`, or with the last of
+  `changes` (first batch, masking config) whose first batch is <= i. Picklable, so it
+  runs in grain worker processes too.
   """
 
   sources: tuple[Any, ...]  # rows_lib.MemoryRows / FileRows, all of one row dtype
@@ -83,6 +89,7 @@ class MaskBatch:
   isolate: bool
   position_offset: int
   seed: int
+  changes: tuple[tuple[int, masking.MaskingConfig], ...] = ()
 
   def __repr__(self) -> str:  # grain logs its stages: not the rows.
     return (f"MaskBatch({[len(s) for s in self.sources]} rows, nsp={self.nsp}, "
@@ -108,6 +115,14 @@ class MaskBatch:
       index[at] = permutation.permute(index[at], n, self.shuffle_seeds[source], e)
     return self.sources[source].read(index)
 
+  def cfg_at(self, batch_index: int) -> masking.MaskingConfig:
+    """The masking of batch `batch_index`."""
+    cfg = self.cfg
+    for first, later in self.changes:
+      if batch_index >= first:
+        cfg = later
+    return cfg
+
   def __call__(self, batch_index: int, elements) -> dict[str, np.ndarray]:
     out = rows_lib.decode(self.rows(elements), isolate=self.isolate,
                           position_offset=self.position_offset,
@@ -115,7 +130,8 @@ class MaskBatch:
     b = len(out["input_ids"])
     element = batch_index * b + np.arange(b)
     out.update(masking.mask_tokens(out["input_ids"], masking.RowStreams(self.seed, element),
-                                   self.cfg, word_starts=out.pop("word_starts", None)))
+                                   self.cfg_at(batch_index),
+                                   word_starts=out.pop("word_starts", None)))
     if not self.nsp:
       del out["next_sentence_labels"]
     # Start-up time at scale: when training could begin (benchmarks/data_scale.py).
@@ -133,12 +149,15 @@ class Phase:
     length T.
   weights: [K] sampling probabilities of the sources (None: one source).
   mask_cfg: masking for this length (its max_predictions_per_seq).
+  mask_changes: (batch of the phase, masking from that batch on), ascending: the
+    masking-rate phases that start inside this length phase.
   """
 
   steps: int | None
   sources: tuple[Any, ...]
   weights: tuple[float, ...] | None
   mask_cfg: masking.MaskingConfig
+  mask_changes: tuple[tuple[int, masking.MaskingConfig], ...] = ()
 
 
 # The last phase is cut at this many batches (grain concatenates finite datasets only).
@@ -170,7 +189,7 @@ def _phase_batches(phase: Phase, index: int, *, batch_size: int, seed: int, nsp:
       phase.sources,
       tuple(seeds.stream_seed(seed, seeds.SHUFFLE, index, i) for i in range(k)),
       phase.mask_cfg, nsp, isolate, position_offset,
-      seeds.stream_seed(seed, seeds.TRAIN_MASKS, process_index, index)))
+      seeds.stream_seed(seed, seeds.TRAIN_MASKS, process_index, index), phase.mask_changes))
 
 
 def make_train_dataset(examples: builders.Examples | list[Phase],
@@ -244,6 +263,7 @@ def check_config(data_cfg, model, num_steps: int) -> None:
     raise ConfigError("config.data.isolate_documents applies to packed rows: set "
                       "config.model.nsp=False or isolate_documents=False.")
   length_phases(d, num_steps)
+  masked_lm_prob_phases(d, num_steps)
   within("data.language_alpha", d.language_alpha, 0, 1)
   one_of("data.language_counts", d.language_counts, multilingual.COUNTS)
   within("data.eval_fraction", d.eval_fraction, 0, 1, "()")
@@ -288,6 +308,53 @@ def length_phases(data_cfg, num_steps: int | None) -> list[tuple[int | None, int
     raise ConfigError(f"config.data.length_phases fractions sum to {sum(fractions)}: "
                       "they must sum to 1 (e.g. ((0.9, 128), (0.1, 512)))")
   out[-1] = (None, *out[-1][1:])
+  return out
+
+
+def masked_lm_prob_phases(data_cfg, num_steps: int | None) -> list[tuple[int, float]]:
+  """`config.data.masked_lm_prob_phases` -> [(first step, masking rate)], ascending:
+  the rate from that step on (phase k starts at round(sum of the fractions before it *
+  num_steps), as `length_phases` splits the steps). No phases: [(0, masked_lm_prob)]."""
+  spec = tuple(data_cfg.masked_lm_prob_phases)
+  if not spec:
+    return [(0, float(data_cfg.masked_lm_prob))]
+  number = lambda x: isinstance(x, (int, float)) and not isinstance(x, bool)
+  for k, phase in enumerate(spec):
+    if not (isinstance(phase, (tuple, list)) and len(phase) == 2 and all(map(number, phase))
+            and 0 < phase[0] <= 1 and 0 < phase[1] <= 1):
+      raise ConfigError(f"config.data.masked_lm_prob_phases[{k}]={phase!r}: write "
+                        "(fraction of the steps in (0, 1], masking rate in (0, 1])")
+  if num_steps is None or num_steps < len(spec):
+    raise ConfigError(f"config.data.masked_lm_prob_phases={spec} needs "
+                      f"config.train.num_steps >= {len(spec)} to split the steps")
+  out, done = [], 0.0
+  for fraction, rate in spec:
+    out.append((int(round(done * num_steps)), float(rate)))
+    done += float(fraction)
+  if abs(done - 1.0) > 1e-6:
+    raise ConfigError(f"config.data.masked_lm_prob_phases fractions sum to {done}: they "
+                      "must sum to 1 (e.g. ((0.7, 0.3), (0.2, 0.15), (0.1, 0.05)))")
+  return out
+
+
+def _mask_schedule(cfg: masking.MaskingConfig, length: int, first: int,
+                   steps: int | None, rates: list[tuple[int, float]], base_rate: float
+                   ) -> list[tuple[int, masking.MaskingConfig]]:
+  """The masking of the length phase of steps [first, first + steps) ([first, inf)
+  for None) at `length`, whose `cfg` has the phase's P for `base_rate`: [(batch of
+  the phase, masking from it on)], the first at batch 0. At rate r, P scales by
+  r / base_rate (at most the length)."""
+  out = []
+  for start, rate in rates:
+    if steps is not None and start >= first + steps:
+      break
+    scaled = math.ceil(round(cfg.max_predictions_per_seq * rate / base_rate, 6))
+    at = dataclasses.replace(cfg, masked_lm_prob=rate,
+                             max_predictions_per_seq=min(max(1, scaled), length))
+    if start <= first:
+      out = [(0, at)]
+    else:
+      out.append((start - first, at))
   return out
 
 
@@ -431,8 +498,10 @@ def build_pretraining_data(data_cfg, tokenizer, *, batch_size: int, seed: int, n
   pairs, otherwise packed rows (`config.data.packing`: RoBERTa's FULL-SENTENCES or
   DOC-SENTENCES; `config.data.isolate_documents` adds segment_ids and position_ids
   starting at `position_offset`, the model's). `config.data.length_phases` splits
-  `num_steps` into sequence-length phases; `config.data.languages` mixes per-language
-  corpora with q_i ~ p_i^language_alpha. A corpus directory written by
+  `num_steps` into sequence-length phases and `config.data.masked_lm_prob_phases`
+  into masking-rate phases (the held-out batches stay at `masked_lm_prob`);
+  `config.data.languages` mixes per-language corpora with q_i ~ p_i^language_alpha.
+  A corpus directory written by
   `prepare --config` is read in place (its manifest checked against the config);
   other corpora are built in memory. Deterministic given `seed`.
   """
@@ -444,6 +513,7 @@ def build_pretraining_data(data_cfg, tokenizer, *, batch_size: int, seed: int, n
   isolate = bool(data_cfg.isolate_documents)
   masking.MaskingConfig.create(data_cfg, tokenizer, np.ones(tokenizer.vocab_size))
   phases = length_phases(data_cfg, num_steps)
+  rates = masked_lm_prob_phases(data_cfg, num_steps)
   lengths = sorted({t for _, t, _ in phases})
   languages = multilingual.parse_languages(data_cfg.languages) or [
       ("", data_cfg.corpus)]
@@ -470,7 +540,7 @@ def build_pretraining_data(data_cfg, tokenizer, *, batch_size: int, seed: int, n
                       f"has no {counts_unit} count ({sizes}): prepare it again")
     weights = tuple(multilingual.sampling_probabilities(
         sizes, data_cfg.language_alpha).tolist())
-  train_phases = []
+  train_phases, masking_phases, first_step = [], [], 0
   for steps, length, predictions in phases:
     sources = tuple(c.train[length] for c in corpora)
     for (name, spec), source in zip(languages, sources):
@@ -479,8 +549,13 @@ def build_pretraining_data(data_cfg, tokenizer, *, batch_size: int, seed: int, n
                         f"{length}, fewer than one batch of {batch_size} on each of "
                         f"{process_count} processes: use a smaller batch or a bigger "
                         "corpus")
-    train_phases.append(Phase(steps, sources, weights, dataclasses.replace(
-        mask_cfg, max_predictions_per_seq=predictions)))
+    schedule = _mask_schedule(
+        dataclasses.replace(mask_cfg, max_predictions_per_seq=predictions), length,
+        first_step, steps, rates, mask_cfg.masked_lm_prob)
+    train_phases.append(Phase(steps, sources, weights, schedule[0][1], tuple(schedule[1:])))
+    masking_phases += [(first_step + b, length, c.masked_lm_prob, c.max_predictions_per_seq)
+                       for b, c in schedule]
+    first_step += steps or 0
   held_out = rows_lib.concatenate([c.held_out for c in corpora])
   first = train_phases[0].sources
   first_length = first[0].dtype["ids"].shape[0]
@@ -513,6 +588,9 @@ def build_pretraining_data(data_cfg, tokenizer, *, batch_size: int, seed: int, n
           **({"language_weights": dict(zip([n for n, _ in languages],
                                            np.round(weights, 4).tolist()))}
              if weights else {}),
+          # (first step, length, masking rate, P) of each masking-rate phase.
+          **({"masking_phases": masking_phases}
+             if data_cfg.masked_lm_prob_phases else {}),
           "prepared": all(c.prepared for c in corpora),
           "build_seconds": round(time.perf_counter() - start, 3),
       })

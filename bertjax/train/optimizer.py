@@ -1,4 +1,5 @@
-"""Optimizer: AdamW (or LAMB), BERT's learning-rate schedule, decay mask, clipping."""
+"""Optimizer: AdamW, LAMB or StableAdamW; BERT's linear or a warm-up-stable-decay
+learning-rate schedule; decay mask, clipping."""
 
 from __future__ import annotations
 
@@ -6,13 +7,20 @@ from typing import Any, Callable
 
 import flax
 import jax
+import jax.numpy as jnp
 import optax
 
-from bertjax.errors import at_least, one_of, positive, within
-from bertjax.train import spikes
+from bertjax.errors import ConfigError, at_least, one_of, positive, within
+from bertjax.train import spikes, stable_adamw
 
-# config.train.optimizer -> optax's optimizer.
-OPTIMIZERS = {"adamw": optax.adamw, "lamb": optax.lamb}
+# config.train.optimizer -> the optimizer.
+OPTIMIZERS = {"adamw": optax.adamw, "lamb": optax.lamb,
+              "stable_adamw": stable_adamw.stable_adamw}
+# config.train.schedule: 'linear' (BERT's) or 'wsd' (warm-up, stable, decay).
+SCHEDULES = ("linear", "wsd")
+# config.train.decay_shape of 'wsd': lr falls as 1 - sqrt(x) (Haegele et al. 2024;
+# ModernBERT's decay phase) or as 1 - x over the decay's fraction x.
+DECAY_SHAPES = ("1-sqrt", "linear")
 
 
 # config.train.decay_start: where the linear decay to 0 starts.
@@ -24,6 +32,15 @@ DECAY_STARTS = ("warmup_end", "step0")
 
 
 def learning_rate_schedule(train_cfg) -> optax.Schedule:
+  """`train_cfg.schedule`: `wsd_schedule`, or `linear_schedule`."""
+  if train_cfg.schedule == "wsd":
+    return wsd_schedule(train_cfg.learning_rate, train_cfg.warmup_steps,
+                        decay_steps(train_cfg), train_cfg.num_steps,
+                        train_cfg.final_lr_fraction, train_cfg.decay_shape)
+  return linear_schedule(train_cfg)
+
+
+def linear_schedule(train_cfg) -> optax.Schedule:
   """Linear warm-up from 0 to the peak over `warmup_steps`, then linear decay reaching
   0 at `num_steps`, from where `train_cfg.decay_start` says. With 'warmup_end',
   lr(t) = peak * (num_steps - t) / (num_steps - warmup) after warm-up; with 'step0',
@@ -37,18 +54,65 @@ def learning_rate_schedule(train_cfg) -> optax.Schedule:
   return optax.join_schedules([optax.linear_schedule(0.0, peak, warmup), decay], [warmup])
 
 
+def decay_steps(train_cfg) -> int:
+  """'wsd': the steps of the final decay, round(decay_fraction * num_steps)."""
+  return int(round(train_cfg.decay_fraction * train_cfg.num_steps))
+
+
+def wsd_schedule(peak: float, warmup: int, decay: int, num_steps: int,
+                 final_fraction: float = 0.0, shape: str = "1-sqrt") -> optax.Schedule:
+  """Warm-up-stable-decay (trapezoidal; Xing et al. 2018, Hu et al. 2024): lr(t) rises
+  linearly from 0 to `peak` over `warmup` steps, holds `peak`, then over the last
+  `decay` steps falls to end = peak * final_fraction, at x = (t - (num_steps - decay))
+  / decay: end + (peak - end) * (1 - sqrt(x)) ('1-sqrt') or * (1 - x) ('linear'); end
+  from num_steps on. Composer's WarmupStableDecayScheduler (linear) and
+  OneMinusSqrtScheduler ('1-sqrt', alpha_f = final_fraction) in ModernBERT's
+  src/scheduler.py, counted in steps rather than tokens."""
+  end = peak * final_fraction
+  parts, boundaries = [], []
+  if warmup:
+    parts.append(optax.linear_schedule(0.0, peak, warmup))
+    boundaries.append(warmup)
+  parts.append(optax.constant_schedule(peak))
+  if decay:
+    boundaries.append(num_steps - decay)
+    if shape == "linear":
+      parts.append(optax.linear_schedule(peak, end, decay))
+    else:
+      parts.append(lambda t: end + (peak - end) * (
+          1 - jnp.sqrt(jnp.clip(t / decay, 0.0, 1.0))))
+  return optax.join_schedules(parts, boundaries) if boundaries else parts[0]
+
+
 def check_config(train_cfg) -> None:
-  """The optimizer's fields of `config.train` in range (one ConfigError line each)."""
-  positive("train.learning_rate", train_cfg.learning_rate)
-  one_of("train.optimizer", train_cfg.optimizer, OPTIMIZERS)
-  one_of("train.decay_start", train_cfg.decay_start, DECAY_STARTS)
-  at_least("train.weight_decay", train_cfg.weight_decay, 0)
-  within("train.b1", train_cfg.b1, 0, 1, "[)")
-  within("train.b2", train_cfg.b2, 0, 1, "[)")
-  positive("train.eps", train_cfg.eps, " (Adam divides by sqrt(v) + eps)")
-  at_least("train.max_grad_norm", train_cfg.max_grad_norm, 0)
-  at_least("train.spike_window", train_cfg.spike_window, 2)  # a standard deviation needs two
-  positive("train.spike_sigma", train_cfg.spike_sigma)
+  """The optimizer's and the schedule's fields of `config.train` in range (one
+  ConfigError line each)."""
+  t = train_cfg
+  positive("train.learning_rate", t.learning_rate)
+  one_of("train.optimizer", t.optimizer, OPTIMIZERS)
+  one_of("train.schedule", t.schedule, SCHEDULES)
+  one_of("train.decay_start", t.decay_start, DECAY_STARTS)
+  at_least("train.weight_decay", t.weight_decay, 0)
+  within("train.b1", t.b1, 0, 1, "[)")
+  within("train.b2", t.b2, 0, 1, "[)")
+  positive("train.eps", t.eps, " (Adam divides by sqrt(v) + eps)")
+  at_least("train.max_grad_norm", t.max_grad_norm, 0)
+  at_least("train.spike_window", t.spike_window, 2)  # a standard deviation needs two
+  positive("train.spike_sigma", t.spike_sigma)
+  if t.schedule != "wsd":
+    return
+  one_of("train.decay_shape", t.decay_shape, DECAY_SHAPES)
+  within("train.final_lr_fraction", t.final_lr_fraction, 0, 1)
+  within("train.decay_fraction", t.decay_fraction, 0, 1)
+  # Pretraining counts the warm-up in steps, fine-tuning as a fraction of its steps.
+  if "num_steps" in t:
+    warmup, named = t.warmup_steps / t.num_steps, (
+        f"config.train.warmup_steps={t.warmup_steps} of num_steps={t.num_steps}")
+  else:
+    warmup, named = t.warmup_fraction, f"config.train.warmup_fraction={t.warmup_fraction}"
+  if warmup + t.decay_fraction > 1:
+    raise ConfigError(f"config.train.decay_fraction={t.decay_fraction!r} overlaps the "
+                      f"warm-up ({named}): the decay cannot start before the warm-up ends.")
 
 
 def decay_mask(params):
@@ -61,15 +125,20 @@ def decay_mask(params):
 
 def create_optimizer(train_cfg, frozen: Callable[[Any], Any] | None = None,
                      stateless_frozen: bool = False) -> optax.GradientTransformation:
-  """Global-norm clipping, then AdamW or LAMB with the schedule and the decay mask, then
-  zero updates where `frozen(params)` (a tree of bools) is True; all of it wrapped in
-  `spikes.skip_spikes` with `skip_step_on_spikes`. Frozen parameters keep (unused)
-  moments, so the state's shapes, shardings and checkpoints stay those of `params`;
-  with `stateless_frozen` they have none (`optax.partition`: the optimizer sees only
-  the trained parameters; a frozen encoder under a small head)."""
+  """Global-norm clipping, then AdamW, LAMB or StableAdamW with the schedule and the
+  decay mask, then zero updates where `frozen(params)` (a tree of bools) is True; all
+  of it wrapped in `spikes.skip_spikes` with `skip_step_on_spikes`. Frozen parameters
+  keep (unused) moments, so the state's shapes, shardings and checkpoints stay those of
+  `params`; with `stateless_frozen` they have none (`optax.partition`: the optimizer
+  sees only the trained parameters; a frozen encoder under a small head). With
+  `decouple_lr` the decay rate is weight_decay / peak learning rate, so lr_t * rate =
+  (lr_t / peak) * weight_decay: optimi's and Composer's "fully decoupled" decay."""
   schedule = learning_rate_schedule(train_cfg)
+  decay = train_cfg.weight_decay
+  if train_cfg.decouple_lr:  # decay scaled by lr / peak, not by lr
+    decay = decay / train_cfg.learning_rate
   kwargs = dict(learning_rate=schedule, b1=train_cfg.b1, b2=train_cfg.b2, eps=train_cfg.eps,
-                weight_decay=train_cfg.weight_decay, mask=decay_mask)
+                weight_decay=decay, mask=decay_mask)
   opt = OPTIMIZERS[train_cfg.optimizer](**kwargs)
   if train_cfg.max_grad_norm > 0:
     opt = optax.chain(optax.clip_by_global_norm(train_cfg.max_grad_norm), opt)

@@ -69,9 +69,13 @@ def get_config():
   c.train.log_every = 50  # Steps between logged training metrics.
   c.train.checkpoint_every = 1000  # Steps between checkpoints (and at the end).
   c.train.max_to_keep = 1  # Checkpoints kept in the workdir.
-  # Spike skipping (skip_step_on_spikes, spike_window, spike_sigma), profile_steps and
-  # checkpoint.on_corrupt: the trainer's, as in pretraining (described in bert_base.py).
-  for field in ("skip_step_on_spikes", "spike_window", "spike_sigma", "profile_steps"):
+  # The learning-rate schedule's shape (schedule: 'linear', or 'wsd' with
+  # decay_fraction, decay_shape, final_lr_fraction), decouple_lr, spike skipping
+  # (skip_step_on_spikes, spike_window, spike_sigma), profile_steps and
+  # checkpoint.on_corrupt: as in pretraining (described in bert_base.py).
+  for field in ("schedule", "decay_fraction", "decay_shape", "final_lr_fraction",
+                "decouple_lr", "skip_step_on_spikes", "spike_window", "spike_sigma",
+                "profile_steps"):
     c.train[field] = bert_base.get_config().train[field]
   c.checkpoint = bert_base.get_config().checkpoint
 
