@@ -135,7 +135,8 @@ def model_config_from_hf(hf: dict[str, Any], **overrides) -> ModernBertConfig:
       classifier_activation=hf.get("classifier_activation", "gelu"),
       classifier_pooling=hf.get("classifier_pooling", "cls"),
       initializer_range=hf.get("initializer_range", 0.02),
-      initializer_cutoff_factor=hf.get("initializer_cutoff_factor") or 2.0)
+      # transformers cuts at 3 std when the key is null, at its default 2 when absent.
+      initializer_cutoff_factor=hf.get("initializer_cutoff_factor", 2.0) or 3.0)
   return ModernBertConfig(**{**fields, **overrides})
 
 

@@ -300,3 +300,23 @@ def test_sharded_forward_and_gradient_match_one_device(hf_mlm):
   np.testing.assert_allclose(sharded[0], ref[0], rtol=1e-5)
   for a, b in zip(jax.tree.leaves(sharded[1]), jax.tree.leaves(ref[1])):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
+
+
+def test_initialisation_follows_hf():
+  """Truncated normals cut at 2 std: 0.02 for embeddings, Wqkv, Wi; 0.02 / sqrt(2L) for
+  both Wo and the heads' dense; norms at 1. Each weight's spread and range match a
+  freshly initialised Hugging Face model's (biases zero when present)."""
+  sizes = dict(vocab_size=512, hidden_size=64, intermediate_size=128,
+               num_hidden_layers=4, num_attention_heads=4, pad_token_id=0)
+  torch.manual_seed(0)
+  hf = transformers.ModernBertForMaskedLM(transformers.ModernBertConfig(**sizes))
+  cfg = conv.model_config_from_hf(hf.config.to_dict())
+  ours = conv.params_to_hf(nn.unbox(mb.ModernBertForPreTraining(cfg).init_params(
+      jax.random.key(0))), cfg)
+  for key, theirs in _state(hf).items():
+    a, b = np.asarray(ours[key]), theirs
+    if np.all(b == 1) or np.all(b == 0):
+      np.testing.assert_array_equal(a, b, err_msg=key)
+    else:
+      assert abs(a.std() / b.std() - 1) < 0.05, key
+      assert abs(np.abs(a).max() / np.abs(b).max() - 1) < 0.05, key
