@@ -1,0 +1,374 @@
+"""Hugging Face ModernBERT checkpoints <-> bertjax `ModernBertConfig` and parameters.
+
+Covers `ModernBertModel`, `ModernBertForMaskedLM` and the fine-tuned
+`ModernBertForSequenceClassification / ForTokenClassification / ForQuestionAnswering /
+ForMultipleChoice`, and the config.json variants of the checkpoints that share the
+architecture (ModernBERT, Ettin, mmBERT): transformers 5's `layer_types` and
+`rope_parameters` ({'full_attention': {'rope_theta': ..}, 'sliding_attention': ..}),
+and the 4.x keys `global_attn_every_n_layers`, `global_rope_theta`, `local_rope_theta`,
+`local_attention` (or `sliding_window`, its half, which wins as in transformers).
+
+One table, `param_table`, lists every parameter as (bertjax path, Hugging Face key,
+kind); `kind` names the layout change (Hugging Face stores Linear weights [out, in]):
+
+  copy       embeddings, norms, biases of [out] vectors
+  dense      [out, in] -> [in, out] kernel
+  wqkv       Wqkv [3*N*D, E] -> [E, 3, N, D] (rows ordered q|k|v, head, dim)
+  wqkv_bias  [3*N*D] -> [3, N, D]
+  attn_out   attention Wo [E, N*D] -> [N, D, E]
+  wi         GeGLU Wi [2*M, E] -> [E, 2, M] (rows: input half, then gate half)
+  wi_bias    [2*M] -> [2, M]
+
+Task heads (bertjax paths the lead's task modules must use; Hugging Face keys):
+
+  head/transform/dense/{kernel[E, E], bias}  head.dense      (bias iff classifier_bias)
+  head/transform/norm/{scale, bias}          head.norm       (bias iff norm_bias)
+  head/classifier/{kernel[E, K], bias[K]}    classifier      ForSequenceClassification
+  head/tagger/{kernel[E, K], bias[K]}        classifier      ForTokenClassification
+  head/qa/{kernel[E, 2], bias[2]}            classifier      ForQuestionAnswering
+  head/scorer/{kernel[E, 1], bias[1]}        classifier      ForMultipleChoice
+
+(`bertjax.model.modernbert.task_features` builds head/transform, `classifier` the
+output layer.) The MLM decoder is tied to the token embedding: its weight is not a
+bertjax parameter and is written as a copy of the embedding.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, NamedTuple, Sequence
+
+import numpy as np
+
+from bertjax.convert import read_state_dict
+from bertjax.errors import CheckpointError
+from bertjax.model.modernbert import ACTIVATIONS, ModernBertConfig
+
+MODEL_TYPE = "modernbert"
+_EMBEDDINGS = "embeddings.tok_embeddings.weight"
+# bertjax task -> (Hugging Face class, bertjax head name).
+TASK_CLASSES = {
+    "classification": ("ModernBertForSequenceClassification", "classifier"),
+    "tagging": ("ModernBertForTokenClassification", "tagger"),
+    "squad": ("ModernBertForQuestionAnswering", "qa"),
+    "multiple_choice": ("ModernBertForMultipleChoice", "scorer"),
+}
+
+
+class Entry(NamedTuple):
+  path: tuple[str, ...]  # into the bertjax params tree
+  key: str  # Hugging Face state-dict key
+  kind: str  # see the module docstring
+
+
+# ---- config.json <-> ModernBertConfig ---------------------------------------------
+
+def _every_n(hf: dict, num_layers: int) -> int:
+  """global_attn_every_n_layers of `layer_types` (or the legacy key, default 3)."""
+  n = hf.get("global_attn_every_n_layers") or 3
+  types = hf.get("layer_types")
+  if types is None:
+    return n
+  pattern = lambda n: ["sliding_attention" if i % n else "full_attention"
+                       for i in range(num_layers)]
+  if list(types) == pattern(n):
+    return n
+  globals_ = [i for i, t in enumerate(types) if t == "full_attention"]
+  n = globals_[1] if len(globals_) > 1 else max(num_layers, 1)
+  if list(types) != pattern(n):
+    raise CheckpointError(f"config.json layer_types={list(types)} is not a global layer "
+                          "every n layers from layer 0; bertjax supports that pattern only.")
+  return n
+
+
+def _thetas(hf: dict) -> tuple[float, float]:
+  """(global, local) rotary thetas: `rope_parameters` per layer type, else the legacy
+  `global_rope_theta` / `local_rope_theta`, else transformers' defaults."""
+  if hf.get("rope_scaling"):
+    raise CheckpointError(f"config.json rope_scaling={hf['rope_scaling']} is not "
+                          "supported; bertjax's rotary positions are the default type.")
+  rope = hf.get("rope_parameters") or {}
+  if "rope_theta" in rope:  # One set of parameters for both layer types.
+    rope = {"full_attention": rope, "sliding_attention": rope}
+  out = []
+  for kind, legacy, default in (("full_attention", "global_rope_theta", 160_000.0),
+                                ("sliding_attention", "local_rope_theta", 10_000.0)):
+    params = rope.get(kind) or {}
+    if params.get("rope_type", "default") != "default":
+      raise CheckpointError(f"config.json rope_parameters[{kind!r}] rope_type="
+                            f"{params['rope_type']!r} is not supported; only 'default'.")
+    out.append(float(params.get("rope_theta", hf.get(legacy, default))))
+  return out[0], out[1]
+
+
+def model_config_from_hf(hf: dict[str, Any], **overrides) -> ModernBertConfig:
+  """ModernBertConfig of a Hugging Face config.json (a dict); `overrides` set bertjax's
+  own fields (attention_impl, scan_layers, remat_policy, dtype, param_dtype)."""
+  if hf.get("model_type") != MODEL_TYPE:
+    raise CheckpointError(f"config.json model_type={hf.get('model_type')!r} is not "
+                          "'modernbert'; convert it with the BERT family's converter.")
+  for key in ("hidden_activation", "classifier_activation"):
+    if hf.get(key, "gelu") not in ACTIVATIONS:
+      raise CheckpointError(f"config.json {key}={hf[key]!r} is not supported; bertjax "
+                            f"has {sorted(ACTIVATIONS)}.")
+  num_layers = hf.get("num_hidden_layers", 22)
+  window = (2 * hf["sliding_window"] if hf.get("sliding_window") is not None
+            else hf.get("local_attention", 128))
+  global_theta, local_theta = _thetas(hf)
+  fields = dict(
+      vocab_size=hf.get("vocab_size", 50368), hidden_size=hf.get("hidden_size", 768),
+      num_layers=num_layers, num_heads=hf.get("num_attention_heads", 12),
+      intermediate_size=hf.get("intermediate_size", 1152),
+      max_position_embeddings=hf.get("max_position_embeddings", 8192),
+      pad_token_id=hf.get("pad_token_id", 50283), norm_eps=hf.get("norm_eps", 1e-5),
+      norm_bias=hf.get("norm_bias", False), attention_bias=hf.get("attention_bias", False),
+      mlp_bias=hf.get("mlp_bias", False), classifier_bias=hf.get("classifier_bias", False),
+      decoder_bias=hf.get("decoder_bias", True),
+      global_attn_every_n_layers=_every_n(hf, num_layers), local_attention=window,
+      global_rope_theta=global_theta, local_rope_theta=local_theta,
+      embedding_dropout=hf.get("embedding_dropout", 0.0),
+      attention_dropout=hf.get("attention_dropout", 0.0),
+      mlp_dropout=hf.get("mlp_dropout", 0.0),
+      classifier_dropout=hf.get("classifier_dropout", 0.0),
+      hidden_activation=hf.get("hidden_activation", "gelu"),
+      classifier_activation=hf.get("classifier_activation", "gelu"),
+      classifier_pooling=hf.get("classifier_pooling", "cls"),
+      initializer_range=hf.get("initializer_range", 0.02),
+      # transformers cuts at 3 std when the key is null, at its default 2 when absent.
+      initializer_cutoff_factor=hf.get("initializer_cutoff_factor", 2.0) or 3.0)
+  return ModernBertConfig(**{**fields, **overrides})
+
+
+def hf_config(config: ModernBertConfig, architecture: str = "ModernBertForMaskedLM",
+              extra: dict | None = None) -> dict[str, Any]:
+  """config.json of the Hugging Face model holding `config`: transformers 5's keys
+  (layer_types, rope_parameters) and the 4.x ones (global_attn_every_n_layers,
+  global/local_rope_theta), which both versions read. `extra` adds keys (token ids,
+  id2label / label2id); bos/eos/cls/sep ids are null unless given."""
+  rope = lambda theta: {"rope_type": "default", "rope_theta": theta}
+  out = {
+      "architectures": [architecture], "model_type": MODEL_TYPE,
+      "vocab_size": config.vocab_size, "hidden_size": config.hidden_size,
+      "intermediate_size": config.intermediate_size,
+      "num_hidden_layers": config.num_layers, "num_attention_heads": config.num_heads,
+      "hidden_activation": config.hidden_activation,
+      "max_position_embeddings": config.max_position_embeddings,
+      "initializer_range": config.initializer_range,
+      "initializer_cutoff_factor": config.initializer_cutoff_factor,
+      "norm_eps": config.norm_eps, "norm_bias": config.norm_bias,
+      "pad_token_id": config.pad_token_id, "bos_token_id": None, "eos_token_id": None,
+      "cls_token_id": None, "sep_token_id": None,
+      "attention_bias": config.attention_bias,
+      "attention_dropout": config.attention_dropout,
+      "layer_types": list(config.layer_types),
+      "rope_parameters": {"full_attention": rope(config.global_rope_theta),
+                          "sliding_attention": rope(config.local_rope_theta)},
+      "global_attn_every_n_layers": config.global_attn_every_n_layers,
+      "global_rope_theta": config.global_rope_theta,
+      "local_rope_theta": config.local_rope_theta,
+      "local_attention": config.local_attention,
+      "embedding_dropout": config.embedding_dropout, "mlp_bias": config.mlp_bias,
+      "mlp_dropout": config.mlp_dropout, "decoder_bias": config.decoder_bias,
+      "classifier_pooling": config.classifier_pooling,
+      "classifier_dropout": config.classifier_dropout,
+      "classifier_bias": config.classifier_bias,
+      "classifier_activation": config.classifier_activation,
+      "tie_word_embeddings": True,
+  }
+  out.update(extra or {})
+  return out
+
+
+# ---- The parameter table ----------------------------------------------------------
+
+def _norm(config, path, key):
+  table = [Entry(path + ("scale",), f"{key}.weight", "copy")]
+  if config.norm_bias:
+    table.append(Entry(path + ("bias",), f"{key}.bias", "copy"))
+  return table
+
+
+def _linear(path, key, bias: bool, kind="dense", bias_kind="copy"):
+  table = [Entry(path + ("kernel",), f"{key}.weight", kind)]
+  if bias:
+    table.append(Entry(path + ("bias",), f"{key}.bias", bias_kind))
+  return table
+
+
+def _transform(config, path, key):
+  """A PredictionHead: dense + act + norm."""
+  return (_linear(path + ("dense",), f"{key}.dense", config.classifier_bias)
+          + _norm(config, path + ("norm",), f"{key}.norm"))
+
+
+def param_table(config: ModernBertConfig, prefix: str = "model.", mlm: bool = True,
+                task: str | None = None) -> list[Entry]:
+  """Every bertjax parameter of `config` (unscanned layout) with its Hugging Face key:
+  the encoder under `prefix` ('model.' in every ModernBertFor*, '' in a bare
+  ModernBertModel), the MLM head when `mlm`, the `task` head (a key of TASK_CLASSES)."""
+  p, enc = prefix, ("encoder",)
+  table = [Entry(enc + ("embeddings", "tok_embeddings", "embedding"), p + _EMBEDDINGS,
+                 "copy")]
+  table += _norm(config, enc + ("embeddings", "norm"), f"{p}embeddings.norm")
+  for i in range(config.num_layers):
+    ours, hf = enc + (f"layer_{i}",), f"{p}layers.{i}"
+    if i > 0:
+      table += _norm(config, ours + ("attn_norm",), f"{hf}.attn_norm")
+    table += _linear(ours + ("attn", "Wqkv"), f"{hf}.attn.Wqkv", config.attention_bias,
+                     "wqkv", "wqkv_bias")
+    table += _linear(ours + ("attn", "Wo"), f"{hf}.attn.Wo", config.attention_bias,
+                     "attn_out")
+    table += _norm(config, ours + ("mlp_norm",), f"{hf}.mlp_norm")
+    table += _linear(ours + ("mlp", "Wi"), f"{hf}.mlp.Wi", config.mlp_bias, "wi", "wi_bias")
+    table += _linear(ours + ("mlp", "Wo"), f"{hf}.mlp.Wo", config.mlp_bias)
+  table += _norm(config, enc + ("final_norm",), f"{p}final_norm")
+  if mlm:
+    table += _transform(config, ("mlm", "transform"), "head")
+    if config.decoder_bias:
+      table.append(Entry(("mlm", "bias"), "decoder.bias", "copy"))
+  if task is not None:
+    if task not in TASK_CLASSES:
+      raise CheckpointError(f"a {task!r} model has no Hugging Face ModernBERT class; "
+                            f"those exist for {sorted(TASK_CLASSES)}.")
+    table += _transform(config, ("head", "transform"), "head")
+    table += _linear(("head", TASK_CLASSES[task][1]), "classifier", True)
+  return table
+
+
+def _to_bertjax(kind: str, w: np.ndarray, config: ModernBertConfig) -> np.ndarray:
+  n, d, m = config.num_heads, config.head_dim, config.intermediate_size
+  if kind == "copy":
+    return w
+  if kind == "dense":  # [out, in] -> [in, out]
+    return w.T
+  if kind == "wqkv":  # [3*N*D, E] -> [E, 3, N, D]
+    return w.T.reshape(w.shape[1], 3, n, d)
+  if kind == "wqkv_bias":  # [3*N*D] -> [3, N, D]
+    return w.reshape(3, n, d)
+  if kind == "attn_out":  # [E, N*D] -> [N, D, E]
+    return w.T.reshape(n, d, w.shape[0])
+  if kind == "wi":  # [2*M, E] -> [E, 2, M]
+    return w.T.reshape(w.shape[1], 2, m)
+  if kind == "wi_bias":  # [2*M] -> [2, M]
+    return w.reshape(2, m)
+  raise ValueError(f"unknown parameter kind {kind!r}")
+
+
+def _to_hf(kind: str, w: np.ndarray) -> np.ndarray:
+  """The inverse of `_to_bertjax`."""
+  if kind == "copy":
+    return w
+  if kind == "dense":  # [in, out] -> [out, in]
+    return w.T
+  if kind in ("wqkv", "wi"):  # [E, 3, N, D] / [E, 2, M] -> [3*N*D, E] / [2*M, E]
+    return w.reshape(w.shape[0], -1).T
+  if kind in ("wqkv_bias", "wi_bias"):
+    return w.reshape(-1)
+  if kind == "attn_out":  # [N, D, E] -> [E, N*D]
+    return w.reshape(-1, w.shape[-1]).T
+  raise ValueError(f"unknown parameter kind {kind!r}")
+
+
+# ---- State dicts <-> parameters ---------------------------------------------------
+
+def encoder_prefix(state_dict: dict) -> str:
+  """'model.' (ModernBertFor*) or '' (a bare ModernBertModel)."""
+  for key in state_dict:
+    if key.endswith(_EMBEDDINGS):
+      return key[:-len(_EMBEDDINGS)]
+  raise CheckpointError(f"the checkpoint has no '*{_EMBEDDINGS}': not a ModernBERT "
+                        "encoder.")
+
+
+def task_of(hf: dict[str, Any]) -> str | None:
+  """The bertjax task of a config.json's `architectures` (None: Model / ForMaskedLM)."""
+  archs = hf.get("architectures") or []
+  for task, (cls, _) in TASK_CLASSES.items():
+    if cls in archs:
+      return task
+  return None
+
+
+def params_from_hf(state_dict: dict[str, np.ndarray], config: ModernBertConfig,
+                   task: str | None = None) -> dict:
+  """bertjax params (nested dict of float32 numpy arrays, unscanned) of a Hugging Face
+  state dict: 'encoder', 'mlm' when the checkpoint has the MLM head, 'head' for a
+  fine-tuned `task` model."""
+  prefix = encoder_prefix(state_dict)
+  if task is None and "classifier.weight" in state_dict:
+    raise CheckpointError("the checkpoint has a task head (classifier.weight): name its "
+                          f"task, one of {sorted(TASK_CLASSES)}.")
+  mlm = task is None and "head.dense.weight" in state_dict
+  if "decoder.weight" in state_dict and not np.array_equal(
+      state_dict["decoder.weight"], state_dict[prefix + _EMBEDDINGS]):
+    raise CheckpointError("decoder.weight differs from the token embeddings; bertjax "
+                          "ties them (tie_word_embeddings=true).")
+  params: dict = {}
+  for entry in param_table(config, prefix, mlm, task):
+    if entry.key not in state_dict:
+      raise CheckpointError(f"the checkpoint lacks {entry.key!r}; it does not match its "
+                            "config.json.")
+    w = np.asarray(state_dict[entry.key], dtype=np.float32)
+    node = params
+    for name in entry.path[:-1]:
+      node = node.setdefault(name, {})
+    node[entry.path[-1]] = _to_bertjax(entry.kind, w, config)
+  return params
+
+
+def params_to_hf(params: dict, config: ModernBertConfig, task: str | None = None
+                 ) -> dict[str, np.ndarray]:
+  """A Hugging Face state dict (float32 numpy, either layout in): the
+  ModernBertForMaskedLM keys when `params` has 'mlm' (decoder.weight a copy of the
+  embedding), a ModernBertFor<task> when `task`, else a bare ModernBertModel's."""
+  from bertjax.model.modernbert import to_layout  # pylint: disable=g-import-not-at-top
+  params = to_layout(params, scan_layers=False)
+  mlm = task is None and "mlm" in params
+  prefix = "model." if mlm or task else ""
+  state = {}
+  for entry in param_table(config, prefix, mlm, task):
+    node = params
+    for name in entry.path:
+      node = node[name]
+    state[entry.key] = np.ascontiguousarray(_to_hf(entry.kind, np.asarray(node, np.float32)))
+  if mlm:
+    state["decoder.weight"] = state[prefix + _EMBEDDINGS].copy()
+  return state
+
+
+def load_hf(directory: str, **overrides) -> tuple[ModernBertConfig, dict, str | None]:
+  """(config, params, task) of a Hugging Face ModernBERT model dir (config.json +
+  weights); task from its `architectures` (None for ModernBertModel / ForMaskedLM)."""
+  with open(os.path.join(directory, "config.json")) as f:
+    hf = json.load(f)
+  config = model_config_from_hf(hf, **overrides)
+  task = task_of(hf)
+  return config, params_from_hf(read_state_dict(directory), config, task), task
+
+
+def save_hf(directory: str, params: dict, config: ModernBertConfig,
+            task: str | None = None, labels: Sequence[str] | None = None,
+            extra: dict | None = None) -> str:
+  """Writes config.json and model.safetensors of the Hugging Face model holding
+  `params` (ModernBertForMaskedLM with an 'mlm' head, ModernBertFor<task>, else
+  ModernBertModel); `labels` name a classifier's outputs (default LABEL_i). Tokenizer
+  files are the caller's. Returns the class name."""
+  from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
+
+  state = params_to_hf(params, config, task)
+  arch = (TASK_CLASSES[task][0] if task else
+          "ModernBertForMaskedLM" if "decoder.weight" in state else "ModernBertModel")
+  extra = dict(extra or {})
+  if task in ("classification", "tagging", "squad"):  # num_labels: the classifier's rows
+    k = state["classifier.weight"].shape[0]
+    names = list(labels) if labels is not None else [f"LABEL_{i}" for i in range(k)]
+    if len(names) != k:
+      raise CheckpointError(f"{len(names)} labels for a classifier with {k} outputs.")
+    extra.setdefault("id2label", {str(i): l for i, l in enumerate(names)})
+    extra.setdefault("label2id", {l: i for i, l in enumerate(names)})
+  os.makedirs(directory, exist_ok=True)
+  with open(os.path.join(directory, "config.json"), "w") as f:
+    json.dump(hf_config(config, arch, extra), f, indent=2)
+  save_file(state, os.path.join(directory, "model.safetensors"), metadata={"format": "pt"})
+  return arch

@@ -1,0 +1,568 @@
+"""ModernBERT (Warner et al. 2024), and the encoders built on its architecture (Ettin,
+mmBERT), exact to Hugging Face's `transformers.ModernBertForMaskedLM` (v5.24).
+
+- Embeddings: token embedding, LayerNorm, dropout; no positions, no segments.
+- Pre-LN blocks: x + Attn(LN(x)), then x + GeGLU(LN(x)); block 0 takes the embedding
+  norm's output as is (Hugging Face's `attn_norm` is an Identity there: that block has
+  no attention norm). Fused Wqkv [E, 3, N, D] and output Wo [N, D, E].
+- Layer types: block i attends globally when i % global_attn_every_n_layers == 0
+  (0, 3, 6, ...: rotary theta `global_rope_theta`), the others within a sliding window
+  (theta `local_rope_theta`). The window is Hugging Face's: `sliding_window =
+  local_attention // 2` and `create_bidirectional_sliding_window_mask` keeps
+  |i - j| <= sliding_window, both ends included (2 * 64 + 1 = 129 keys for
+  local_attention=128; its flash-attention path passes `sliding_window + 1` because
+  flash bounds are exclusive: the same pairs). The authors' code keeps the same pairs.
+- Rotary positions, Hugging Face's `ModernBertRotaryEmbedding` + `apply_rotary_pos_emb`:
+  inv_freq = theta^(-2k/D), k < D/2, in float32; angles = position * inv_freq in
+  float32, duplicated ([f, f], not interleaved); cos/sin cast to the activation dtype;
+  q and k rotated in float32 by the rotate-half convention (x * cos + [-x2, x1] * sin,
+  x1 / x2 the first / second halves of the head dimension), then cast back.
+- GeGLU: Wi [E, 2, M] (Hugging Face's [2M, E] chunked: first half the input, second the
+  gate), act(input) * gate, dropout, Wo [M, E]. A final LayerNorm (float32 statistics,
+  two-pass variance as torch's).
+- MLM head: dense + act + LayerNorm (`transform`), then the tied token embedding plus a
+  vocabulary bias. Task heads: `task_features` (Hugging Face's pooling, `head` and
+  dropout) and `classifier`.
+- Packed rows: `segment_ids` [B, T] isolate documents and, without explicit
+  `position_ids`, restart the rotary positions at 0 in each document, as the authors'
+  unpadded training does (flash-attention varlen with `cu_seqlens`).
+
+Parameters are Hugging Face's names (see `bertjax.convert_modernbert`). With
+`scan_layers`, block 0 (which has no attention norm) stays `encoder/layer_0` and blocks
+1..L-1 are `encoder/layers` with a leading [L-1] axis (`to_layout` converts). Shapes:
+B batch, T length, E hidden, N heads, D head size, M intermediate size, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bertjax.errors import ConfigError
+from bertjax.model import attention as attention_lib
+from bertjax.model.config import REMAT_POLICIES, dtype_of
+from bertjax.model.layers import BATCH, EMBED, HEADS, KV, LENGTH, MLP, constrain
+
+# Hugging Face's ACT2FN names -> the function ('gelu' is the exact, erf GELU).
+ACTIVATIONS = {
+    "gelu": functools.partial(nn.gelu, approximate=False),
+    "gelu_new": functools.partial(nn.gelu, approximate=True),
+    "gelu_pytorch_tanh": functools.partial(nn.gelu, approximate=True),
+    "silu": nn.silu,
+    "relu": nn.relu,
+}
+POOLINGS = ("cls", "mean")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModernBertConfig:
+  """Hyperparameters of a ModernBERT encoder and its heads; the defaults are
+  ModernBERT-base's (Hugging Face's `ModernBertConfig` defaults, their names kept)."""
+
+  vocab_size: int = 50368
+  hidden_size: int = 768
+  num_layers: int = 22
+  num_heads: int = 12
+  intermediate_size: int = 1152
+  max_position_embeddings: int = 8192  # The context trained for (no position table).
+  pad_token_id: int = 50283
+  norm_eps: float = 1e-5
+  norm_bias: bool = False  # LayerNorms with a bias
+  attention_bias: bool = False  # Wqkv, Wo with biases
+  mlp_bias: bool = False  # Wi, Wo with biases
+  classifier_bias: bool = False  # the heads' dense (MLM `transform`, task `transform`)
+  decoder_bias: bool = True  # the MLM vocabulary bias
+  global_attn_every_n_layers: int = 3  # block i is global iff i % n == 0
+  local_attention: int = 128  # the local window, even: local_attention // 2 each side
+  global_rope_theta: float = 160_000.0
+  local_rope_theta: float = 10_000.0
+  embedding_dropout: float = 0.0
+  attention_dropout: float = 0.0  # attention probabilities and the Wo output
+  mlp_dropout: float = 0.0
+  classifier_dropout: float = 0.0
+  hidden_activation: str = "gelu"  # a key of ACTIVATIONS (GeGLU's)
+  classifier_activation: str = "gelu"  # the heads' `transform` activation
+  classifier_pooling: str = "cls"  # 'cls' or 'mean' (sequence-level task heads)
+  initializer_range: float = 0.02
+  initializer_cutoff_factor: float = 2.0  # truncation, in standard deviations
+  attention_impl: str | None = None  # None / 'xla', 'cudnn' (GPU), 'splash' (TPU)
+  scan_layers: bool = False  # nn.scan over blocks 1..L-1 (params encoder/layers [L-1])
+  remat_policy: str = "none"  # a key of REMAT_POLICIES
+  dtype: Any = jnp.float32  # compute dtype of activations
+  param_dtype: Any = jnp.float32  # master weights
+
+  def __post_init__(self):
+    """Every field in range, or a one-line ConfigError naming it."""
+    for name in ("vocab_size", "hidden_size", "num_layers", "num_heads",
+                 "intermediate_size", "max_position_embeddings",
+                 "global_attn_every_n_layers"):
+      if not getattr(self, name) >= 1:
+        raise ConfigError(f"config.model.{name}={getattr(self, name)} must be >= 1.")
+    if self.hidden_size % self.num_heads or (self.hidden_size // self.num_heads) % 2:
+      raise ConfigError(
+          f"config.model.hidden_size={self.hidden_size} / config.model.num_heads="
+          f"{self.num_heads} must be a whole, even head size (rotary pairs its halves).")
+    if not 0 <= self.pad_token_id < self.vocab_size:
+      raise ConfigError(f"config.model.pad_token_id={self.pad_token_id} must lie in "
+                        f"[0, config.model.vocab_size={self.vocab_size}).")
+    if self.local_attention < 2 or self.local_attention % 2:
+      raise ConfigError(f"config.model.local_attention={self.local_attention} must be even "
+                        "and >= 2 (it spans local_attention // 2 tokens each side).")
+    for name in ("embedding_dropout", "attention_dropout", "mlp_dropout",
+                 "classifier_dropout"):
+      if not 0 <= getattr(self, name) < 1:
+        raise ConfigError(f"config.model.{name}={getattr(self, name)} must lie in [0, 1).")
+    for name in ("norm_eps", "initializer_range", "initializer_cutoff_factor",
+                 "global_rope_theta", "local_rope_theta"):
+      if not getattr(self, name) > 0:
+        raise ConfigError(f"config.model.{name}={getattr(self, name)} must be positive.")
+    for name in ("hidden_activation", "classifier_activation"):
+      if getattr(self, name) not in ACTIVATIONS:
+        raise ConfigError(f"config.model.{name}={getattr(self, name)!r}: use one of "
+                          f"{sorted(ACTIVATIONS)}.")
+    if self.classifier_pooling not in POOLINGS:
+      raise ConfigError(f"config.model.classifier_pooling={self.classifier_pooling!r}: "
+                        f"use one of {list(POOLINGS)}.")
+    if self.attention_impl not in (None, "xla", "cudnn", "splash"):
+      raise ConfigError(f"config.model.attention_impl={self.attention_impl!r}: use "
+                        "None, 'xla', 'cudnn' or 'splash'.")
+    if self.remat_policy not in REMAT_POLICIES:
+      raise ConfigError(f"config.model.remat_policy={self.remat_policy!r}: use one of "
+                        f"{sorted(REMAT_POLICIES)}.")
+
+  @property
+  def head_dim(self) -> int:
+    return self.hidden_size // self.num_heads
+
+  @property
+  def window(self) -> int:
+    """The local layers' half-width w: query i sees keys j with |i - j| <= w."""
+    return self.local_attention // 2
+
+  def is_global(self, layer: int) -> bool:
+    return layer % self.global_attn_every_n_layers == 0
+
+  @property
+  def layer_types(self) -> tuple[str, ...]:
+    """Hugging Face's `layer_types`: 'full_attention' or 'sliding_attention' per block."""
+    return tuple("full_attention" if self.is_global(i) else "sliding_attention"
+                 for i in range(self.num_layers))
+
+  @classmethod
+  def from_config(cls, model_cfg) -> "ModernBertConfig":
+    """Builds the dataclass from `config.model` (a ConfigDict or a plain dict); a
+    `family` key, when present, must be 'modernbert'."""
+    d = dict(model_cfg)
+    family = d.pop("family", "modernbert")
+    if family != "modernbert":
+      raise ConfigError(f"config.model.family={family!r} is not ModernBertConfig's; "
+                        "set it to 'modernbert'.")
+    fields = {f.name for f in dataclasses.fields(cls)}
+    unknown = set(d) - fields
+    if unknown:
+      raise ConfigError(f"Unknown config.model fields {sorted(unknown)}; known: {sorted(fields)}.")
+    for key in ("dtype", "param_dtype"):
+      if isinstance(d.get(key), str):
+        d[key] = dtype_of(d[key], f"config.model.{key}")
+    if d.get("attention_impl") in ("", "none", "None"):
+      d["attention_impl"] = None
+    return cls(**d)
+
+  def to_dict(self) -> dict:
+    """JSON-serialisable form (dtypes as names)."""
+    d = dataclasses.asdict(self)
+    for key in ("dtype", "param_dtype"):
+      d[key] = jnp.dtype(d[key]).name
+    return d
+
+
+def check_window(cfg: ModernBertConfig, length: int,
+                 field: str = "config.data.max_seq_length") -> None:
+  """One-line ConfigError when rows of `length` tokens fit inside the local window
+  (local_attention > length): the local layers would attend the whole row, which is
+  not what the config describes. Call it where lengths are known."""
+  if cfg.num_layers > 1 and cfg.global_attn_every_n_layers > 1 and (
+      cfg.local_attention > length):
+    raise ConfigError(f"config.model.local_attention={cfg.local_attention} exceeds "
+                      f"{field}={length}: the local layers would see whole rows; lower "
+                      "config.model.local_attention (even, >= 2) or use longer rows.")
+
+
+# ---- Initialisers (Hugging Face's `ModernBertPreTrainedModel._init_weights`) ------
+
+def init_std(cfg: ModernBertConfig, kind: str) -> float:
+  """'in' (Wqkv, Wi), 'out' (both Wo, the heads' dense), 'embedding', 'final_out' (a
+  task classifier): the truncated normal's standard deviation."""
+  return {"in": cfg.initializer_range, "embedding": cfg.initializer_range,
+          "out": cfg.initializer_range / math.sqrt(2.0 * cfg.num_layers),
+          "final_out": cfg.hidden_size ** -0.5}[kind]
+
+
+def param_init(cfg: ModernBertConfig, kind: str, names):
+  """Truncated normal (cut at +-`initializer_cutoff_factor` std) with axis names."""
+  cut = cfg.initializer_cutoff_factor
+  return nn.with_logical_partitioning(
+      nn.initializers.truncated_normal(init_std(cfg, kind), lower=-cut, upper=cut),
+      tuple(names))
+
+
+def _zeros(names):
+  return nn.with_logical_partitioning(nn.initializers.zeros_init(), tuple(names))
+
+
+def layer_norm(cfg: ModernBertConfig, name: str) -> nn.LayerNorm:
+  """LayerNorm over E (bias per `norm_bias`); float32 statistics, two-pass variance."""
+  return nn.LayerNorm(
+      epsilon=cfg.norm_eps, use_bias=cfg.norm_bias, use_fast_variance=False,
+      dtype=cfg.dtype, param_dtype=cfg.param_dtype,
+      scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), ("embed",)),
+      bias_init=_zeros(("embed",)), name=name)
+
+
+def _einsum(cfg, shape, names, bias, kind, name) -> nn.Einsum:
+  """A projection whose kernel has its true shape (its axis names fit it); its bias,
+  when `bias`, covers the kernel's output axes (names[1:])."""
+  return nn.Einsum(shape, use_bias=bias, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
+                   kernel_init=param_init(cfg, kind, names), bias_init=_zeros(names[1:]),
+                   name=name)
+
+
+def _dense(cfg, features, names, bias, kind, name) -> nn.Dense:
+  return nn.Dense(features, use_bias=bias, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
+                  kernel_init=param_init(cfg, kind, names), bias_init=_zeros(names[1:]),
+                  name=name)
+
+
+# ---- Rotary positions -------------------------------------------------------------
+
+def document_positions(segment_ids: jax.Array) -> jax.Array:
+  """[B, T] document ids of packed rows -> [B, T] positions restarting at 0 wherever
+  the id changes."""
+  T = segment_ids.shape[1]
+  idx = jnp.broadcast_to(jnp.arange(T), segment_ids.shape)
+  starts = jnp.concatenate([jnp.ones_like(segment_ids[:, :1], bool),
+                            segment_ids[:, 1:] != segment_ids[:, :-1]], axis=1)
+  return idx - jax.lax.cummax(jnp.where(starts, idx, 0), axis=1)
+
+
+def rotary_tables(position_ids: jax.Array, head_dim: int, theta: float, dtype
+                  ) -> tuple[jax.Array, jax.Array]:
+  """[B, T] positions -> (cos, sin), each [B, T, D] in `dtype` (angles in float32)."""
+  inv_freq = 1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.float32) / head_dim))
+  angles = position_ids.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq, jnp.float32)
+  angles = jnp.concatenate([angles, angles], axis=-1)
+  return jnp.cos(angles).astype(dtype), jnp.sin(angles).astype(dtype)
+
+
+def apply_rotary(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+  """x [B, T, N, D] rotated by (cos, sin) [B, T, D] (rotate-half), in float32."""
+  f = x.astype(jnp.float32)
+  x1, x2 = jnp.split(f, 2, axis=-1)
+  rotated = jnp.concatenate([-x2, x1], axis=-1)
+  cos, sin = cos[:, :, None, :], sin[:, :, None, :]
+  return (f * cos + rotated * sin).astype(x.dtype)
+
+
+def _attend(cfg: ModernBertConfig, is_global: bool, q, k, v, context, dropout_rng):
+  """One layer type's attention: its rotary table and window. q, k, v [B, T, N, D]."""
+  padding, segment_ids, tables = context
+  cos, sin = tables[0 if is_global else 1]
+  q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+  return attention_lib.attention(
+      q, k, v, padding, segment_ids, window=None if is_global else cfg.window,
+      impl=cfg.attention_impl, dropout_rate=cfg.attention_dropout, dropout_rng=dropout_rng)
+
+
+# ---- Modules ----------------------------------------------------------------------
+
+class Embeddings(nn.Module):
+  """Token embedding, LayerNorm, dropout: [B, T] ids -> [B, T, E]."""
+
+  config: ModernBertConfig
+
+  def setup(self):
+    cfg = self.config
+    self.tok_embeddings = nn.Embed(
+        cfg.vocab_size, cfg.hidden_size, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
+        embedding_init=param_init(cfg, "embedding", ("vocab", "embed")))
+    self.norm = layer_norm(cfg, "norm")
+    self.drop = nn.Dropout(cfg.embedding_dropout)
+
+  def __call__(self, input_ids: jax.Array, deterministic: bool) -> jax.Array:
+    x = self.drop(self.norm(self.tok_embeddings(input_ids)), deterministic=deterministic)
+    return constrain(x, (BATCH, LENGTH, EMBED))
+
+  def attend(self, x: jax.Array) -> jax.Array:
+    """The tied output projection: [..., E] -> [..., V]."""
+    return self.tok_embeddings.attend(x)
+
+
+class Attention(nn.Module):
+  """Wqkv, rotary q and k, global or windowed attention, Wo, dropout."""
+
+  config: ModernBertConfig
+
+  @nn.compact
+  def __call__(self, x, context, layer, deterministic: bool) -> jax.Array:
+    """x [B, T, E]; context: (padding [B, T], segment_ids [B, T] or None, rotary tables
+    (global, local)); layer: the block's index (an int, or a traced scalar under
+    `scan_layers`, where the layer type is chosen by `lax.cond`). -> [B, T, E]."""
+    cfg = self.config
+    shape = (cfg.hidden_size, 3, cfg.num_heads, cfg.head_dim)
+    qkv = _einsum(cfg, shape, ("embed", None, "heads", "kv"), cfg.attention_bias, "in",
+                  "Wqkv")(x, "BTE,ESND->BTSND")
+    q, k, v = (constrain(qkv[:, :, i], (BATCH, LENGTH, HEADS, KV)) for i in range(3))
+    rng = (self.make_rng("dropout") if not deterministic and cfg.attention_dropout > 0
+           else None)
+    if isinstance(layer, int):
+      out = _attend(cfg, cfg.is_global(layer), q, k, v, context, rng)
+    else:
+      out = jax.lax.cond(layer % cfg.global_attn_every_n_layers == 0,
+                         functools.partial(_attend, cfg, True),
+                         functools.partial(_attend, cfg, False), q, k, v, context, rng)
+    out = constrain(out, (BATCH, LENGTH, HEADS, KV))
+    shape = (cfg.num_heads, cfg.head_dim, cfg.hidden_size)
+    out = _einsum(cfg, shape, ("heads", "kv", "embed"), cfg.attention_bias, "out",
+                  "Wo")(out, "BTND,NDE->BTE")
+    return nn.Dropout(cfg.attention_dropout)(out, deterministic=deterministic)
+
+
+class GeGLU(nn.Module):
+  """[B, T, E] -> Wi [E, 2, M] -> act(input) * gate [B, T, M] -> dropout -> Wo -> [B, T, E]."""
+
+  config: ModernBertConfig
+
+  @nn.compact
+  def __call__(self, x: jax.Array, deterministic: bool) -> jax.Array:
+    cfg = self.config
+    shape = (cfg.hidden_size, 2, cfg.intermediate_size)
+    h = _einsum(cfg, shape, ("embed", None, "mlp"), cfg.mlp_bias, "in", "Wi")(
+        x, "BTE,EKM->BTKM")
+    h = ACTIVATIONS[cfg.hidden_activation](h[:, :, 0]) * h[:, :, 1]
+    h = constrain(h, (BATCH, LENGTH, MLP))
+    h = nn.Dropout(cfg.mlp_dropout)(h, deterministic=deterministic)
+    return _dense(cfg, cfg.hidden_size, ("mlp", "embed"), cfg.mlp_bias, "out", "Wo")(h)
+
+
+class Block(nn.Module):
+  """Pre-LN block: x + Attn(LN(x)) (block 0: x + Attn(x)), then x + GeGLU(LN(x)).
+
+  `scanned=True` gives the `nn.scan` signature: it returns (x, x if `keep` else None).
+  """
+
+  config: ModernBertConfig
+  first: bool = False  # block 0: no attention norm
+  scanned: bool = False
+
+  @nn.compact
+  def __call__(self, x, context, layer, deterministic: bool, keep: bool = False):
+    """x [B, T, E] -> [B, T, E]; `context` and `layer` as `Attention` takes them."""
+    cfg = self.config
+    h = x if self.first else layer_norm(cfg, "attn_norm")(x)
+    x = x + Attention(cfg, name="attn")(h, context, layer, deterministic)
+    x = constrain(x, (BATCH, LENGTH, EMBED))
+    x = x + GeGLU(cfg, name="mlp")(layer_norm(cfg, "mlp_norm")(x), deterministic)
+    x = constrain(x, (BATCH, LENGTH, EMBED))
+    if self.scanned:
+      return x, (x if keep else None)
+    return x
+
+
+def _block_class(cfg: ModernBertConfig, static_layer: bool):
+  if cfg.remat_policy == "none":
+    return Block
+  # static_argnums count `self`: 3 = layer (an int when unscanned), 4 = deterministic,
+  # 5 = keep (always passed).
+  return nn.remat(Block, policy=REMAT_POLICIES[cfg.remat_policy],
+                  prevent_cse=static_layer,  # nn.scan already keeps the remat
+                  static_argnums=(3, 4, 5) if static_layer else (4, 5))
+
+
+class ModernBertEncoder(nn.Module):
+  """Embeddings, `num_layers` pre-LN blocks, the final LayerNorm."""
+
+  config: ModernBertConfig
+
+  def setup(self):
+    cfg = self.config
+    self.embeddings = Embeddings(cfg)
+    block = _block_class(cfg, static_layer=True)
+    if cfg.scan_layers:
+      self.blocks = [block(cfg, first=True, name="layer_0")]
+      if cfg.num_layers > 1:
+        self.stack = nn.scan(
+            _block_class(cfg, static_layer=False), variable_axes={"params": 0},
+            split_rngs={"params": True, "dropout": True},
+            in_axes=(nn.broadcast, 0, nn.broadcast, nn.broadcast),
+            length=cfg.num_layers - 1, metadata_params={nn.PARTITION_NAME: "layers"},
+        )(cfg, scanned=True, name="layers")
+    else:
+      self.blocks = [block(cfg, first=i == 0, name=f"layer_{i}")
+                     for i in range(cfg.num_layers)]
+    self.final_norm = layer_norm(cfg, "final_norm")
+
+  def __call__(self, input_ids, attention_mask=None, token_type_ids=None,
+               position_ids=None, segment_ids=None, deterministic: bool = True,
+               output_hidden_states: bool = False):
+    """input_ids [B, T] int; attention_mask [B, T] (1 real, 0 pad; default: ids !=
+    pad_token_id); token_type_ids: ignored (ModernBERT has no segment embeddings);
+    position_ids [B, T] rotary positions (default: 0..T-1, or restarting in each
+    document of `segment_ids`); segment_ids [B, T] document ids of a packed row.
+
+    Returns {'last_hidden_state': [B, T, E]} (after the final norm) and, with
+    `output_hidden_states`, 'hidden_states' [L+1, B, T, E]: the embedding output and
+    each block's, the last one final-normed (Hugging Face's convention).
+    """
+    del token_type_ids
+    cfg = self.config
+    if attention_mask is None:
+      attention_mask = (input_ids != cfg.pad_token_id).astype(jnp.int32)
+    if position_ids is None:
+      position_ids = (jnp.broadcast_to(jnp.arange(input_ids.shape[1]), input_ids.shape)
+                      if segment_ids is None else document_positions(segment_ids))
+    tables = tuple(rotary_tables(position_ids, cfg.head_dim, theta, cfg.dtype)
+                   for theta in (cfg.global_rope_theta, cfg.local_rope_theta))
+    context = (attention_mask, segment_ids, tables)
+    x = self.embeddings(input_ids, deterministic)
+    hidden = [x[None]]
+    for i, block in enumerate(self.blocks):
+      x = block(x, context, i, deterministic, False)
+      hidden.append(x[None])
+    if cfg.scan_layers and cfg.num_layers > 1:
+      x, ys = self.stack(x, context, jnp.arange(1, cfg.num_layers), deterministic,
+                         output_hidden_states)  # ys [L-1, B, T, E]
+      hidden.append(ys)
+    x = self.final_norm(x)
+    out = {"last_hidden_state": x}
+    if output_hidden_states:
+      out["hidden_states"] = jnp.concatenate(hidden[:-1] + [hidden[-1][:-1], x[None]])
+    return out
+
+  def attend(self, x: jax.Array) -> jax.Array:
+    return self.embeddings.attend(x)
+
+
+class PredictionHead(nn.Module):
+  """Hugging Face's `ModernBertPredictionHead`: dense (E -> E) + act + LayerNorm."""
+
+  config: ModernBertConfig
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    """[..., E] -> [..., E]."""
+    cfg = self.config
+    x = _dense(cfg, cfg.hidden_size, ("embed", "hidden"), cfg.classifier_bias, "out",
+               "dense")(x)
+    return layer_norm(cfg, "norm")(ACTIVATIONS[cfg.classifier_activation](x))
+
+
+class MLMHead(nn.Module):
+  """`transform` (PredictionHead), then the tied token embedding plus a vocab bias."""
+
+  config: ModernBertConfig
+
+  @nn.compact
+  def __call__(self, x: jax.Array, encoder: ModernBertEncoder) -> jax.Array:
+    """[B, P, E] hidden states at the masked positions -> [B, P, V] logits."""
+    cfg = self.config
+    logits = encoder.attend(PredictionHead(cfg, name="transform")(x))
+    if cfg.decoder_bias:
+      bias = self.param("bias", _zeros(("vocab",)), (cfg.vocab_size,), cfg.param_dtype)
+      logits = logits + bias.astype(cfg.dtype)
+    return constrain(logits, (BATCH, None, "activation_vocab"))
+
+
+class ModernBertForPreTraining(nn.Module):
+  """Encoder + MLM head (computed only at `masked_lm_positions`); the call signature of
+  `BertForPreTraining` (ModernBERT has no NSP, no SBO)."""
+
+  config: ModernBertConfig
+
+  def setup(self):
+    self.encoder = ModernBertEncoder(self.config)
+    self.mlm = MLMHead(self.config)
+
+  def __call__(self, input_ids, attention_mask=None, token_type_ids=None,
+               masked_lm_positions=None, position_ids=None, segment_ids=None,
+               span_left_positions=None, span_right_positions=None,
+               span_relative_positions=None, deterministic: bool = True):
+    """masked_lm_positions: [B, P] indices into T (None: every position, P = T). The
+    span inputs belong to SpanBERT's SBO head, which ModernBERT lacks: passing them is
+    a ConfigError. Returns {'mlm_logits': [B, P, V] float32}."""
+    if any(s is not None for s in (span_left_positions, span_right_positions,
+                                   span_relative_positions)):
+      raise ConfigError("config.model.family='modernbert' has no span-boundary (SBO) "
+                        "head; set config.model.sbo=False (and the data's span masking "
+                        "without SBO targets).")
+    out = self.encoder(input_ids, attention_mask, token_type_ids, position_ids,
+                       segment_ids, deterministic)
+    x = out["last_hidden_state"]
+    if masked_lm_positions is not None:
+      x = jnp.take_along_axis(x, masked_lm_positions[..., None].astype(jnp.int32), axis=1)
+      x = constrain(x, (BATCH, None, EMBED))
+    return {"mlm_logits": self.mlm(x, self.encoder).astype(jnp.float32)}
+
+  def encode(self, input_ids, attention_mask=None, token_type_ids=None,
+             output_hidden_states: bool = True):
+    """The encoder alone (for `load_pretrained(...).encode`)."""
+    return self.encoder(input_ids, attention_mask, token_type_ids,
+                        output_hidden_states=output_hidden_states)
+
+  def init_params(self, rng: jax.Array):
+    """The parameters (boxed in `nn.Partitioned`) drawn from `rng`; their shapes do not
+    depend on the dummy [1, 8] input used to create them."""
+    ids = jnp.zeros((1, 8), jnp.int32)
+    return self.init({"params": rng}, ids,
+                     masked_lm_positions=jnp.zeros((1, 2), jnp.int32))["params"]
+
+
+# ---- Task heads (Hugging Face's ModernBertFor* trunks) -----------------------------
+
+def pool(cfg: ModernBertConfig, hidden: jax.Array, attention_mask: jax.Array) -> jax.Array:
+  """[B, T, E] -> [B, E]: 'cls' the first position (bertjax rows are right-padded, so
+  also ForMultipleChoice's first real token), 'mean' the mean over real tokens."""
+  if cfg.classifier_pooling == "cls":
+    return hidden[:, 0]
+  w = attention_mask.astype(hidden.dtype)[..., None]
+  return jnp.sum(hidden * w, axis=1) / jnp.sum(w, axis=1)
+
+
+def task_features(cfg: ModernBertConfig, hidden: jax.Array, attention_mask: jax.Array,
+                  deterministic: bool, pooled: bool) -> jax.Array:
+  """Call inside a task head's compact `__call__`: `pool` (when `pooled`: sequence
+  classification, multiple choice), then the head's own PredictionHead named
+  'transform' and dropout (`classifier_dropout`), as ModernBertFor* do.
+  [B, T, E] -> [B, E] (pooled) or [B, T, E] (per token: tagging, QA)."""
+  x = pool(cfg, hidden, attention_mask) if pooled else hidden
+  x = PredictionHead(cfg, name="transform")(x)
+  return nn.Dropout(cfg.classifier_dropout)(x, deterministic=deterministic)
+
+
+def classifier(cfg: ModernBertConfig, features: int, name: str) -> nn.Dense:
+  """A task's output layer [E] -> [features], with bias (Hugging Face's `classifier`,
+  initialised with std hidden_size^-0.5)."""
+  return _dense(cfg, features, ("embed", "classes"), True, "final_out", name)
+
+
+# ---- Parameter layout -------------------------------------------------------------
+
+def to_layout(params: dict, scan_layers: bool) -> dict:
+  """Parameters in the layout a model with `scan_layers` expects: unscanned
+  encoder/layer_{i} (i < L) <-> scanned encoder/layer_0 + encoder/layers [L-1, ...]."""
+  encoder = dict(params["encoder"])
+  if scan_layers and "layer_1" in encoder:
+    n = sum(k.startswith("layer_") for k in encoder)
+    blocks = [encoder.pop(f"layer_{i}") for i in range(1, n)]
+    encoder["layers"] = jax.tree.map(lambda *xs: jnp.stack(xs), *blocks)
+  elif not scan_layers and "layers" in encoder:
+    stacked = encoder.pop("layers")
+    for i in range(jax.tree.leaves(stacked)[0].shape[0]):
+      encoder[f"layer_{i + 1}"] = jax.tree.map(lambda x, i=i: x[i], stacked)
+  return {**params, "encoder": encoder}
