@@ -1,5 +1,5 @@
 """ModernBERT computes what `transformers.ModernBertForMaskedLM` computes (float32,
-weights copied through `bertjax.convert_modernbert`): with padding, with packed rows,
+weights copied through `bertjax.hf.modernbert`): with padding, with packed rows,
 at lengths beyond the local window, scanned and unscanned; full-size parameter counts
 equal Hugging Face's (eval_shape / meta device: no memory)."""
 
@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bertjax import convert_modernbert as conv
+from bertjax.hf import modernbert as conv
 from bertjax.errors import ConfigError
 from bertjax.model import modernbert as mb
 

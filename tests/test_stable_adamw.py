@@ -12,8 +12,7 @@ import optax
 import pytest
 
 from bertjax.errors import ConfigError
-from bertjax.train import pretrain
-from bertjax.train import optimizer, stable_adamw
+from bertjax.train import optimizer, pretrain, stable_adamw
 from configs import bert_tiny
 
 B1, B2, EPS = 0.9, 0.98, 1e-6

@@ -41,7 +41,7 @@ from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
-from bertjax.convert import read_state_dict
+from bertjax.hf.convert import read_state_dict
 from bertjax.errors import CheckpointError
 from bertjax.model.modernbert import ACTIVATIONS, ModernBertConfig
 

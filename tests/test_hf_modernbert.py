@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from bertjax import convert_modernbert as conv
+from bertjax.hf import modernbert as conv
 from bertjax.errors import CheckpointError
 from bertjax.model import modernbert as mb
 
