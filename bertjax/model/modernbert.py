@@ -27,7 +27,7 @@ mmBERT), exact to Hugging Face's `transformers.ModernBertForMaskedLM` (v5.24).
   `position_ids`, restart the rotary positions at 0 in each document, as the authors'
   unpadded training does (flash-attention varlen with `cu_seqlens`).
 
-Parameters are Hugging Face's names (see `bertjax.convert_modernbert`). With
+Parameters are Hugging Face's names (see `bertjax.hf.modernbert`). With
 `scan_layers`, block 0 (which has no attention norm) stays `encoder/layer_0` and blocks
 1..L-1 are `encoder/layers` with a leading [L-1] axis (`to_layout` converts). Shapes:
 B batch, T length, E hidden, N heads, D head size, M intermediate size, V vocabulary.
