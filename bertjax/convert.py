@@ -10,6 +10,7 @@ import argparse
 from bertjax.checkpoint import pretrained as pretrained_lib, workdir
 from bertjax.console import cli
 from bertjax.hf import convert
+from bertjax import model
 from bertjax.tasks import finetuned
 
 
@@ -24,8 +25,9 @@ def main(argv: list[str] | None = None) -> None:
   parser.add_argument("--dst", required=True)
   args = parser.parse_args(argv)
   with cli.one_line_errors():
-    if args.to == "hf" and workdir.is_finetuned(args.src):
-      convert.check_exportable(workdir.task_info(args.src)["name"])  # before the weights
+    if args.to == "hf" and workdir.is_finetuned(args.src):  # checked before the weights
+      family = model.family_of(workdir.load_config(args.src).model).name
+      convert.check_exportable(workdir.task_info(args.src)["name"], family)
       kind = convert.save_hf_finetuned(args.dst, finetuned.load_finetuned(args.src))
     elif args.to == "hf":
       pretrained = pretrained_lib.load_pretrained(args.src)

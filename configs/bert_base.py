@@ -48,6 +48,7 @@ def get_config(arg=None):
   c.seed = 0  # One seed for initialisation, dropout, data order and masking.
 
   c.model = ml_collections.ConfigDict()
+  c.model.family = "bert"  # Model family: 'bert' (BERT, RoBERTa, XLM-R, SpanBERT) here.
   c.model.vocab_size = 30522  # Must equal the tokenizer's size (checked at start).
   c.model.hidden_size = 768  # H.
   c.model.num_layers = 12  # L, post-LN transformer blocks.

@@ -1,19 +1,13 @@
 """Model FLOPs of a pretraining step, and each accelerator's peak FLOP/s, HBM size and
 bandwidth (`CHIPS`, with sources), for MFU and the pod plan.
 
-Training FLOPs per step = 3 x forward (the backward pass costs twice the forward):
-
-  6 * N_enc * B * T                 the encoder's matmuls, N_enc = L * (4 E^2 + 2 E M)
-                                    (weights only: no embeddings, biases, LayerNorms)
-  + 12 * L * B * T^2 * E            attention scores Q K^T and the weighted sum P V
-  + 6 * B * P * (E^2 + E V)         the MLM head at the P masked positions only
-  + 6 * B * (E^2 + 2 E)             pooler and NSP classifier on [CLS] (when present)
-
-B batch, T length, P masked positions per row, L layers, E hidden, M intermediate,
-V vocabulary. Embedding lookups are gathers (no FLOPs); element-wise work (softmax,
-GELU, LayerNorm, the optimizer) is not model FLOPs, as in the PaLM MFU definition.
-Hugging Face's `BertForPreTraining` computes the MLM logits at every position: its
-FLOPs are `train_flops(cfg, B, T, predictions=T)`.
+The FLOPs of a training step are its model family's (`Family.train_flops`: the
+matmuls of the forward and backward passes, attention over the pairs each layer scores,
+the MLM head at the predicted positions only; `bertjax/model/bert.py`,
+`bertjax/model/modernbert.py` give each formula); element-wise work (softmax, GELU,
+LayerNorm, the optimizer) is not model FLOPs, as in the PaLM MFU definition. Hugging
+Face's models compute the MLM logits at every position: their FLOPs are
+`train_flops(cfg, B, T, predictions=T)`.
 """
 
 from __future__ import annotations
@@ -25,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bertjax.model import ModelConfig
+from bertjax.model import family_of
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,18 +64,10 @@ def chip(device: jax.Device) -> Chip | None:
   return None
 
 
-def train_flops(cfg: ModelConfig, batch: int, seq: int, predictions: int) -> dict[str, float]:
-  """FLOPs of one training step (forward + backward) by term, and their `total`."""
-  E, M, L, V = cfg.hidden_size, cfg.intermediate_size, cfg.num_layers, cfg.vocab_size
-  n_enc = L * (4 * E * E + 2 * E * M)
-  terms = {
-      "encoder_matmuls": 6.0 * n_enc * batch * seq,
-      "attention": 12.0 * L * batch * seq * seq * E,
-      "mlm_head": 6.0 * batch * predictions * (E * E + E * V),
-      "pooler_nsp": 6.0 * batch * ((E * E if cfg.pooler else 0) + (2 * E if cfg.nsp else 0)),
-  }
-  terms["total"] = sum(terms.values())
-  return terms
+def train_flops(cfg, batch: int, seq: int, predictions: int) -> dict[str, float]:
+  """FLOPs of one training step (forward + backward) by term, and their `total`, of
+  the model config `cfg` (any family)."""
+  return family_of(cfg).train_flops(cfg, batch, seq, predictions)
 
 
 def device_peak_tflops(device: jax.Device) -> float | None:

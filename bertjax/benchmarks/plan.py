@@ -52,7 +52,7 @@ from ml_collections import config_flags
 
 from bertjax.benchmarks import flops as flops_lib
 from bertjax.errors import ConfigError
-from bertjax.model import ModelConfig
+from bertjax import model as model_lib
 from bertjax.model.config import REMAT_POLICIES
 
 GIB = 2.0 ** 30
@@ -170,11 +170,11 @@ def batch_spec(config, batch_size: int) -> dict[str, tuple[tuple[int, ...], np.d
   spec.update({"masked_lm_positions": ((B, P), np.int32), "masked_lm_ids": ((B, P), np.int32),
                "masked_lm_weights": ((B, P), np.float32),
                "example_weights": ((B,), np.float32)})
-  if config.model.nsp:
+  if model_lib.config_from(config.model).nsp:
     spec["next_sentence_labels"] = ((B,), np.int32)
   elif config.data.isolate_documents:
     spec.update(segment_ids=((B, T), np.int32), position_ids=((B, T), np.int32))
-  if config.model.sbo:
+  if model_lib.config_from(config.model).sbo:
     for k in ("span_left_positions", "span_right_positions", "span_relative_positions"):
       spec[k] = ((B, P), np.int32)
   return spec
@@ -232,7 +232,7 @@ def plan(config, topo: Topology, batch_size: int) -> dict:
             "compile_s": time.perf_counter() - start}
   mem, cost = compiled.memory_analysis(), compiled.cost_analysis() or {}
   chips = len(topo.devices)
-  model = ModelConfig.from_config(config.model)
+  model = model_lib.config_from(config.model)
   T, P = config.data.max_seq_length, config.data.max_predictions_per_seq
   batch = {k: jax.ShapeDtypeStruct(s, d) for k, (s, d) in batch_spec(config, batch_size).items()}
   r = {

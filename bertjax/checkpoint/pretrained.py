@@ -26,9 +26,9 @@ from bertjax.checkpoint import files, workdir
 from bertjax.checkpoint.manager import Checkpointer
 from bertjax.data.tokenizer import Tokenizer, load_tokenizer
 from bertjax.errors import CheckpointError, DataError
+from bertjax import model as model_lib
 from bertjax.hf import convert
-from bertjax.model.bert import BertForPreTraining
-from bertjax.model.config import ModelConfig, dtype_of
+from bertjax.model.config import dtype_of
 
 _BUCKET = 16  # sequence lengths are padded to a multiple of this: fewer recompilations
 
@@ -45,19 +45,19 @@ class TaskHead:
 
 @dataclasses.dataclass
 class Pretrained:
-  """A model with its parameters and tokenizer. `params` has BertForPreTraining's tree;
-  heads the checkpoint lacks ('mlm', 'nsp', the pooler) are absent. Loaded from a
-  fine-tuning workdir: the encoder, and its task head in `head`."""
+  """A model of any family with its parameters and tokenizer. `params` has the tree of
+  its family's pretraining model; heads the checkpoint lacks ('mlm', 'nsp', the pooler)
+  are absent. Loaded from a fine-tuning workdir: the encoder, and its task head in
+  `head`."""
 
-  config: ModelConfig
+  config: Any  # the family's config dataclass
   params: dict
   tokenizer: Tokenizer
-  model: BertForPreTraining
   head: TaskHead | None = None
 
   def __post_init__(self):
-    self._encode = jax.jit(functools.partial(self.model.apply,
-                                             method=BertForPreTraining.encode))
+    self.model = model_lib.family_of(self.config).pretraining(self.config)
+    self._encode = jax.jit(functools.partial(self.model.apply, method="encode"))
     self._logits = jax.jit(self.model.apply)
 
   @property
@@ -127,23 +127,24 @@ class Pretrained:
             for row in probs]
 
 
-def _finetuned_encoder(path: str) -> tuple[ModelConfig, dict, TaskHead]:
+def _finetuned_encoder(path: str) -> tuple[Any, dict, TaskHead]:
   run = workdir.open_finetuned(path)
   head = TaskHead(run.task["name"], list(run.task["labels"]), run.params["head"])
-  return (ModelConfig.from_config(run.config.model), {"encoder": run.params["encoder"]},
+  return (model_lib.config_from(run.config.model), {"encoder": run.params["encoder"]},
           head)
 
 
-def _pretraining_workdir(path: str) -> tuple[ModelConfig, Any]:
-  return (ModelConfig.from_config(workdir.load_config(path).model),
+def _pretraining_workdir(path: str) -> tuple[Any, Any]:
+  return (model_lib.config_from(workdir.load_config(path).model),
           workdir.restore_params(path))
 
 
 def load_pretrained(path: str, dtype: str = "float32") -> Pretrained:
-  """A Hugging Face model dir (config.json with a BERT / RoBERTa / XLM-R model_type,
-  weights, tokenizer files), a bertjax pretraining workdir (config.json, checkpoints/,
-  tokenizer/) or a fine-tuning workdir (its encoder, and its task head in `head`),
-  with parameters and computation in `dtype`."""
+  """A Hugging Face model dir (config.json with a model_type of `bertjax.hf.convert`'s
+  tables: BERT, RoBERTa, XLM-R, ModernBERT; weights; tokenizer files), a bertjax
+  pretraining workdir (config.json, checkpoints/, tokenizer/) or a fine-tuning workdir
+  (its encoder, and its task head in `head`), with parameters and computation in
+  `dtype`."""
   path = os.fspath(path)
   dtype = dtype_of(dtype, "dtype")
   config_path = os.path.join(path, files.CONFIG_FILE)
@@ -170,16 +171,18 @@ def load_pretrained(path: str, dtype: str = "float32") -> Pretrained:
   config, params, *head = load(path)
   config = dataclasses.replace(config, dtype=dtype, param_dtype=dtype)
   params = jax.tree.map(lambda x: jnp.asarray(x, dtype), params)
-  return Pretrained(config, params, tokenizer, BertForPreTraining(config), *head)
+  return Pretrained(config, params, tokenizer, *head)
 
 
-def save_workdir(directory: str, params: dict, config: ModelConfig, tokenizer) -> None:
+def save_workdir(directory: str, params: dict, config, tokenizer) -> None:
   """A bertjax workdir (config.json, tokenizer/, checkpoints/0) holding `params`
-  (e.g. a Hugging Face checkpoint's); heads the checkpoint lacks (MLM, NSP, pooler) are
-  freshly initialised, so the workdir can go on pretraining (the optimizer starts
-  afresh) or be fine-tuned."""
-  config = dataclasses.replace(config, pooler=True, nsp=config.position_offset == 0)
-  merged = jax.device_get(nn.unbox(jax.jit(BertForPreTraining(config).init_params)(
+  (e.g. a Hugging Face checkpoint's); heads the checkpoint lacks (those of its
+  family's `pretraining_heads`: MLM, and BERT's NSP and pooler) are freshly
+  initialised, so the workdir can go on pretraining (the optimizer starts afresh) or
+  be fine-tuned."""
+  family = model_lib.family_of(config)
+  config = family.pretraining_heads(config)
+  merged = jax.device_get(nn.unbox(jax.jit(family.pretraining(config).init_params)(
       jax.random.key(0))))
 
   def overlay(dst, src):

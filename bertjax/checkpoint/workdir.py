@@ -31,6 +31,7 @@ def save_config(workdir: str, config: ml_collections.ConfigDict) -> None:
     saved = json.loads(path.read_text())
     new = json.loads(config.to_json())
     old_model, new_model = saved.get("model", {}), new["model"]
+    old_model.setdefault("family", "bert")  # written before bertjax had model families
     changed = [f"config.model.{k}={new_model[k]!r} (the run's: {old_model.get(k)!r})"
                for k in sorted(new_model) if old_model.get(k) != new_model[k]]
     if changed:

@@ -28,7 +28,7 @@ from ml_collections import config_flags
 from bertjax.console import cli
 from bertjax.data import manifest, multilingual, pipeline, prepare_examples, prepare_tokens
 from bertjax.errors import ConfigError
-from bertjax.model.config import ModelConfig
+from bertjax import model as model_lib
 
 
 def main(argv):
@@ -61,8 +61,8 @@ def prepare_config(config, *, input_spec: str | None, tokenizer_path: str | None
   OUTPUT[/LANG] (on the Apache Beam `runner` with `beam_options` when given, see
   `prepare_beam`); yields summary lines and the flags to train with."""
   # The sections the examples depend on, in range, as training checks them.
-  pipeline.check_config(config.data, ModelConfig.from_config(config.model),
-                        config.train.num_steps)
+  model = model_lib.config_from(config.model)
+  pipeline.check_config(config.data, model, config.train.num_steps)
   data = config.data
   beam = _beam() if runner else None  # before any work: Beam may not be installed
   languages = multilingual.parse_languages(data.languages)
@@ -83,10 +83,10 @@ def prepare_config(config, *, input_spec: str | None, tokenizer_path: str | None
                                data.text_field)
       yield " | ".join(f"{k} {v:,}" for k, v in totals.items())
     if runner:
-      built = beam.build(tokens, out, data, nsp=config.model.nsp, seed=config.seed,
+      built = beam.build(tokens, out, data, nsp=model.nsp, seed=config.seed,
                          runner=runner, options=beam_options)
     else:
-      built = prepare_examples.build(tokens, out, data, nsp=config.model.nsp,
+      built = prepare_examples.build(tokens, out, data, nsp=model.nsp,
                                    seed=config.seed, workers=workers)
     parts = [f"{split} {info['examples']:,}" for split, info in built["splits"].items()]
     yield (f"{name + ': ' if name else ''}examples {' | '.join(parts)} | documents "

@@ -31,7 +31,6 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from bertjax.checkpoint.pretrained import Pretrained
 from bertjax.console.progress import Progress
 from bertjax.errors import ConfigError, DataError
-from bertjax.model.bert import BertForPreTraining
 
 LAYER_NAMES = ("last", "mean4", "sum4", "concat4")
 WORD_POOLS = ("first", "mean")
@@ -155,7 +154,7 @@ class Embedder:
     def forward(params, ids, mask):
       """ids, mask [B, T] -> combined layers [B, T, D] (float32)."""
       out = model.apply({"params": params}, ids, mask, jnp.zeros_like(ids),
-                        method=BertForPreTraining.encode)
+                        method="encode")
       return combine_layers(out["hidden_states"], chosen).astype(jnp.float32)
 
     self._forward = jax.jit(forward, out_shardings=self._rows)

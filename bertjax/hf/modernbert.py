@@ -35,17 +35,16 @@ bertjax parameter and is written as a copy of the embedding.
 
 from __future__ import annotations
 
-import json
-import os
 from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
-from bertjax.hf.convert import read_state_dict
 from bertjax.errors import CheckpointError
 from bertjax.model.modernbert import ACTIVATIONS, ModernBertConfig
 
+FAMILY = "modernbert"  # bertjax.model.FAMILIES
 MODEL_TYPE = "modernbert"
+MODEL_TYPES = (MODEL_TYPE,)  # config.json model_type
 _EMBEDDINGS = "embeddings.tok_embeddings.weight"
 # bertjax task -> (Hugging Face class, bertjax head name).
 TASK_CLASSES = {
@@ -337,25 +336,29 @@ def params_to_hf(params: dict, config: ModernBertConfig, task: str | None = None
   return state
 
 
-def load_hf(directory: str, **overrides) -> tuple[ModernBertConfig, dict, str | None]:
-  """(config, params, task) of a Hugging Face ModernBERT model dir (config.json +
-  weights); task from its `architectures` (None for ModernBertModel / ForMaskedLM)."""
-  with open(os.path.join(directory, "config.json")) as f:
-    hf = json.load(f)
+def check_supported(hf: dict[str, Any]) -> None:
+  """CheckpointError unless bertjax can represent the Hugging Face model (its config
+  is read whole, every variant check included)."""
+  model_config_from_hf(hf)
+
+
+def load(hf: dict[str, Any], state_dict: dict[str, np.ndarray], **overrides
+         ) -> tuple[ModernBertConfig, dict, str | None]:
+  """(config, params, task) of a Hugging Face config.json and its weights; task from
+  its `architectures` (None for ModernBertModel / ForMaskedLM), whose head is then in
+  params['head']."""
   config = model_config_from_hf(hf, **overrides)
   task = task_of(hf)
-  return config, params_from_hf(read_state_dict(directory), config, task), task
+  return config, params_from_hf(state_dict, config, task), task
 
 
-def save_hf(directory: str, params: dict, config: ModernBertConfig,
-            task: str | None = None, labels: Sequence[str] | None = None,
-            extra: dict | None = None) -> str:
-  """Writes config.json and model.safetensors of the Hugging Face model holding
-  `params` (ModernBertForMaskedLM with an 'mlm' head, ModernBertFor<task>, else
-  ModernBertModel); `labels` name a classifier's outputs (default LABEL_i). Tokenizer
-  files are the caller's. Returns the class name."""
-  from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
-
+def export(params: dict, config: ModernBertConfig, task: str | None = None,
+           labels: Sequence[str] | None = None, extra: dict | None = None
+           ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+  """(config.json, state dict) of the Hugging Face model holding `params`
+  (ModernBertForMaskedLM with an 'mlm' head, ModernBertFor<task>, else
+  ModernBertModel); `labels` name a classifier's outputs (default LABEL_i); `extra`
+  adds config.json keys (the tokenizer's special ids)."""
   state = params_to_hf(params, config, task)
   arch = (TASK_CLASSES[task][0] if task else
           "ModernBertForMaskedLM" if "decoder.weight" in state else "ModernBertModel")
@@ -367,8 +370,34 @@ def save_hf(directory: str, params: dict, config: ModernBertConfig,
       raise CheckpointError(f"{len(names)} labels for a classifier with {k} outputs.")
     extra.setdefault("id2label", {str(i): l for i, l in enumerate(names)})
     extra.setdefault("label2id", {l: i for i, l in enumerate(names)})
-  os.makedirs(directory, exist_ok=True)
-  with open(os.path.join(directory, "config.json"), "w") as f:
-    json.dump(hf_config(config, arch, extra), f, indent=2)
-  save_file(state, os.path.join(directory, "model.safetensors"), metadata={"format": "pt"})
-  return arch
+  return hf_config(config, arch, extra), state
+
+
+def _token_ids(tokenizer) -> dict[str, int]:
+  """The special ids config.json names (ModernBERT's: bos = [CLS], eos = [SEP])."""
+  return {"bos_token_id": tokenizer.cls_id, "eos_token_id": tokenizer.sep_id,
+          "cls_token_id": tokenizer.cls_id, "sep_token_id": tokenizer.sep_id,
+          "pad_token_id": tokenizer.pad_id}
+
+
+def export_pretrained(params: dict, config: ModernBertConfig, tokenizer,
+                      tokenizer_kind: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+  """(config.json, state dict) of the ModernBertForMaskedLM (or Model) of `params`."""
+  del tokenizer_kind
+  return export(params, config, extra=_token_ids(tokenizer))
+
+
+def export_finetuned(finetuned, tokenizer_kind: str
+                     ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+  """(config.json, state dict) of the ModernBertFor<Task> of a fine-tuned model
+  (`bertjax.tasks.finetuned.load_finetuned`)."""
+  del tokenizer_kind
+  task = finetuned.task
+  extra = _token_ids(finetuned.tokenizer)
+  if task.regression:
+    extra.update(problem_type="regression")
+  elif task.name == "classification":
+    extra.update(problem_type="single_label_classification")
+  labels = (["LABEL_0"] if task.regression else list(task.labels)
+            if task.name in ("classification", "tagging") else None)
+  return export(finetuned.params, finetuned.model, task.name, labels, extra)

@@ -1,13 +1,18 @@
-"""The encoder and the pretraining heads (MLM, NSP)."""
+"""The 'bert' family (BERT, RoBERTa, XLM-R, SpanBERT): the post-LN encoder, the
+pretraining heads (MLM, NSP; SpanBERT's SBO: `sbo.py`), the task heads' trunk, its
+FLOPs, and the `FAMILY` that gives all of it to the rest of bertjax."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bertjax.model import layers
+from bertjax.model import layers, layout
 from bertjax.model.config import ModelConfig
+from bertjax.model.family import Family
 from bertjax.model.layers import BATCH, EMBED, LENGTH
 from bertjax.model.sbo import SpanBoundaryHead
 
@@ -144,3 +149,89 @@ class BertForPreTraining(nn.Module):
     ids = jnp.zeros((1, 8), jnp.int32)
     return self.init({"params": rng}, ids,
                      masked_lm_positions=jnp.zeros((1, 2), jnp.int32))["params"]
+
+
+# ---- The task heads' trunk (Hugging Face's Bert/RobertaFor* heads) ----------------
+
+def _pooled_or_cls(config: ModelConfig, out: dict, deterministic: bool) -> jax.Array:
+  """[B, E]: the pooler's output (dense + tanh on [CLS]) when the encoder has one;
+  else RoBERTa's classification head's first half, a dense + tanh of the head's own
+  ('pooler', freshly initialised) over the dropped-out [CLS] vector."""
+  if config.pooler:
+    return out["pooled"]
+  cls = nn.Dropout(config.dropout_rate)(out["last_hidden_state"][:, 0],
+                                        deterministic=deterministic)
+  dense = layers.dense(config, config.hidden_size, ("embed", "hidden"), ("hidden",), "pooler")
+  return jnp.tanh(dense(cls))
+
+
+def sequence_features(config: ModelConfig, out: dict, deterministic: bool) -> jax.Array:
+  """[B, E]: the pooled [CLS] vector (`_pooled_or_cls`) with dropout."""
+  return nn.Dropout(config.dropout_rate)(_pooled_or_cls(config, out, deterministic),
+                                         deterministic=deterministic)
+
+
+def token_features(config: ModelConfig, out: dict, deterministic: bool,
+                   dropout: bool) -> jax.Array:
+  """[B, T, E]: the last hidden states, with dropout when `dropout` (tagging; BERT's
+  span-QA head reads them as they are)."""
+  x = out["last_hidden_state"]
+  return nn.Dropout(config.dropout_rate)(x, deterministic=deterministic) if dropout else x
+
+
+def output_layer(config: ModelConfig, features: int, name: str) -> nn.Dense:
+  """A head projection [E] -> [features] with BERT's initialiser and logical axes."""
+  return layers.dense(config, features, ("embed", "classes"), ("classes",), name)
+
+
+def slot_features(config: ModelConfig, encoder: Encoder, out: dict, batch: dict) -> dict:
+  """Each packed example's [CLS] vector as a row of its own ([B*K, 1, E]), pooled by
+  the encoder's pooler when it has one."""
+  B, K = batch["cls_positions"].shape
+  cls = jnp.take_along_axis(out["last_hidden_state"], batch["cls_positions"][..., None],
+                            axis=1).reshape(B * K, 1, -1)  # [B*K, 1, E]
+  slots = {"last_hidden_state": cls, "attention_mask": jnp.ones((B * K, 1), jnp.int32)}
+  if config.pooler:
+    slots["pooled"] = encoder.pool(cls[:, 0])
+  return slots
+
+
+def train_flops(cfg: ModelConfig, batch: int, seq: int, predictions: int
+                ) -> dict[str, float]:
+  """FLOPs of one training step (forward + backward = 3 x forward) by term, and their
+  `total`:
+
+    6 * N_enc * B * T                 the encoder's matmuls, N_enc = L * (4 E^2 + 2 E M)
+                                      (weights only: no embeddings, biases, LayerNorms)
+    + 12 * L * B * T^2 * E            attention scores Q K^T and the weighted sum P V
+    + 6 * B * P * (E^2 + E V)         the MLM head at the P masked positions only
+    + 6 * B * (E^2 + 2 E)             pooler and NSP classifier on [CLS] (when present)
+
+  B batch, T length, P masked positions per row, L layers, E hidden, M intermediate,
+  V vocabulary. Embedding lookups are gathers (no FLOPs); element-wise work (softmax,
+  GELU, LayerNorm, the optimizer) is not model FLOPs, as in the PaLM MFU definition.
+  Hugging Face's `BertForPreTraining` computes the MLM logits at every position: its
+  FLOPs are `train_flops(cfg, B, T, predictions=T)`."""
+  E, M, L, V = cfg.hidden_size, cfg.intermediate_size, cfg.num_layers, cfg.vocab_size
+  n_enc = L * (4 * E * E + 2 * E * M)
+  terms = {
+      "encoder_matmuls": 6.0 * n_enc * batch * seq,
+      "attention": 12.0 * L * batch * seq * seq * E,
+      "mlm_head": 6.0 * batch * predictions * (E * E + E * V),
+      "pooler_nsp": 6.0 * batch * ((E * E if cfg.pooler else 0) + (2 * E if cfg.nsp else 0)),
+  }
+  terms["total"] = sum(terms.values())
+  return terms
+
+
+FAMILY = Family(
+    name="bert", config=ModelConfig, pretraining=BertForPreTraining, encoder=Encoder,
+    to_layout=layout.to_layout,
+    # BERT's recipe trains the pooler and NSP; RoBERTa's (positions past the padding
+    # id) neither, but a pooler serves its classifiers.
+    pretraining_heads=lambda c: dataclasses.replace(c, pooler=True,
+                                                    nsp=c.position_offset == 0),
+    train_flops=train_flops,
+    sequence_features=sequence_features, token_features=token_features,
+    output_layer=output_layer, head_dropout=lambda config: config.dropout_rate,
+    slot_features=slot_features)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -34,12 +34,15 @@ REMAT_POLICIES = {
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-  """Hyperparameters of a BERT-family encoder and its pretraining heads.
+  """Hyperparameters of an encoder of the 'bert' family (BERT, RoBERTa, XLM-R,
+  SpanBERT) and its pretraining heads.
 
   BERT: `type_vocab_size=2`, `position_offset=0`. RoBERTa / XLM-R: `type_vocab_size=1`
   and `position_offset=pad_token_id + 1` (positions count from past the padding index,
   padding tokens get position `pad_token_id`, exactly as fairseq and Hugging Face do).
   """
+
+  family: ClassVar[str] = "bert"  # config.model.family (bertjax.model.FAMILIES)
 
   vocab_size: int = 30522
   hidden_size: int = 768
@@ -101,8 +104,13 @@ class ModelConfig:
 
   @classmethod
   def from_config(cls, model_cfg) -> "ModelConfig":
-    """Builds the dataclass from `config.model` (a ConfigDict or a plain dict)."""
+    """Builds the dataclass from `config.model` (a ConfigDict or a plain dict); its
+    `family`, when present, must be 'bert'."""
     d = dict(model_cfg)
+    family = d.pop("family", cls.family)
+    if family != cls.family:
+      raise ConfigError(f"config.model.family={family!r} is not {cls.__name__}'s; set it "
+                        f"to {cls.family!r}.")
     fields = {f.name for f in dataclasses.fields(cls)}
     unknown = set(d) - fields
     if unknown:
@@ -115,8 +123,8 @@ class ModelConfig:
     return cls(**d)
 
   def to_dict(self) -> dict:
-    """JSON-serialisable form (dtypes as names)."""
-    d = dataclasses.asdict(self)
+    """JSON-serialisable form (dtypes as names), with its `family`."""
+    d = {"family": self.family, **dataclasses.asdict(self)}
     for key in ("dtype", "param_dtype"):
       d[key] = jnp.dtype(d[key]).name
     return d

@@ -38,7 +38,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import Any
+from typing import Any, ClassVar
 
 import flax.linen as nn
 import jax
@@ -48,6 +48,7 @@ import numpy as np
 from bertjax.errors import ConfigError
 from bertjax.model import attention as attention_lib
 from bertjax.model.config import REMAT_POLICIES, dtype_of
+from bertjax.model.family import Family
 from bertjax.model.layers import BATCH, EMBED, HEADS, KV, LENGTH, MLP, constrain
 
 # Hugging Face's ACT2FN names -> the function ('gelu' is the exact, erf GELU).
@@ -65,6 +66,14 @@ POOLINGS = ("cls", "mean")
 class ModernBertConfig:
   """Hyperparameters of a ModernBERT encoder and its heads; the defaults are
   ModernBERT-base's (Hugging Face's `ModernBertConfig` defaults, their names kept)."""
+
+  family: ClassVar[str] = "modernbert"  # config.model.family (bertjax.model.FAMILIES)
+  # What the data and the trainer ask of every family (bertjax.model.family.Family):
+  # rotary positions count from 0; no NSP, no SBO head, no pooler.
+  position_offset: ClassVar[int] = 0
+  nsp: ClassVar[bool] = False
+  sbo: ClassVar[bool] = False
+  pooler: ClassVar[bool] = False
 
   vocab_size: int = 50368
   hidden_size: int = 768
@@ -160,10 +169,10 @@ class ModernBertConfig:
     """Builds the dataclass from `config.model` (a ConfigDict or a plain dict); a
     `family` key, when present, must be 'modernbert'."""
     d = dict(model_cfg)
-    family = d.pop("family", "modernbert")
-    if family != "modernbert":
-      raise ConfigError(f"config.model.family={family!r} is not ModernBertConfig's; "
-                        "set it to 'modernbert'.")
+    family = d.pop("family", cls.family)
+    if family != cls.family:
+      raise ConfigError(f"config.model.family={family!r} is not {cls.__name__}'s; set it "
+                        f"to {cls.family!r}.")
     fields = {f.name for f in dataclasses.fields(cls)}
     unknown = set(d) - fields
     if unknown:
@@ -176,8 +185,8 @@ class ModernBertConfig:
     return cls(**d)
 
   def to_dict(self) -> dict:
-    """JSON-serialisable form (dtypes as names)."""
-    d = dataclasses.asdict(self)
+    """JSON-serialisable form (dtypes as names), with its `family`."""
+    d = {"family": self.family, **dataclasses.asdict(self)}
     for key in ("dtype", "param_dtype"):
       d[key] = jnp.dtype(d[key]).name
     return d
@@ -566,3 +575,83 @@ def to_layout(params: dict, scan_layers: bool) -> dict:
     for i in range(jax.tree.leaves(stacked)[0].shape[0]):
       encoder[f"layer_{i + 1}"] = jax.tree.map(lambda x, i=i: x[i], stacked)
   return {**params, "encoder": encoder}
+
+
+# ---- The family -------------------------------------------------------------------
+
+def attention_pairs(length: int, window: int | None) -> int:
+  """(query, key) pairs a row of `length` tokens scores: length^2 globally; within a
+  window of half-width w, length * (2w + 1) less the pairs past either end."""
+  if window is None or window >= length - 1:
+    return length * length
+  return length * (2 * window + 1) - window * (window + 1)
+
+
+def train_flops(cfg: ModernBertConfig, batch: int, seq: int, predictions: int
+                ) -> dict[str, float]:
+  """FLOPs of one training step (forward + backward = 3 x forward) by term, and their
+  `total`:
+
+    6 * N_enc * B * T                  the blocks' matmuls, N_enc = L * (4 E^2 + 3 E M)
+                                       (Wqkv 3E^2, Wo E^2, GeGLU's Wi 2EM and Wo EM)
+    + 12 * B * E * sum_l pairs_l       attention Q K^T and P V over the pairs each layer
+                                       scores: T^2 globally, the window's locally
+                                       (`attention_pairs`)
+    + 6 * B * P * (E^2 + E V)          the MLM head at the P masked positions only
+
+  B batch, T length, P masked positions per row, L layers, E hidden, M intermediate,
+  V vocabulary; element-wise work (rotary, GELU, LayerNorm) is not model FLOPs."""
+  E, M, L, V = cfg.hidden_size, cfg.intermediate_size, cfg.num_layers, cfg.vocab_size
+  pairs = sum(attention_pairs(seq, None if cfg.is_global(i) else cfg.window)
+              for i in range(L))
+  terms = {
+      "encoder_matmuls": 6.0 * L * (4 * E * E + 3 * E * M) * batch * seq,
+      "attention": 12.0 * batch * E * pairs,
+      "mlm_head": 6.0 * batch * predictions * (E * E + E * V),
+  }
+  terms["total"] = sum(terms.values())
+  return terms
+
+
+def sequence_features(cfg: ModernBertConfig, out: dict, deterministic: bool) -> jax.Array:
+  """[B, E]: `pool` of the last hidden states, the head's `transform` and dropout."""
+  return task_features(cfg, out["last_hidden_state"], out["attention_mask"],
+                       deterministic, pooled=True)
+
+
+def token_features(cfg: ModernBertConfig, out: dict, deterministic: bool,
+                   dropout: bool) -> jax.Array:
+  """[B, T, E]: the head's `transform` and dropout per token (every ModernBertFor*
+  head drops out, so `dropout` changes nothing)."""
+  del dropout
+  return task_features(cfg, out["last_hidden_state"], out["attention_mask"],
+                       deterministic, pooled=False)
+
+
+def slot_features(cfg: ModernBertConfig, encoder: ModernBertEncoder, out: dict,
+                  batch: dict) -> dict:
+  """Each packed example as a row of its own ([B*K, 1, E]): its first token ('cls'
+  pooling) or the mean over its tokens ('mean': slot k's tokens have segment id k + 1),
+  so that `pool` of the one-token row gives the example's pooled vector."""
+  del encoder
+  hidden = out["last_hidden_state"]
+  B, K = batch["cls_positions"].shape
+  if cfg.classifier_pooling == "cls":
+    x = jnp.take_along_axis(hidden, batch["cls_positions"][..., None], axis=1)
+  else:
+    member = jax.nn.one_hot(batch["segment_ids"], K + 1, dtype=hidden.dtype)[..., 1:]
+    member = member * batch["attention_mask"][..., None].astype(hidden.dtype)  # [B, T, K]
+    x = jnp.einsum("btk,bte->bke", member, hidden) / jnp.maximum(
+        member.sum(1), 1.0)[..., None]
+  return {"last_hidden_state": x.reshape(B * K, 1, -1),
+          "attention_mask": jnp.ones((B * K, 1), jnp.int32)}
+
+
+FAMILY = Family(
+    name="modernbert", config=ModernBertConfig, pretraining=ModernBertForPreTraining,
+    encoder=ModernBertEncoder, to_layout=to_layout,
+    pretraining_heads=lambda cfg: cfg,  # the MLM head only, always built
+    train_flops=train_flops,
+    sequence_features=sequence_features, token_features=token_features,
+    output_layer=classifier, head_dropout=lambda cfg: cfg.classifier_dropout,
+    slot_features=slot_features)

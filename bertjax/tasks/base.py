@@ -20,8 +20,7 @@ import numpy as np
 
 from bertjax.data.tokenizer import Tokenizer
 from bertjax.errors import DataError
-from bertjax.model import Encoder, ModelConfig
-from bertjax.model import layers
+from bertjax.model import family_of
 
 TOKEN_KEYS = ("input_ids", "attention_mask", "token_type_ids")
 
@@ -41,19 +40,20 @@ class Features:
 
 
 class FinetuneModel(nn.Module):
-  """The pretrained encoder (params under 'encoder', as in BertForPreTraining) and a
-  task head (params under 'head'). Inputs [B, T] or, for multiple choice, [B, C, T]
-  (flattened to [B*C, T] for the encoder; the head folds them back). Packed rows
-  (`bertjax.tasks.batching`) add `segment_ids` and `position_ids` [B, T] and, for
-  one prediction per example, `cls_positions` [B, K]: the head then sees each slot's
-  [CLS] as a row of its own ([B*K, 1, E], pooled by the encoder's pooler) and its
-  outputs come back as [B, K, ...]."""
+  """The pretrained encoder of the config's family (params under 'encoder', as in its
+  pretraining model) and a task head (params under 'head'), which reads the encoder's
+  output through the family's hooks (`bertjax.model.family.Family`). Inputs [B, T] or,
+  for multiple choice, [B, C, T] (flattened to [B*C, T] for the encoder; the head
+  folds them back). Packed rows (`bertjax.tasks.batching`) add `segment_ids` and
+  `position_ids` [B, T] and, for one prediction per example, `cls_positions` [B, K]:
+  the head then sees each packed example as a row of its own ([B*K, 1, E], the
+  family's `slot_features`) and its outputs come back as [B, K, ...]."""
 
-  config: ModelConfig
+  config: Any  # the family's config dataclass
   head: nn.Module
 
   def setup(self):
-    self.encoder = Encoder(self.config)
+    self.encoder = family_of(self.config).encoder(self.config)
 
   def __call__(self, batch: dict, deterministic: bool = True) -> dict:
     ids = batch["input_ids"]
@@ -67,35 +67,13 @@ class FinetuneModel(nn.Module):
                        deterministic=deterministic or frozen, output_hidden_states=frozen)
     if frozen:
       out = jax.lax.stop_gradient(out)
+    out = dict(out, attention_mask=flat["attention_mask"])
     if "cls_positions" not in batch:
       return self.head(out, batch, deterministic)
     B, K = batch["cls_positions"].shape
-    cls = jnp.take_along_axis(out["last_hidden_state"],
-                              batch["cls_positions"][..., None], axis=1)  # [B, K, E]
-    cls = cls.reshape(B * K, 1, -1)
-    slots = {"last_hidden_state": cls}
-    if self.config.pooler:
-      slots["pooled"] = self.encoder.pool(cls[:, 0])
+    slots = family_of(self.config).slot_features(self.config, self.encoder, out, batch)
     outputs = self.head(slots, batch, deterministic)
     return jax.tree.map(lambda x: x.reshape(B, K, *x.shape[1:]), outputs)
-
-
-def pooled_or_cls(config: ModelConfig, out: dict, deterministic: bool) -> jax.Array:
-  """[B, E]: the pooler's output (dense + tanh on [CLS]) when the encoder has one;
-  else RoBERTa's classification head's first half, a dense + tanh of the head's own
-  ('pooler', freshly initialised) over the dropped-out [CLS] vector. Call it inside
-  the head's compact `__call__`."""
-  if config.pooler:
-    return out["pooled"]
-  cls = nn.Dropout(config.dropout_rate)(out["last_hidden_state"][:, 0],
-                                        deterministic=deterministic)
-  dense = layers.dense(config, config.hidden_size, ("embed", "hidden"), ("hidden",), "pooler")
-  return jnp.tanh(dense(cls))
-
-
-def head_dense(config: ModelConfig, features: int, name: str) -> nn.Dense:
-  """A head projection [E] -> [features] with BERT's initialiser and logical axes."""
-  return layers.dense(config, features, ("embed", "classes"), ("classes",), name)
 
 
 def masked_xent(logits: jax.Array, labels: jax.Array, weights: jax.Array
@@ -121,6 +99,8 @@ class Task(abc.ABC):
   token_arrays: tuple[str, ...] = TOKEN_KEYS
   token_outputs: dict[str, float] = {}
   packing = ""
+  regression = False  # One output, mean squared error (a classification setting).
+
   # A feature-based task trains its head over a frozen encoder (no optimizer state).
   feature_based = False
 
@@ -145,8 +125,9 @@ class Task(abc.ABC):
 
   # Model.
   @abc.abstractmethod
-  def head(self, config: ModelConfig) -> nn.Module:
-    """The Flax head over the encoder's outputs (called as head(out, batch, det))."""
+  def head(self, config) -> nn.Module:
+    """The Flax head over the encoder's outputs (called as head(out, batch, det)),
+    for the model config `config` of any family (its hooks: `family_of(config)`)."""
 
   @abc.abstractmethod
   def loss(self, outputs: dict, batch: dict) -> tuple[jax.Array, jax.Array]:

@@ -10,7 +10,7 @@ sentences) and `label`.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import flax.linen as nn
 import jax.numpy as jnp
@@ -19,20 +19,20 @@ import numpy as np
 from bertjax.tasks import metrics
 from bertjax.data.tokenizer import truncate_longest_first
 from bertjax.errors import ConfigError, DataError
-from bertjax.model import ModelConfig
+from bertjax.model import family_of
 from bertjax.tasks import base, readers
 
 
 class ClassifierHead(nn.Module):
-  config: ModelConfig
+  config: Any  # the model config (any family)
   num_outputs: int
 
   @nn.compact
   def __call__(self, out: dict, batch: dict, deterministic: bool) -> dict:
     """-> `logits` [B, K] float32 (K = 1 for regression)."""
-    x = nn.Dropout(self.config.dropout_rate)(
-        base.pooled_or_cls(self.config, out, deterministic), deterministic=deterministic)
-    return {"logits": base.head_dense(self.config, self.num_outputs, "classifier")(x)
+    family = family_of(self.config)
+    x = family.sequence_features(self.config, out, deterministic)  # [B, E]
+    return {"logits": family.output_layer(self.config, self.num_outputs, "classifier")(x)
                       .astype(jnp.float32)}
 
 
@@ -125,7 +125,7 @@ class Classification(base.Task):
       arrays["label_weights"] = (arrays["labels"] >= 0).astype(np.float32)
     return base.Features(arrays, np.arange(len(examples)), [None] * len(examples))
 
-  def head(self, config: ModelConfig) -> nn.Module:
+  def head(self, config) -> nn.Module:
     return ClassifierHead(config, 1 if self.regression else len(self.labels))
 
   def loss(self, outputs, batch):

@@ -17,19 +17,21 @@ for one), and `finetune.make_optimizer` gives the encoder's parameters
 
 from __future__ import annotations
 
+from typing import Any
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
 from bertjax.errors import ConfigError
-from bertjax.model import ModelConfig
+from bertjax.model import family_of
 from bertjax.tasks import base
 
 FEATURES = ("concat_last4", "scalar_mix")
 TAGGERS = ("bilstm", "linear")
 
 
-def check(task_cfg, model: ModelConfig | None = None) -> None:
+def check(task_cfg, model: Any = None) -> None:
   """ConfigError for an unknown `features` / `tagger`, or (given the encoder) too few
   layers for 'concat_last4'."""
   if task_cfg.features not in ("",) + FEATURES:
@@ -65,7 +67,7 @@ class FeatureTaggingHead(nn.Module):
   """A tagger over a frozen encoder's features (`FinetuneModel` gives this head
   `hidden_states` [L+1, B, T, E], embeddings first, out of `stop_gradient`)."""
 
-  config: ModelConfig
+  config: Any  # the model config (any family)
   num_tags: int
   features: str  # 'concat_last4' | 'scalar_mix'
   tagger: str  # 'bilstm' | 'linear'
@@ -81,7 +83,8 @@ class FeatureTaggingHead(nn.Module):
       x = jnp.concatenate(list(hidden[-4:]), axis=-1)  # [B, T, 4E]
     else:
       x = ScalarMix(name="scalar_mix")(hidden[1:])  # [B, T, E]
-    drop = nn.Dropout(self.config.dropout_rate)
+    family = family_of(self.config)
+    drop = nn.Dropout(family.head_dropout(self.config))
     x = drop(x, deterministic=deterministic)
     if self.tagger == "bilstm":
       lengths = jnp.sum(batch["attention_mask"], axis=-1).astype(jnp.int32)  # [B]
@@ -91,5 +94,5 @@ class FeatureTaggingHead(nn.Module):
             name=f"lstm_{i}_{d}")) for d in ("forward", "backward"))
         x = nn.Bidirectional(forward, backward)(x, seq_lengths=lengths)  # [B, T, 2 * size]
         x = drop(x, deterministic=deterministic)
-    return {"logits": base.head_dense(self.config, self.num_tags, "tagger")(x)
+    return {"logits": family.output_layer(self.config, self.num_tags, "tagger")(x)
                       .astype(jnp.float32)}

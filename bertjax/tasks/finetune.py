@@ -36,7 +36,7 @@ from bertjax.console import progress
 from bertjax.data import tokenizer as tok_lib
 from bertjax.data.pipeline import MIN_SEQ_LENGTH
 from bertjax.errors import CheckpointError, ConfigError, at_least, within
-from bertjax.model import ModelConfig
+from bertjax import model as model_lib
 from bertjax.model.config import dtype_of
 from bertjax.parallel import mesh as mesh_lib
 from bertjax.tasks import base, batching, finetuned, get_task
@@ -52,7 +52,7 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   the pretrained weights are read."""
   dtype_of(config.model.dtype)
   if not config.init_from:
-    ModelConfig.from_config(config.model)
+    model_lib.config_from(config.model)
   t = config.train
   at_least("train.batch_size", t.batch_size, 1)
   at_least("train.eval_batch_size", t.eval_batch_size, 1)
@@ -68,7 +68,7 @@ class Start:
   """Where a run starts: the encoder's config, its weights (None: random or resumed)
   and the tokenizer."""
 
-  model: ModelConfig
+  model: Any
   encoder_params: Any
   tokenizer: tok_lib.Tokenizer
   head: Any = None  # TaskHead of a fine-tuned init_from kept by config.init_keep_head
@@ -88,7 +88,7 @@ def load_start(config: ml_collections.ConfigDict) -> Start:
     raise ConfigError("set config.init_from (a pretrained checkpoint) or, to train from "
                       "scratch, config.tokenizer (a vocab.txt / tokenizer dir).")
   tokenizer = tok_lib.load_tokenizer(config.tokenizer)
-  model = ModelConfig.from_config(config.model)
+  model = model_lib.config_from(config.model)
   if tokenizer.vocab_size > model.vocab_size:
     raise ConfigError(f"config.model.vocab_size={model.vocab_size} is smaller than the "
                       f"tokenizer's {tokenizer.vocab_size}; raise it.")
@@ -105,7 +105,7 @@ def _refuse_other_tokenizer(config, tokenizer: tok_lib.Tokenizer, source: str) -
         "config.tokenizer to it or leave it empty, or use a new --workdir")
 
 
-def _with_model(config, model: ModelConfig) -> ml_collections.ConfigDict:
+def _with_model(config, model: Any) -> ml_collections.ConfigDict:
   """A copy of `config` whose model section is `model` (written to config.json)."""
   c = ml_collections.ConfigDict(config.to_dict())
   c.model = ml_collections.ConfigDict({**model.to_dict(),
@@ -113,7 +113,7 @@ def _with_model(config, model: ModelConfig) -> ml_collections.ConfigDict:
   return c
 
 
-def freeze_labels(params, model: ModelConfig, freeze_cfg):
+def freeze_labels(params, model: Any, freeze_cfg):
   """'frozen' / 'train' per parameter: embeddings when `freeze.embeddings`; with
   `freeze.top_k_layers=k >= 0` everything below the top k blocks (embeddings
   included); the pooler and the head always train."""
@@ -141,7 +141,7 @@ def _boxed(x) -> bool:
   return isinstance(x, nn.meta.AxisMetadata)
 
 
-def make_optimizer(config, model: ModelConfig, num_steps: int, feature_based: bool = False):
+def make_optimizer(config, model: Any, num_steps: int, feature_based: bool = False):
   """The optimizer and schedule of `config.train` over `num_steps` steps (warm-up: a
   fraction of them), with the parameters `config.freeze` names kept fixed, or the
   whole encoder, without optimizer state, when `feature_based` (a task's
@@ -173,7 +173,7 @@ def rows(features: base.Features, idx: np.ndarray, valid: np.ndarray) -> dict:
   return batching.rows(features.arrays, idx, valid)
 
 
-def batcher(task: base.Task, features: base.Features, model: ModelConfig, groups: int = 1,
+def batcher(task: base.Task, features: base.Features, model: Any, groups: int = 1,
             row_multiple: int = 1) -> batching.Batcher:
   """The batches of `features` as `config.task.batching` says (default 'bucket'; for
   packing, `groups`: the data-parallel size, `row_multiple`: grad_accum_steps)."""
@@ -213,7 +213,7 @@ def objective(task: base.Task, model: base.FinetuneModel, sample: dict) -> Objec
                    metrics=lambda s, c: {}, metric_names=())
 
 
-def inference(config, task: base.Task, model_cfg: ModelConfig, sample: dict
+def inference(config, task: base.Task, model_cfg: Any, sample: dict
               ) -> state_lib.Inference:
   """The task's model (encoder + head) on `config.mesh`, to predict with
   (`predictor`); `sample`: a one-row batch."""
@@ -222,7 +222,7 @@ def inference(config, task: base.Task, model_cfg: ModelConfig, sample: dict
   return state_lib.inference(config, model, lambda rng: model.init(rng, sample)["params"])
 
 
-def build(config, task: base.Task, model_cfg: ModelConfig, sample: dict, num_steps: int
+def build(config, task: base.Task, model_cfg: Any, sample: dict, num_steps: int
           ) -> state_lib.Setup:
   """The task's model (encoder + head), objective, optimizer, shardings and jitted
   step on `config.mesh`."""
@@ -352,7 +352,7 @@ def read_split(task: base.Task, config, split: str) -> list[dict]:
   return examples
 
 
-def _check(config, model: ModelConfig) -> None:
+def _check(config, model: Any) -> None:
   """The checks that need the encoder (the rest: `check_config`)."""
   if config.task.max_seq_length + model.position_offset > model.max_position_embeddings:
     raise ConfigError(f"config.task.max_seq_length={config.task.max_seq_length} exceeds "
@@ -399,7 +399,7 @@ def train(config: ml_collections.ConfigDict, workdir: str, start: Start | None =
   if resuming:
     saved = workdir_lib.open_finetuned(workdir, read_params=False)
     _refuse_other_tokenizer(config, saved.tokenizer, f"the run being resumed in {workdir}")
-    start = Start(ModelConfig.from_config(saved.config.model), None, saved.tokenizer)
+    start = Start(model_lib.config_from(saved.config.model), None, saved.tokenizer)
   elif start is None:
     start = load_start(config)
   _check(config, start.model)

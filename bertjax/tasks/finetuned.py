@@ -14,7 +14,7 @@ from bertjax.checkpoint import workdir
 from bertjax.checkpoint.pretrained import Pretrained, TaskHead
 from bertjax.data.tokenizer import Tokenizer
 from bertjax.errors import CheckpointError
-from bertjax.model import ModelConfig
+from bertjax import model as model_lib
 from bertjax.tasks import base, get_task
 
 
@@ -25,7 +25,7 @@ class Finetuned:
 
   config: Any
   task: base.Task
-  model: ModelConfig
+  model: Any
   params: dict
   tokenizer: Tokenizer
 
@@ -41,7 +41,7 @@ def task_of(run: workdir.FinetunedRun) -> base.Task:
 def load_finetuned(path: str) -> Finetuned:
   """The fine-tuned model of a fine-tuning workdir (`python -m bertjax.finetune`)."""
   run = workdir.open_finetuned(path)
-  return Finetuned(run.config, task_of(run), ModelConfig.from_config(run.config.model),
+  return Finetuned(run.config, task_of(run), model_lib.config_from(run.config.model),
                    run.params, run.tokenizer)
 
 

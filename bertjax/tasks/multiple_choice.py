@@ -8,7 +8,7 @@ every example has the same number of choices C).
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import flax.linen as nn
 import jax.numpy as jnp
@@ -17,20 +17,20 @@ import numpy as np
 from bertjax.tasks import metrics
 from bertjax.data.tokenizer import truncate_longest_first
 from bertjax.errors import DataError
-from bertjax.model import ModelConfig
+from bertjax.model import family_of
 from bertjax.tasks import base, readers
 
 
 class ChoiceHead(nn.Module):
-  config: ModelConfig
+  config: Any  # the model config (any family)
 
   @nn.compact
   def __call__(self, out: dict, batch: dict, deterministic: bool) -> dict:
     """Encoder outputs of the [B*C, T] flattened choices -> `logits` [B, C] float32."""
     B, C = batch["input_ids"].shape[:2]
-    x = nn.Dropout(self.config.dropout_rate)(
-        base.pooled_or_cls(self.config, out, deterministic), deterministic=deterministic)
-    score = base.head_dense(self.config, 1, "scorer")(x)  # [B*C, 1]
+    family = family_of(self.config)
+    x = family.sequence_features(self.config, out, deterministic)  # [B*C, E]
+    score = family.output_layer(self.config, 1, "scorer")(x)  # [B*C, 1]
     return {"logits": score.reshape(B, C).astype(jnp.float32)}
 
 
@@ -67,7 +67,7 @@ class MultipleChoice(base.Task):
     arrays["labels"] = np.array([e["label"] for e in examples], np.int32)
     return base.Features(arrays, np.arange(len(examples)), [None] * len(examples))
 
-  def head(self, config: ModelConfig) -> nn.Module:
+  def head(self, config) -> nn.Module:
     return ChoiceHead(config)
 
   def loss(self, outputs, batch):

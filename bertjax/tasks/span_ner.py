@@ -13,7 +13,7 @@ Examples: JSON lines {'words': [...], 'entities': [{'start': i, 'end': j, 'label
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import flax.linen as nn
 import jax
@@ -22,8 +22,7 @@ import numpy as np
 
 from bertjax.tasks import metrics
 from bertjax.errors import ConfigError, DataError
-from bertjax.model import ModelConfig
-from bertjax.model import layers
+from bertjax.model import family_of, layers
 from bertjax.tasks import base, readers
 
 NULL = "NULL"
@@ -33,7 +32,7 @@ POOLING = ("mean", "attention")
 class SpanHead(nn.Module):
   """Span classifier over the encoder's last hidden states."""
 
-  config: ModelConfig
+  config: Any  # the model config (any family)
   num_labels: int  # NULL included (index 0).
   pooling: str
 
@@ -42,7 +41,9 @@ class SpanHead(nn.Module):
     """Batch: span_start / span_end [B, S] token positions (inclusive). -> `logits`
     [B, S, K] float32."""
     cfg = self.config
-    h = nn.Dropout(cfg.dropout_rate)(out["last_hidden_state"], deterministic=deterministic)
+    family = family_of(cfg)
+    drop = nn.Dropout(family.head_dropout(cfg))
+    h = drop(out["last_hidden_state"], deterministic=deterministic)
     T, E = h.shape[1], h.shape[2]
 
     def ffn(name):
@@ -55,14 +56,14 @@ class SpanHead(nn.Module):
     inside = ((t[None, None, :] >= batch["span_start"][..., None])
               & (t[None, None, :] <= batch["span_end"][..., None]))  # [B, S, T]
     if self.pooling == "attention":
-      a = base.head_dense(cfg, 1, "pool_score")(h)[..., 0].astype(jnp.float32)  # [B, T]
+      a = family.output_layer(cfg, 1, "pool_score")(h)[..., 0].astype(jnp.float32)  # [B, T]
       w = jax.nn.softmax(jnp.where(inside, a[:, None, :], -1e9), axis=-1)
     else:
       w = inside / jnp.maximum(inside.sum(-1, keepdims=True), 1)
     g = jnp.einsum("bst,bte->bse", w.astype(h.dtype), h)
     x = jnp.concatenate([s, e, g], axis=-1)  # [B, S, 3E]
     x = nn.gelu(layers.dense(cfg, E, ("hidden", "mlp"), ("mlp",), "span_ffn")(x))
-    x = nn.Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
+    x = drop(x, deterministic=deterministic)
     logits = layers.dense(cfg, self.num_labels, ("mlp", "classes"), ("classes",),
                           "span_classifier")(x)
     return {"logits": logits.astype(jnp.float32)}
@@ -141,7 +142,7 @@ class SpanNER(base.Task):
     arrays["span_labels"] = base.pad_rows(labels, S, -1)
     return base.Features(arrays, np.arange(len(examples)), meta)
 
-  def head(self, config: ModelConfig) -> nn.Module:
+  def head(self, config) -> nn.Module:
     return SpanHead(config, len(self.labels), self.cfg.pooling)
 
   def loss(self, outputs, batch):

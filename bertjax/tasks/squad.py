@@ -11,24 +11,26 @@ from __future__ import annotations
 
 import dataclasses
 import unicodedata
-from typing import Sequence
+from typing import Any, Sequence
 
 import flax.linen as nn
 import jax.numpy as jnp
 import numpy as np
 
 from bertjax.tasks import metrics
-from bertjax.model import ModelConfig
+from bertjax.model import family_of
 from bertjax.tasks import base, readers
 
 
 class SpanHead(nn.Module):
-  config: ModelConfig
+  config: Any  # the model config (any family)
 
   @nn.compact
   def __call__(self, out: dict, batch: dict, deterministic: bool) -> dict:
     """-> `start_logits`, `end_logits` [B, T] float32 (padding at -1e9)."""
-    logits = base.head_dense(self.config, 2, "qa")(out["last_hidden_state"])
+    family = family_of(self.config)
+    x = family.token_features(self.config, out, deterministic, False)  # [B, T, E]
+    logits = family.output_layer(self.config, 2, "qa")(x)
     logits = jnp.where(batch["attention_mask"][..., None] > 0,
                        logits.astype(jnp.float32), -1e9)
     return {"start_logits": logits[..., 0], "end_logits": logits[..., 1]}
@@ -136,7 +138,7 @@ class SquadQA(base.Task):
     arrays["end_positions"] = np.array(ends, np.int32)
     return base.Features(arrays, np.array(example_index), meta)
 
-  def head(self, config: ModelConfig) -> nn.Module:
+  def head(self, config) -> nn.Module:
     return SpanHead(config)
 
   def loss(self, outputs, batch):

@@ -7,7 +7,7 @@ and word accuracy. Examples: {'words': [...], 'tags': [...]} (CoNLL columns or J
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import flax.linen as nn
 import jax.numpy as jnp
@@ -15,20 +15,20 @@ import numpy as np
 
 from bertjax.tasks import metrics
 from bertjax.errors import DataError
-from bertjax.model import ModelConfig
+from bertjax.model import family_of
 from bertjax.tasks import base, features, readers
 
 
 class TaggingHead(nn.Module):
-  config: ModelConfig
+  config: Any  # the model config (any family)
   num_tags: int
 
   @nn.compact
   def __call__(self, out: dict, batch: dict, deterministic: bool) -> dict:
     """-> `logits` [B, T, K] float32."""
-    x = nn.Dropout(self.config.dropout_rate)(out["last_hidden_state"],
-                                             deterministic=deterministic)
-    return {"logits": base.head_dense(self.config, self.num_tags, "tagger")(x)
+    family = family_of(self.config)
+    x = family.token_features(self.config, out, deterministic, True)  # [B, T, E]
+    return {"logits": family.output_layer(self.config, self.num_tags, "tagger")(x)
                       .astype(jnp.float32)}
 
 
@@ -85,7 +85,7 @@ class Tagging(base.Task):
     arrays["labels"] = base.pad_rows(labels, T, -1)
     return base.Features(arrays, np.arange(len(examples)), word_of)
 
-  def head(self, config: ModelConfig) -> nn.Module:
+  def head(self, config) -> nn.Module:
     if self.feature_based:
       features.check(self.cfg, config)
       return features.FeatureTaggingHead(config, len(self.labels), self.cfg.features,

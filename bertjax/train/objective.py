@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
 
-from bertjax.model import BertForPreTraining
 from bertjax.train.step import Objective
 
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids", "masked_lm_positions",
@@ -23,7 +23,7 @@ MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids", "masked_lm_posi
                 "span_right_positions", "span_relative_positions")
 
 
-def objective(model: BertForPreTraining) -> Objective:
+def objective(model: nn.Module) -> Objective:
   """Mean MLM cross-entropy over the chosen tokens (+ mean NSP cross-entropy, + mean
   SBO cross-entropy over the same tokens)."""
   names = ["mlm_loss", "mlm_accuracy"]
@@ -37,7 +37,7 @@ def objective(model: BertForPreTraining) -> Objective:
       counts=_counts, loss=_loss, metrics=_metrics, metric_names=tuple(names))
 
 
-def _loss_sums(model: BertForPreTraining, params, batch, rng):
+def _loss_sums(model: nn.Module, params, batch, rng):
   """Summed (not averaged) losses and correct counts over the batch's predictions."""
   inputs = {k: batch[k] for k in MODEL_INPUTS if k in batch}
   out = model.apply({"params": params}, **inputs, deterministic=rng is None,
@@ -89,7 +89,7 @@ def _metrics(sums, counts):
   return m
 
 
-def make_eval_step(model: BertForPreTraining) -> Callable[[Any, dict], dict]:
+def make_eval_step(model: nn.Module) -> Callable[[Any, dict], dict]:
   """`(params, batch) -> sums`: summed losses, correct counts and counts (no dropout);
   sum over batches on the host, then divide (`eval_metrics`)."""
 

@@ -22,7 +22,7 @@ from bertjax.console import progress
 from bertjax.data import multilingual, pipeline
 from bertjax.data import tokenizer as tok_lib
 from bertjax.errors import ConfigError, at_least
-from bertjax.model.config import ModelConfig
+from bertjax import model as model_lib
 from bertjax.parallel import mesh as mesh_lib
 from bertjax.train import objective, state as state_lib, trainer as trainer_lib
 from bertjax.train.trainer import Evaluator, Trainer
@@ -103,7 +103,7 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   by its owner (the model's dataclass, `trainer.check_config`, `pipeline.check_config`):
   one ConfigError line, before anything slow starts (`run` and `prepare --config` call
   it once)."""
-  model = ModelConfig.from_config(config.model)
+  model = model_lib.config_from(config.model)
   t = config.train
   at_least("train.num_steps", t.num_steps, 1)
   at_least("train.batch_size", t.batch_size, 1)
@@ -124,11 +124,12 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   epath.Path(workdir).mkdir(parents=True, exist_ok=True)
   workdir_lib.save_config(workdir, config)
   setup = state_lib.build_trainer(config)
+  model = setup.model.config
   tokenizer = get_tokenizer(config, workdir)
   data = pipeline.build_pretraining_data(
       config.data, tokenizer, batch_size=config.train.batch_size // jax.process_count(),
-      seed=config.seed, nsp=config.model.nsp, process_index=jax.process_index(),
-      process_count=jax.process_count(), position_offset=config.model.position_offset,
+      seed=config.seed, nsp=model.nsp, process_index=jax.process_index(),
+      process_count=jax.process_count(), position_offset=model.position_offset,
       num_steps=config.train.num_steps)
   trainer = Trainer(setup, config, workdir)
   trainer.info("Data: %s", data.stats)

@@ -13,7 +13,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding
 
 from bertjax.errors import ConfigError
-from bertjax.model import BertForPreTraining, ModelConfig
+from bertjax import model as model_lib
 from bertjax.parallel import mesh as mesh_lib
 from bertjax.train import optimizer, objective
 from bertjax.train.step import Objective, TrainState, make_train_step, new_window
@@ -107,12 +107,13 @@ def setup(config: ml_collections.ConfigDict, model: nn.Module, objective: Object
                batch_sharding, step, objective)
 
 
-def build_model(config: ml_collections.ConfigDict) -> BertForPreTraining:
-  return BertForPreTraining(ModelConfig.from_config(config.model))
+def build_model(config: ml_collections.ConfigDict) -> nn.Module:
+  """The pretraining model of `config.model`'s family (encoder and heads)."""
+  return model_lib.family_of(config.model).pretraining(model_lib.config_from(config.model))
 
 
 def build_trainer(config: ml_collections.ConfigDict, mesh: Mesh | None = None) -> Setup:
-  """Pretraining's `Setup`: BERT with its heads, the optimizer and schedule of
+  """Pretraining's `Setup`: the model with its heads, the optimizer and schedule of
   `config.train`, the sharded state and the jitted step. No data, no workdir."""
   model = build_model(config)
   return setup(config, model, objective.objective(model),

@@ -1,0 +1,103 @@
+"""Hugging Face model directories on disk: the weights (`read_state_dict`), the
+tokenizer files as transformers reads them (`save_hf_tokenizer`), and a directory's
+config.json + model.safetensors (`write`)."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import numpy as np
+
+from bertjax.data.tokenizer import SENTENCEPIECE_FILE
+from bertjax.errors import CheckpointError
+
+
+def read_state_dict(directory: str) -> dict[str, np.ndarray]:
+  """Weights of a Hugging Face model dir: model.safetensors (or its shards), else
+  pytorch_model.bin (read with torch, imported only then)."""
+  join = lambda name: os.path.join(directory, name)
+  if os.path.isfile(join("model.safetensors")):
+    shards = ["model.safetensors"]
+  elif os.path.isfile(join("model.safetensors.index.json")):
+    with open(join("model.safetensors.index.json")) as f:
+      shards = sorted(set(json.load(f)["weight_map"].values()))
+  elif os.path.isfile(join("pytorch_model.bin")):
+    import torch  # pylint: disable=g-import-not-at-top
+    state = torch.load(join("pytorch_model.bin"), map_location="cpu", weights_only=True)
+    return {k: v.float().numpy() if v.is_floating_point() else v.numpy()
+            for k, v in state.items()}
+  else:
+    raise CheckpointError(f"{directory} has no model.safetensors or pytorch_model.bin.")
+  from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
+  state = {}
+  for shard in shards:
+    state.update(load_file(join(shard)))
+  return state
+
+
+def _json(path: str) -> Any:
+  with open(path, encoding="utf-8") as f:
+    return json.load(f)
+
+
+def _save_byte_level_bpe(directory: str, state: dict) -> None:
+  """RoBERTa's files of a byte-level BPE tokenizer.json `state`: vocab.json (the model's
+  vocabulary and the added tokens, <mask> included) and merges.txt."""
+  vocab = dict(state["model"]["vocab"])
+  vocab.update({t["content"]: t["id"] for t in state.get("added_tokens", [])})
+  with open(os.path.join(directory, "vocab.json"), "w", encoding="utf-8") as f:
+    json.dump(vocab, f, ensure_ascii=False)
+  merges = [m if isinstance(m, str) else " ".join(m) for m in state["model"]["merges"]]
+  with open(os.path.join(directory, "merges.txt"), "w", encoding="utf-8") as f:
+    f.write("#version: 0.2\n" + "".join(m + "\n" for m in merges))
+
+
+def save_hf_tokenizer(directory: str, tokenizer) -> str:
+  """Writes the tokenizer as Hugging Face reads it: a WordPiece vocabulary as vocab.txt
+  (+ do_lower_case), a SentencePiece model as sentencepiece.bpe.model (XLM-R), a
+  byte-level BPE as vocab.json + merges.txt (RoBERTa), any other `tokenizers` model as
+  tokenizer.json. Returns 'wordpiece', 'sentencepiece', 'byte_level_bpe' or 'json'."""
+  tokenizer.save(directory)
+  json_path = os.path.join(directory, "tokenizer.json")
+  state = None if os.path.isfile(os.path.join(directory, SENTENCEPIECE_FILE)) else _json(
+      json_path)
+  if state is None:
+    kind, settings = "sentencepiece", {"tokenizer_class": "XLMRobertaTokenizer"}
+  elif (tokenizer.style == "roberta" and state["model"]["type"] == "BPE"
+        and (state.get("pre_tokenizer") or {}).get("type") == "ByteLevel"
+        and not state.get("normalizer")):
+    # vocab.json + merges.txt rebuild RoBERTa's whole pipeline (<s> a </s></s> b </s>).
+    os.remove(json_path)
+    _save_byte_level_bpe(directory, state)
+    # RoBERTa's <mask> swallows the space before it (lstrip), as bertjax's does.
+    kind, settings = "byte_level_bpe", {"tokenizer_class": "RobertaTokenizer", "mask_token": {
+        "__type": "AddedToken", "content": tokenizer.id_to_token(tokenizer.mask_id),
+        "lstrip": True, "rstrip": False, "normalized": False, "single_word": False,
+        "special": True}}
+  elif tokenizer.style == "bert" and state["model"]["type"] == "WordPiece":
+    # vocab.txt + do_lower_case rebuild BERT's full pipeline (with [CLS]/[SEP]) on
+    # both sides; the bare tokenizer.json would lack the post-processor.
+    os.remove(json_path)
+    with open(os.path.join(directory, "vocab.txt"), "w", encoding="utf-8") as f:
+      f.write("".join(tokenizer.id_to_token(i) + "\n" for i in range(tokenizer.vocab_size)))
+    lower = tokenizer.tokenize("Hello World") == tokenizer.tokenize("hello world")
+    kind, settings = "wordpiece", {"tokenizer_class": "BertTokenizer", "do_lower_case": lower}
+  else:
+    kind, settings = "json", {}
+  pad, mask = tokenizer.id_to_token(tokenizer.pad_id), tokenizer.id_to_token(tokenizer.mask_id)
+  settings.setdefault("mask_token", mask)
+  settings.update(pad_token=pad, model_max_length=512)
+  with open(os.path.join(directory, "tokenizer_config.json"), "w") as f:
+    json.dump(settings, f, indent=2)
+  return kind
+
+
+def write(directory: str, hf_config: dict[str, Any], state: dict[str, np.ndarray]) -> None:
+  """config.json and model.safetensors (float32 numpy `state`) into `directory`."""
+  from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
+  os.makedirs(directory, exist_ok=True)
+  with open(os.path.join(directory, "config.json"), "w") as f:
+    json.dump(hf_config, f, indent=2)
+  save_file(state, os.path.join(directory, "model.safetensors"), metadata={"format": "pt"})
