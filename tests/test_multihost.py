@@ -125,9 +125,10 @@ def _run_script(tmp_path, args, env=None):
 
 @functools.cache
 def _main_flags() -> set[str]:
-  """The flags bertjax.main defines (in a subprocess: absl flags are process-global)."""
-  code = ("from absl import flags; import bertjax.main as m; "
-          "print(' '.join(f.name for f in flags.FLAGS.get_flags_for_module(m)))")
+  """The flags bertjax.main takes, `bertjax.train.program`'s (in a subprocess: absl
+  flags are process-global)."""
+  code = ("from absl import flags; import bertjax.main; from bertjax.train import program "
+          "as m; print(' '.join(f.name for f in flags.FLAGS.get_flags_for_module(m)))")
   out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
                        text=True, timeout=60, check=True).stdout
   return set(out.split())

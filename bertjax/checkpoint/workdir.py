@@ -21,6 +21,7 @@ from bertjax.checkpoint import files
 from bertjax.checkpoint.manager import Checkpointer, abstract_on
 from bertjax.data import tokenizer as tok_lib
 from bertjax.errors import CheckpointError
+from bertjax.model.config import ModelConfig
 
 
 def save_config(workdir: str, config: ml_collections.ConfigDict) -> None:
@@ -31,8 +32,11 @@ def save_config(workdir: str, config: ml_collections.ConfigDict) -> None:
     saved = json.loads(path.read_text())
     new = json.loads(config.to_json())
     old_model, new_model = saved.get("model", {}), new["model"]
-    changed = [f"config.model.{k}={new_model[k]!r} (the run's: {old_model.get(k)!r})"
-               for k in sorted(new_model) if old_model.get(k) != new_model[k]]
+    # A model field added to bertjax after the run started counts at its default value.
+    defaults = ModelConfig().to_dict()
+    old = lambda k: old_model.get(k, defaults.get(k))
+    changed = [f"config.model.{k}={new_model[k]!r} (the run's: {old(k)!r})"
+               for k in sorted(new_model) if old(k) != new_model[k]]
     if changed:
       raise CheckpointError(
           f"{workdir} holds a run of another model: {', '.join(changed)}; use a new "
