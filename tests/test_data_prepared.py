@@ -140,7 +140,8 @@ def _build(prepared, name, tokens="tokens6", nsp=True, **cfg):
 
 def test_prepared_packed_pipeline_equals_the_in_memory_one(prepared, tokenizer):
   """One tokenized shard: the prepared rows are the in-memory rows, so training and
-  evaluation batches (isolated documents, whole-word masks) are the same bit for bit."""
+  evaluation batches (isolated documents, whole-word masks) are the same bit for bit,
+  and so are the global batches of 2 processes."""
   kw = dict(packing="full_sentences", length_phases=((0.5, 32), (0.5, 64)),
             isolate_documents=True, masking="whole_word")
   spec = _build(prepared, "packed1", "tokens1", nsp=False, **kw)
@@ -152,12 +153,18 @@ def test_prepared_packed_pipeline_equals_the_in_memory_one(prepared, tokenizer):
             "padding_fraction", "phases"):
     assert ours.stats[k] == raw.stats[k], k
   assert ours.most_frequent_token == raw.most_frequent_token
+  halves = [iter(pipeline.build_pretraining_data(
+      _cfg(corpus=spec, **kw), tokenizer, **{**args, "batch_size": 2}, process_index=p,
+      process_count=2).train) for p in (0, 1)]
   a, b = iter(ours.train), iter(raw.train)
   for batch in range(6):  # across the phase boundary (2 steps at 32)
     x, y = next(a), next(b)
+    halves_x = [next(h) for h in halves]
     assert x.keys() == y.keys() and "segment_ids" in x
     for k in x:
       np.testing.assert_array_equal(x[k], y[k], err_msg=f"{k} of batch {batch}")
+      np.testing.assert_array_equal(np.concatenate([h[k] for h in halves_x]), x[k],
+                                    err_msg=f"{k} of global batch {batch}")
   assert len(ours.eval_batches) == len(raw.eval_batches)
   for x, y in zip(ours.eval_batches, raw.eval_batches):
     for k in x:
@@ -183,7 +190,8 @@ def test_each_process_reads_only_the_rows_it_trains_on(prepared, tokenizer, monk
     it = iter(data.train)
     for _ in range(taken):
       next(it)
-    g = p + 2 * np.arange((taken + ahead) * b)  # this process's elements
+    blocks = 2 * np.arange(taken + ahead) + p  # this process's blocks of b elements
+    g = (blocks[:, None] * b + np.arange(b)).ravel()
     own = permutation.permute(g, n, seeds.stream_seed(0, seeds.SHUFFLE, 0, 0))
     source = reads[0][0]
     batch = data.eval_batches[1]
@@ -277,7 +285,7 @@ def test_raw_text_above_the_limit_asks_for_prepare(tmp_path, tokenizer):
 def test_prepared_stream_restores_and_mixes_languages_by_sentences(prepared, tokenizer,
                                                                    tmp_path):
   """A prepared language next to a raw one: weights from each corpus's sentences
-  (eq. 11.7); the stream's state restores it exactly."""
+  (eq. 11.7); the stream's state restores it exactly, on 1 process or 2."""
   spec = _build(prepared, "nsp6")
   small = tmp_path / "small.txt"
   small.write_text("\n\n".join("The first sentence is here. A second one follows. "
@@ -299,6 +307,17 @@ def test_prepared_stream_restores_and_mixes_languages_by_sentences(prepared, tok
     got = next(again)
     for k in want:
       np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+  # On 2 processes (batches of 2, from the same state): the same global batches.
+  halves = [iter(pipeline.build_pretraining_data(cfg, tokenizer, batch_size=2, seed=0,
+                                                 nsp=True, process_index=p,
+                                                 process_count=2).train) for p in (0, 1)]
+  for half in halves:
+    half.set_state(state)
+  for want in expected:
+    got = [next(half) for half in halves]
+    for k in want:
+      np.testing.assert_array_equal(np.concatenate([g[k] for g in got]), want[k],
+                                    err_msg=k)
 
 
 def _files(root):
