@@ -11,13 +11,13 @@ Training order: element g of a source's stream is row permute(g mod n) of epoch
 g // n (`permutation.permute`: a fresh global shuffle every epoch that holds no table),
 sources mixed with the multilingual weights into one global stream; global batch i is
 its elements [i * B, (i + 1) * B), of which process p of P feeds the block
-[i * B + p * b, i * B + (p + 1) * b) (b = B / P: the rows its devices hold, process
-after process). Each batch is read and masked at once with one random stream per row
-keyed by (seed, the row's index in the global stream): masks differ between epochs
-and replay exactly after a restore, a process reads only the rows it trains on, and
-the global batches, masks included, are the same whatever the process count. Shapes:
-b per-process batch, T max_seq_length (or the phase's length), P
-max_predictions_per_seq.
+[i * B + p * b, i * B + (p + 1) * b) (b = B / P: the rows its devices hold, as the
+meshes of `bertjax.parallel.mesh` order devices process after process). Each batch
+is read and masked at once with one random stream per row keyed by (seed, the row's
+index in the global stream): masks differ between epochs and replay exactly after a
+restore, a process reads only the rows it trains on, and the global batches, masks
+included, are the same whatever the process count. Shapes: b per-process batch, T
+max_seq_length (or the phase's length), P max_predictions_per_seq.
 
 Batch dict (numpy): input_ids, attention_mask, token_type_ids [b, T] int32;
 masked_lm_positions, masked_lm_ids [b, P] int32; masked_lm_weights [b, P] float32;
