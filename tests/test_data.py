@@ -319,25 +319,37 @@ def test_permutation_shuffles_each_epoch_without_a_table():
   np.testing.assert_array_equal(copy(np.arange(100, 150)), epochs[2])
 
 
-def test_eval_masks_do_not_depend_on_the_process_count(data_cfg, tokenizer):
-  one = pipeline.build_pretraining_data(data_cfg, tokenizer, batch_size=8, seed=0, nsp=True)
-  rows = {}
-  for p in (0, 1):
-    two = pipeline.build_pretraining_data(data_cfg, tokenizer, batch_size=4, seed=0,
-                                          nsp=True, process_index=p, process_count=2)
-    assert len(two.eval_batches) == len(one.eval_batches)
-    for i, batch in enumerate(two.eval_batches):
-      for r in range(4):
-        rows[p + 2 * (4 * i + r)] = batch["input_ids"][r], batch["example_weights"][r]
-  for i, batch in enumerate(one.eval_batches):
-    for r in range(8):
-      if batch["example_weights"][r]:
-        np.testing.assert_array_equal(rows[8 * i + r][0], batch["input_ids"][r])
+def _side_by_side(batches):
+  """The global batch of per-process batches: their rows one process after the other."""
+  return {k: np.concatenate([b[k] for b in batches]) for k in batches[0]}
+
+
+@pytest.mark.parametrize("strategy", masking.STRATEGIES)
+def test_batches_do_not_depend_on_the_process_count(data_cfg, tokenizer, strategy):
+  """Process p of 2 feeds block p of each global batch, masked by the rows' global
+  indices: the 2 processes' batches side by side are the 1 process's, masks included,
+  at the start and across the end of the first epoch; the evaluation batches too."""
+  cfg = data_cfg.copy_and_resolve_references()
+  cfg.masking = strategy
+  one = pipeline.build_pretraining_data(cfg, tokenizer, batch_size=8, seed=0, nsp=True)
+  two = [pipeline.build_pretraining_data(cfg, tokenizer, batch_size=4, seed=0, nsp=True,
+                                         process_index=p, process_count=2) for p in (0, 1)]
+  epoch_end = (one.stats["train_examples"] - 1) // 8  # holds epoch 0's last row
+  for start in (0, epoch_end):
+    streams = [iter(d.train) for d in (one, *two)]
+    for it in streams:
+      it.set_state({"next_index": start})
+    for _ in range(2):
+      want, *got = (next(it) for it in streams)
+      _assert_batches_equal([_side_by_side(got)], [want])
+  assert len(two[0].eval_batches) == len(two[1].eval_batches) == len(one.eval_batches)
+  for i, want in enumerate(one.eval_batches):
+    _assert_batches_equal([_side_by_side([t.eval_batches[i] for t in two])], [want])
 
 
 def test_restore_onto_another_process_count(data_cfg, tokenizer, tmp_path, monkeypatch):
-  """A checkpoint written by 2 processes resumes on 1: the next global batch holds
-  exactly the rows the 2 processes would have read next (the global stream goes on)."""
+  """A checkpoint written by 2 processes resumes on 1: the next global batch is the
+  2 processes' next batches side by side, masks included (the global stream goes on)."""
   import jax
   from grain._src.python.checkpoint import handler
   from bertjax.checkpoint import manager as ckpt_lib, files
@@ -361,13 +373,13 @@ def test_restore_onto_another_process_count(data_cfg, tokenizer, tmp_path, monke
     ckpt.wait()
   data = tmp_path / files.CHECKPOINT_DIR / str(k) / "data"
   (data / "process_1-of-2.json").write_text(json.dumps(its[1].get_state()))
-  expected = sorted(np.concatenate([_example_index(next(it)) for it in its]))
+  expected = _side_by_side([next(it) for it in its])
 
   single = stream(0, 1, 2 * b)
   abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), state)
   restored = ckpt.restore(k, abstract, single)
   np.testing.assert_array_equal(restored["w"], state["w"])
-  assert sorted(_example_index(next(single))) == expected
+  _assert_batches_equal([next(single)], [expected])
 
   (data / "process_1-of-2.json").write_text(json.dumps({"next_index": k + 1}))
   with pytest.raises(ConfigError, match="written by 2 processes"):

@@ -4,6 +4,7 @@ trains on), its manifest is checked against the config, a rerun resumes."""
 
 import json
 import os
+import subprocess
 import sys
 import time
 
@@ -15,7 +16,10 @@ from bertjax.data import (builders, manifest, multilingual, permutation, pipelin
 from bertjax.data.tokenizer import load_tokenizer
 from bertjax.errors import ConfigError, DataError
 from configs import bert_tiny
+from tests import beam_env
 from tests.helpers import offsets
+
+REPO = beam_env.REPO
 
 T = 64
 
@@ -136,7 +140,8 @@ def _build(prepared, name, tokens="tokens6", nsp=True, **cfg):
 
 def test_prepared_packed_pipeline_equals_the_in_memory_one(prepared, tokenizer):
   """One tokenized shard: the prepared rows are the in-memory rows, so training and
-  evaluation batches (isolated documents, whole-word masks) are the same bit for bit."""
+  evaluation batches (isolated documents, whole-word masks) are the same bit for bit,
+  and so are the global batches of 2 processes."""
   kw = dict(packing="full_sentences", length_phases=((0.5, 32), (0.5, 64)),
             isolate_documents=True, masking="whole_word")
   spec = _build(prepared, "packed1", "tokens1", nsp=False, **kw)
@@ -148,12 +153,18 @@ def test_prepared_packed_pipeline_equals_the_in_memory_one(prepared, tokenizer):
             "padding_fraction", "phases"):
     assert ours.stats[k] == raw.stats[k], k
   assert ours.most_frequent_token == raw.most_frequent_token
+  halves = [iter(pipeline.build_pretraining_data(
+      _cfg(corpus=spec, **kw), tokenizer, **{**args, "batch_size": 2}, process_index=p,
+      process_count=2).train) for p in (0, 1)]
   a, b = iter(ours.train), iter(raw.train)
   for batch in range(6):  # across the phase boundary (2 steps at 32)
     x, y = next(a), next(b)
+    halves_x = [next(h) for h in halves]
     assert x.keys() == y.keys() and "segment_ids" in x
     for k in x:
       np.testing.assert_array_equal(x[k], y[k], err_msg=f"{k} of batch {batch}")
+      np.testing.assert_array_equal(np.concatenate([h[k] for h in halves_x]), x[k],
+                                    err_msg=f"{k} of global batch {batch}")
   assert len(ours.eval_batches) == len(raw.eval_batches)
   for x, y in zip(ours.eval_batches, raw.eval_batches):
     for k in x:
@@ -179,7 +190,8 @@ def test_each_process_reads_only_the_rows_it_trains_on(prepared, tokenizer, monk
     it = iter(data.train)
     for _ in range(taken):
       next(it)
-    g = p + 2 * np.arange((taken + ahead) * b)  # this process's elements
+    blocks = 2 * np.arange(taken + ahead) + p  # this process's blocks of b elements
+    g = (blocks[:, None] * b + np.arange(b)).ravel()
     own = permutation.permute(g, n, seeds.stream_seed(0, seeds.SHUFFLE, 0, 0))
     source = reads[0][0]
     batch = data.eval_batches[1]
@@ -273,7 +285,7 @@ def test_raw_text_above_the_limit_asks_for_prepare(tmp_path, tokenizer):
 def test_prepared_stream_restores_and_mixes_languages_by_sentences(prepared, tokenizer,
                                                                    tmp_path):
   """A prepared language next to a raw one: weights from each corpus's sentences
-  (eq. 11.7); the stream's state restores it exactly."""
+  (eq. 11.7); the stream's state restores it exactly, on 1 process or 2."""
   spec = _build(prepared, "nsp6")
   small = tmp_path / "small.txt"
   small.write_text("\n\n".join("The first sentence is here. A second one follows. "
@@ -295,6 +307,17 @@ def test_prepared_stream_restores_and_mixes_languages_by_sentences(prepared, tok
     got = next(again)
     for k in want:
       np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+  # On 2 processes (batches of 2, from the same state): the same global batches.
+  halves = [iter(pipeline.build_pretraining_data(cfg, tokenizer, batch_size=2, seed=0,
+                                                 nsp=True, process_index=p,
+                                                 process_count=2).train) for p in (0, 1)]
+  for half in halves:
+    half.set_state(state)
+  for want in expected:
+    got = [next(half) for half in halves]
+    for k in want:
+      np.testing.assert_array_equal(np.concatenate([g[k] for g in got]), want[k],
+                                    err_msg=k)
 
 
 def _files(root):
@@ -303,26 +326,61 @@ def _files(root):
           for d, _, names in os.walk(root) for n in names}
 
 
+@pytest.fixture(scope="module")
+def beam_python():
+  """The python of the Beam environment (tests/beam_env.py: built once, then cached).
+  In CI (CI=true) an environment that cannot be built fails the test; elsewhere (no
+  network to the package index) it skips."""
+  try:
+    exe, facts = beam_env.python()
+  except (RuntimeError, OSError, subprocess.SubprocessError) as e:
+    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+      pytest.fail(f"CI runs the Beam test in an environment of its own and could not "
+                  f"build it at {beam_env.path()}: {e}")
+    pytest.skip(f"no Beam environment ({beam_env.path()} cannot be built: {e})")
+  print(f"Beam environment {beam_env.path()}: {facts}")
+  return exe
+
+
+def _prepare(python, *flags):
+  """`python -m bertjax.data.prepare FLAGS` from the repository root (this checkout's
+  bertjax first on the path, for the Beam workers too)."""
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+      [REPO, *filter(None, [os.environ.get("PYTHONPATH")])]))
+  out = subprocess.run([python, "-m", "bertjax.data.prepare", *flags], cwd=REPO, env=env,
+                       capture_output=True, text=True, timeout=300)
+  assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+  return out.stdout
+
+
 @pytest.mark.parametrize("nsp", [True, False])
-def test_beam_writes_the_shards_and_manifest_of_the_multiprocessing_path(prepared, nsp):
-  """The Apache Beam path (DirectRunner, two worker threads) runs the same units as
-  `build` (here in this process: a pool runs the same functions): the same files byte
-  for byte, the same manifest but its wall time."""
-  pytest.importorskip("apache_beam")
-  from bertjax.data import prepare_beam  # pylint: disable=g-import-not-at-top
-  tokens, ours, theirs = (str(prepared / n) for n in ("tokens6", f"beam{nsp}", f"mp{nsp}"))
-  expected = prepare_examples.build(tokens, theirs, _cfg(), nsp=nsp, seed=0,
-                                  workers=0, progress=False)
-  built = prepare_beam.build(tokens, ours, _cfg(), nsp=nsp, seed=0,
-                             options="direct_num_workers=2")
-  ours, theirs = _files(ours), _files(theirs)
+def test_beam_writes_the_shards_and_manifest_of_the_worker_pool(prepared, beam_python, nsp):
+  """`prepare --config` on Apache Beam (DirectRunner, two SDK worker processes, in the
+  Beam environment: apache-beam, protobuf<7) and on the worker pool (--workers=2, this
+  environment) write the same files byte for byte, and the same manifest but its wall
+  time; NSP pairs over two length phases, and packed rows."""
+  name = "nsp" if nsp else "packed"
+  flags = ["--config=configs/bert_tiny.py", f"--input={prepared / 'tokens6'}",
+           f"--config.data.max_seq_length={T}", "--config.data.max_predictions_per_seq=10",
+           "--config.data.dupe_factor=2", f"--config.model.nsp={nsp}"]
+  if nsp:
+    flags.append(f"--config.data.length_phases=((0.5,32),(0.5,{T}))")
+  pool, beam = (prepared / f"{name}_pool", prepared / f"{name}_beam")
+  _prepare(sys.executable, *flags, f"--output={pool}", "--workers=2")
+  printed = _prepare(beam_python, *flags, f"--output={beam}", "--runner=DirectRunner",
+                     "--beam_pipeline_options=direct_num_workers=2,"
+                     "direct_running_mode=multi_processing")
+  assert f"--config.data.corpus={beam}" in printed
+  ours, theirs = _files(beam), _files(pool)
   assert sorted(ours) == sorted(theirs)
-  assert len([p for p in ours if p.endswith(rows_lib.SUFFIX)]) == 12  # 6 shards x 2 splits
+  shards = [p for p in ours if p.endswith(rows_lib.SUFFIX)]
+  assert len(shards) == 6 * (3 if nsp else 2)  # 6 tokenized shards x the splits
   for path in ours:
     if path != manifest.MANIFEST:
       assert ours[path] == theirs[path], path
+  built, expected = (json.loads(files[manifest.MANIFEST]) for files in (ours, theirs))
+  assert built["builder"] == ("nsp" if nsp else "full_sentences")
   assert {**built, "seconds": 0} == {**expected, "seconds": 0}
-  assert json.loads(theirs[manifest.MANIFEST]) == expected
 
 
 def test_beam_runner_without_beam_is_one_config_error(prepared, monkeypatch):

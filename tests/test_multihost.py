@@ -43,16 +43,17 @@ def _worker_main() -> None:
 
 
 def _launch(workdir, tmp, run, extra, config="configs/bert_tiny.py",
-            module="tests.test_multihost"):
-  """Starts the 2 processes of a job: `python -m MODULE --config=CONFIG EXTRA...`."""
+            module="tests.test_multihost", processes=2):
+  """Starts the processes of a job (2 x 4 CPU devices, or 1 x 8 joined the same way:
+  gloo collectives): `python -m MODULE --config=CONFIG EXTRA...`."""
   port = portpicker.pick_unused_port()
   procs = []
-  for i in range(2):
-    env = dict(os.environ, JAX_NUM_CPU_DEVICES="4", JAX_PLATFORMS="cpu",
+  for i in range(processes):
+    env = dict(os.environ, JAX_NUM_CPU_DEVICES=str(8 // processes), JAX_PLATFORMS="cpu",
                BERTJAX_TEST_RECORD=os.path.join(tmp, f"rows_{run}_{i}.jsonl"))
     cmd = [sys.executable, "-m", module, f"--config={config}",
            f"--workdir={workdir}", f"--coordinator_address=127.0.0.1:{port}",
-           "--num_processes=2", f"--process_id={i}", *extra]
+           f"--num_processes={processes}", f"--process_id={i}", *extra]
     procs.append(subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
                                   stderr=subprocess.STDOUT, text=True))
   return procs
@@ -125,9 +126,10 @@ def _run_script(tmp_path, args, env=None):
 
 @functools.cache
 def _main_flags() -> set[str]:
-  """The flags bertjax.main defines (in a subprocess: absl flags are process-global)."""
-  code = ("from absl import flags; import bertjax.main as m; "
-          "print(' '.join(f.name for f in flags.FLAGS.get_flags_for_module(m)))")
+  """The flags bertjax.main takes, `bertjax.train.program`'s (in a subprocess: absl
+  flags are process-global)."""
+  code = ("from absl import flags; import bertjax.main; from bertjax.train import program "
+          "as m; print(' '.join(f.name for f in flags.FLAGS.get_flags_for_module(m)))")
   out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
                        text=True, timeout=60, check=True).stdout
   return set(out.split())

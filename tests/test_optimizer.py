@@ -1,11 +1,11 @@
 """The optimizer's updates against a hand computation in numpy: LAMB (You et al. 2020,
 Algorithm 2) with BERT's schedule, the decay mask and global-norm clipping."""
 
-import ml_collections
 import numpy as np
 import optax
 
 from bertjax.train import optimizer
+from configs import bert_base
 
 SHAPES = {"dense": {"kernel": (3, 4), "bias": (4,)},
           "LayerNorm": {"scale": (4,), "bias": (4,)},
@@ -13,10 +13,12 @@ SHAPES = {"dense": {"kernel": (3, 4), "bias": (4,)},
 
 
 def _settings(**kw):
-  return ml_collections.ConfigDict(dict(
-      optimizer="lamb", learning_rate=0.1, warmup_steps=2, num_steps=10, b1=0.9,
-      b2=0.999, eps=1e-6, weight_decay=0.01, max_grad_norm=1.0, skip_step_on_spikes=False,
-      **kw))
+  """The recipe's `config.train` (every field) with LAMB and these settings."""
+  train = bert_base.get_config().train
+  train.update(dict(optimizer="lamb", learning_rate=0.1, warmup_steps=2, num_steps=10,
+                    b1=0.9, b2=0.999, eps=1e-6, weight_decay=0.01, max_grad_norm=1.0,
+                    skip_step_on_spikes=False, **kw))
+  return train
 
 
 def _tree(seed: int, scale: float = 1.0) -> dict:

@@ -34,8 +34,8 @@ def compare(workdir: str) -> dict:
   pretrained = finetune.load_start(c)
   random = dataclasses.replace(pretrained, encoder_params=None)
   return {"layers": pretrained.model.num_layers, "hidden": pretrained.model.hidden_size,
-          "pretrained": finetune.run(c, os.path.join(workdir, "pretrained"), pretrained),
-          "random": finetune.run(c, os.path.join(workdir, "random"), random)}
+          "pretrained": finetune.train(c, os.path.join(workdir, "pretrained"), pretrained),
+          "random": finetune.train(c, os.path.join(workdir, "random"), random)}
 
 
 def test_pretrained_minilm_beats_random_init(tmp_path):

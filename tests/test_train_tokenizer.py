@@ -26,7 +26,8 @@ def test_wordpiece(tmp_path, lowercase):
   out = str(tmp_path / "tok")
   summary = train_tokenizer.train("embedded", "", out, kind="wordpiece", vocab_size=1000,
                                   lowercase=lowercase, model_type="unigram",
-                                  character_coverage=1.0, alpha=0.3)
+                                  character_coverage=1.0, alpha=0.3,
+                                  language_counts="sentences", seed=0, text_field="text")
   tok = tok_lib.load_tokenizer(out)
   assert (tok.pad_id, tok.cls_id, tok.sep_id, tok.mask_id) == (0, 2, 3, 4)
   assert summary["vocab_size"] == tok.vocab_size == 1000
@@ -39,7 +40,8 @@ def test_sentencepiece_unigram_and_bpe(tmp_path, languages):
     out = str(tmp_path / model_type)
     summary = train_tokenizer.train("", languages, out, kind="sentencepiece",
                                     vocab_size=120, lowercase=False, model_type=model_type,
-                                    character_coverage=1.0, alpha=0.3)
+                                    character_coverage=1.0, alpha=0.3,
+                                  language_counts="sentences", seed=0, text_field="text")
     tok = tok_lib.load_tokenizer(out)
     assert (tok.cls_id, tok.pad_id, tok.sep_id) == (0, 1, 2)
     assert tok.mask_id == tok.vocab_size - 1 and tok.id_to_token(tok.mask_id) == "<mask>"
@@ -63,7 +65,8 @@ def test_byte_level_bpe(tmp_path):
   out = str(tmp_path / "bpe")
   summary = train_tokenizer.train("embedded", "", out, kind="byte_level_bpe",
                                   vocab_size=600, lowercase=False, model_type="unigram",
-                                  character_coverage=1.0, alpha=0.3)
+                                  character_coverage=1.0, alpha=0.3,
+                                  language_counts="sentences", seed=0, text_field="text")
   tok = tok_lib.load_tokenizer(out)
   assert (tok.style, tok.cls_id, tok.pad_id, tok.sep_id, tok.unk_id) == ("roberta", 0, 1, 2, 3)
   assert tok.mask_id == tok.vocab_size - 1 == summary["mask_id"] == 599

@@ -142,11 +142,13 @@ class Checkpointer:
                              data_iterator: Any) -> None:
     """Continues the data stream of a checkpoint written by another process count.
 
-    Process p of P reads elements p, p + P, ... of one global stream in batches of B / P,
-    so after k batches the processes together have read exactly the first k * B
-    elements, whatever P is: every process of the new count resumes at its batch k
-    (the same global batch size B is assumed). Rows are dealt to processes, and masked,
-    differently from an unchanged count, so the run is not bit-exact across the change.
+    Global batch k is elements [k * B, (k + 1) * B) of one global stream and process p
+    of P feeds its block p of B / P rows, each masked by its global index, so after k
+    batches the processes together have fed exactly the first k global batches,
+    whatever P is: every process of the new count resumes at its batch k (the same
+    global batch size B is assumed) and the global batches go on unchanged, row for
+    row. The run continues bit for bit where the collectives add in the same order
+    (tests/test_multihost_exact.py: 2 processes <-> 1, both on gloo).
     """
     states = [json.loads(f.read_text()) for f in files]
     positions = {json.dumps(st, sort_keys=True) for st in states}

@@ -17,6 +17,7 @@ import ml_collections
 from etils import epath
 from jax.experimental import multihost_utils
 
+from bertjax import model as model_lib
 from bertjax.checkpoint import files
 from bertjax.checkpoint.manager import Checkpointer, abstract_on
 from bertjax.data import tokenizer as tok_lib
@@ -32,8 +33,11 @@ def save_config(workdir: str, config: ml_collections.ConfigDict) -> None:
     new = json.loads(config.to_json())
     old_model, new_model = saved.get("model", {}), new["model"]
     old_model.setdefault("family", "bert")  # written before bertjax had model families
-    changed = [f"config.model.{k}={new_model[k]!r} (the run's: {old_model.get(k)!r})"
-               for k in sorted(new_model) if old_model.get(k) != new_model[k]]
+    # A model field added to bertjax after the run started counts at its default value.
+    defaults = model_lib.family_of(old_model).config().to_dict()
+    old = lambda k: old_model.get(k, defaults.get(k))
+    changed = [f"config.model.{k}={new_model[k]!r} (the run's: {old(k)!r})"
+               for k in sorted(new_model) if old(k) != new_model[k]]
     if changed:
       raise CheckpointError(
           f"{workdir} holds a run of another model: {', '.join(changed)}; use a new "

@@ -9,13 +9,17 @@ batches plus evaluation batches made on demand.
 
 Training order: element g of a source's stream is row permute(g mod n) of epoch
 g // n (`permutation.permute`: a fresh global shuffle every epoch that holds no table),
-sources mixed with the multilingual weights, every `process_count`-th element for this
-process, batched, then read and masked a whole batch at once with one random stream
-per element keyed by (seed, its index): masks differ between epochs and replay exactly
-after a restore, and a process reads only the rows it trains on. The masking rate is a
-function of the step (`config.data.masked_lm_prob_phases`), so a restore draws the same
-masks too. Shapes: b per-process batch, T max_seq_length (or the phase's length), P
-max_predictions_per_seq (or the phase's).
+sources mixed with the multilingual weights into one global stream; global batch i is
+its elements [i * B, (i + 1) * B), of which process p of P feeds the block
+[i * B + p * b, i * B + (p + 1) * b) (b = B / P: the rows its devices hold, as the
+meshes of `bertjax.parallel.mesh` order devices process after process). Each batch
+is read and masked at once with one random stream per row keyed by (seed, the row's
+index in the global stream): masks differ between epochs and replay exactly after a
+restore, a process reads only the rows it trains on, and the global batches, masks
+included, are the same whatever the process count. The masking rate is a function
+of the step (`config.data.masked_lm_prob_phases`), so a restore draws the same masks
+too. Shapes: b per-process batch, T
+max_seq_length (or the phase's length), P max_predictions_per_seq (or the phase's).
 
 Batch dict (numpy): input_ids, attention_mask, token_type_ids [b, T] int32;
 masked_lm_positions, masked_lm_ids [b, P] int32; masked_lm_weights [b, P] float32;
@@ -75,11 +79,12 @@ class MaskBatch:
 
   An element is g (one source) or (k, g) (source k of several): row
   permute(g mod n_k, n_k, shuffle_seeds[k], epoch=g // n_k) of source k. The rows are
-  read, decoded and masked as one [b, T] batch; row r of batch i is element i * b + r
-  of this process's stream and its random numbers come from `masking.RowStreams`
-  keyed by (seed, that index). Batch i is masked with `cfg`, or with the last of
-  `changes` (first batch, masking config) whose first batch is <= i. Picklable, so it
-  runs in grain worker processes too.
+  read, decoded and masked as one [b, T] batch; row r of this process's batch i is
+  element (i * process_count + process_index) * b + r of the global stream and its
+  random numbers come from `masking.RowStreams` keyed by (seed, that index), so a row's
+  mask does not depend on the process count. Batch i is masked with `cfg`, or with
+  the last of `changes` (first batch, masking config) whose first batch is <= i.
+  Picklable, so it runs in grain worker processes too.
   """
 
   sources: tuple[Any, ...]  # rows_lib.MemoryRows / FileRows, all of one row dtype
@@ -90,6 +95,8 @@ class MaskBatch:
   position_offset: int
   seed: int
   changes: tuple[tuple[int, masking.MaskingConfig], ...] = ()
+  process_index: int = 0
+  process_count: int = 1
 
   def __repr__(self) -> str:  # grain logs its stages: not the rows.
     return (f"MaskBatch({[len(s) for s in self.sources]} rows, nsp={self.nsp}, "
@@ -128,7 +135,7 @@ class MaskBatch:
                           position_offset=self.position_offset,
                           word_starts=self.cfg.strategy != "token")
     b = len(out["input_ids"])
-    element = batch_index * b + np.arange(b)
+    element = (batch_index * self.process_count + self.process_index) * b + np.arange(b)
     out.update(masking.mask_tokens(out["input_ids"], masking.RowStreams(self.seed, element),
                                    self.cfg_at(batch_index),
                                    word_starts=out.pop("word_starts", None)))
@@ -177,19 +184,22 @@ def _phase_batches(phase: Phase, index: int, *, batch_size: int, seed: int, nsp:
                    isolate: bool, position_offset: int, process_index: int,
                    process_count: int) -> grain.MapDataset:
   """The phase's (infinite) batches for one process: the sources' streams mixed by
-  weight, every `process_count`-th element, batched, then read and masked."""
+  weight into the global stream, cut into blocks of `batch_size` elements, every
+  `process_count`-th block (from `process_index`), then read and masked."""
   k = len(phase.sources)
   if k == 1:
     ds = grain.MapDataset.range(sys.maxsize)
   else:
     ds = grain.MapDataset.mix([grain.MapDataset.range(sys.maxsize).map(_Tag(i))
                                for i in range(k)], phase.weights)
-  ds = ds[process_index::process_count].batch(batch_size, drop_remainder=True)
+  ds = ds.batch(batch_size, drop_remainder=True)[process_index::process_count]
   return ds.map_with_index(MaskBatch(
       phase.sources,
       tuple(seeds.stream_seed(seed, seeds.SHUFFLE, index, i) for i in range(k)),
       phase.mask_cfg, nsp, isolate, position_offset,
-      seeds.stream_seed(seed, seeds.TRAIN_MASKS, process_index, index), phase.mask_changes))
+      # (The 0 keeps the masks single-process runs have always had.)
+      seeds.stream_seed(seed, seeds.TRAIN_MASKS, 0, index), phase.mask_changes,
+      process_index, process_count))
 
 
 def make_train_dataset(examples: builders.Examples | list[Phase],
@@ -204,7 +214,9 @@ def make_train_dataset(examples: builders.Examples | list[Phase],
   it has segment_ids). Or a list of `Phase`s: their batches one phase after the other
   (the shapes change between phases). The stream is a grain `MapDataset` underneath,
   so its state is the index of the next batch and a restore anywhere, in any phase,
-  replays exactly.
+  replays exactly; batch k is this process's block of global batch k on any process
+  count, so a state saved by P processes resumes the same global stream on P' (the
+  same global batch size).
   """
   if isinstance(examples, builders.Examples):
     isolate = examples.segment_ids is not None
@@ -361,11 +373,13 @@ def _mask_schedule(cfg: masking.MaskingConfig, length: int, first: int,
 class EvalBatches(collections.abc.Sequence):
   """This process's share of the evaluation examples as fixed masked batches.
 
-  Every process has ceil(N / (b * process_count)) batches: process p takes examples
-  p, p + P, ...; the last batches are padded with copies of a real example whose
-  masked_lm_weights and example_weights are 0. Batch i is read and masked when asked
-  for; an example's mask depends only on the seed and its index, so it is the same
-  whatever the process count. Slicing gives the sequence of those batches.
+  Every process has ceil(N / (b * process_count)) batches: global batch i holds
+  examples [i * B, (i + 1) * B) (B = b * process_count) and process p its block
+  [i * B + p * b, i * B + (p + 1) * b); past the last example the rows are copies of
+  example 0 whose masked_lm_weights and example_weights are 0. Batch i is read and
+  masked when asked for; an example's mask depends only on the seed and its index, so
+  the global batches are the same whatever the process count. Slicing gives the
+  sequence of those batches.
   """
 
   def __init__(self, source, cfg: masking.MaskingConfig, *, batch_size: int, seed: int,
@@ -386,10 +400,9 @@ class EvalBatches(collections.abc.Sequence):
                          nsp=self._nsp, isolate=self._isolate,
                          position_offset=self._offset, process_index=self._p,
                          process_count=self._count, batches=self._batches[i])
-    slots = self._batches[i] * self._b + np.arange(self._b)
-    index = self._p + self._count * slots
+    index = (self._batches[i] * self._count + self._p) * self._b + np.arange(self._b)
     real = index < len(self._source)
-    index = np.where(real, index, self._p if self._p < len(self._source) else 0)
+    index = np.where(real, index, 0)
     out = rows_lib.decode(self._source.read(index), isolate=self._isolate,
                           position_offset=self._offset,
                           word_starts=self._cfg.strategy != "token")

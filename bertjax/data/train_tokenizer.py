@@ -33,11 +33,13 @@ from bertjax.data import tokenizer as tok_lib
 
 def train(input_spec: str, languages: str, output: str, *, kind: str, vocab_size: int,
           lowercase: bool, model_type: str, character_coverage: float, alpha: float,
-          seed: int = 0, text_field: str = "text") -> dict:
+          language_counts: str, seed: int, text_field: str) -> dict:
   """Trains and saves the tokenizer; returns a summary (sentences, vocab, ids, seconds)."""
   start = time.perf_counter()
   data_cfg = ml_collections.ConfigDict({"corpus": input_spec, "languages": languages,
-                                        "language_alpha": alpha, "text_field": text_field})
+                                        "language_alpha": alpha,
+                                        "language_counts": language_counts,
+                                        "text_field": text_field})
   sentences = multilingual.tokenizer_sentences(data_cfg, seed)
   counted = progress.Progress("tokenizer", len(sentences), "sentences").wrap(sentences)
   tok = tok_lib.train_tokenizer(counted, kind=kind, vocab_size=vocab_size,
@@ -54,8 +56,8 @@ def main(argv):
   f = flags.FLAGS
   summary = train(f.input or "", f.languages, f.output, kind=f.kind,
                   vocab_size=f.vocab_size, lowercase=f.lowercase, model_type=f.model_type,
-                  character_coverage=f.character_coverage, alpha=f.alpha, seed=f.seed,
-                  text_field=f.text_field)
+                  character_coverage=f.character_coverage, alpha=f.alpha,
+                  language_counts=f.language_counts, seed=f.seed, text_field=f.text_field)
   print(" | ".join(f"{k} {v}" for k, v in summary.items()))
 
 
@@ -64,6 +66,8 @@ if __name__ == "__main__":
   flags.DEFINE_string("input", None, "Corpus: file, glob, directory, tfds:NAME, embedded.")
   flags.DEFINE_string("languages", "", "Instead of --input: 'en=SPEC,sw=SPEC,...'.")
   flags.DEFINE_float("alpha", 0.3, "Language sampling exponent: q_i ~ p_i^alpha.")
+  flags.DEFINE_enum("language_counts", "sentences", list(multilingual.COUNTS),
+                    "p_i counts each language's sentences, tokens or characters.")
   flags.DEFINE_enum("kind", "wordpiece", list(tok_lib.KINDS), "Tokenizer kind.")
   flags.DEFINE_enum("model_type", "unigram", ["unigram", "bpe"], "SentencePiece model.")
   flags.DEFINE_integer("vocab_size", 30522, "Vocabulary size (special tokens included).")
