@@ -127,7 +127,7 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, padding: jax.Array,
     lengths = jnp.maximum(jnp.sum(padding, axis=-1, dtype=jnp.int32), 1)  # [B]
     return jax.nn.dot_product_attention(q, k, v, key_value_seq_lengths=lengths,
                                         implementation="cudnn")
-  from bertjax.model import flash_gpu  # pylint: disable=g-import-not-at-top (Pallas: on use)
+  from bertjax.model import flash_gpu  # pylint: disable=g-import-not-at-top
   kernel = _splash if impl == "splash" else flash_gpu.flash_attention
   return _per_shard(functools.partial(kernel, window=window), q, k, v,
                     kernel_ids(padding, segment_ids))
