@@ -169,10 +169,9 @@ def test_resolve_impl_refuses_impossible_requests_in_one_line(requested, platfor
 
 
 def test_resolve_impl_logs_each_choice_once(caplog):
-  attn.resolve_impl.cache_clear()
   with caplog.at_level(logging.INFO):
-    for _ in range(3):
-      attn.resolve_impl("", platform="gpu", dtype=jnp.bfloat16, dropout=False, seq_len=128)
+    for dtype in (jnp.bfloat16, "bfloat16", np.dtype(jnp.bfloat16)):  # The same dtype.
+      attn.resolve_impl("", platform="gpu", dtype=dtype, dropout=False, seq_len=1234)
   lines = [r.getMessage() for r in caplog.records if "attention_impl" in r.getMessage()]
   assert lines == ["attention: config.model.attention_impl='' -> 'cudnn' (GPU, bfloat16)"]
 
@@ -240,3 +239,23 @@ def test_splash_with_window_and_segments_compiles_for_tpu():
   text = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(x, x, x, ids).compile().as_text()
   assert text.count("tpu_custom_call") >= 3  # forward, dq, dkv
   assert not re.search(rf"\b{T},{T}\]", text)
+
+
+@pytest.mark.skipif(jax.device_count() < 4, reason="a 2 x 2 mesh needs 4 devices")
+def test_kernels_run_per_shard_under_a_mesh():
+  """Batch over 'data', heads over 'tensor' (the logical rules): each device runs the
+  kernel on its [1, T, 1, D] shard; the result equals the unsharded one."""
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+  from jax.sharding import NamedSharding, PartitionSpec as P  # pylint: disable=g-import-not-at-top
+  q, k, v, padding, segments, window, _ = _inputs("packed_window")
+  mesh = jax.make_mesh((2, 2), ("data", "tensor"), devices=jax.devices()[:4],
+                       axis_types=(jax.sharding.AxisType.Auto,) * 2)
+  rules = ((attn.BATCH, "data"), (attn.HEADS, "tensor"))
+  for impl in ("pallas_gpu", "splash"):
+    want = attn.attention(q, k, v, padding, segments, window=window, impl=impl)
+    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+      spread = [jax.device_put(t, NamedSharding(mesh, P("data", None, "tensor")))
+                for t in (q, k, v)]
+      got = jax.jit(lambda q, k, v: attn.attention(
+          q, k, v, padding, segments, window=window, impl=impl))(*spread)
+    np.testing.assert_allclose(got, want, atol=1e-6)

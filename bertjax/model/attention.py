@@ -50,7 +50,6 @@ _FIELD = "config.model.attention_impl"
 _HALF = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
 
-@functools.cache
 def resolve_impl(requested: str | None, *, platform: str, dtype, dropout: bool,
                  seq_len: int | None = None) -> str:
   """The attention path to run: `requested` (config.model.attention_impl) checked, or
@@ -60,8 +59,13 @@ def resolve_impl(requested: str | None, *, platform: str, dtype, dropout: bool,
   'cudnn'; on a TPU 'splash' (T a multiple of 128); otherwise 'xla'. An impossible
   request is a one-line ConfigError. Each distinct choice is logged once (the first
   trace, at start-up)."""
-  dtype = jnp.dtype(dtype)
-  requested = requested or ""
+  platform = "gpu" if platform in ("cuda", "rocm") else platform
+  return _resolve(requested or "", platform, jnp.dtype(dtype), bool(dropout), seq_len)
+
+
+@functools.cache
+def _resolve(requested: str, platform: str, dtype: np.dtype, dropout: bool,
+             seq_len: int | None) -> str:
   if requested == "":
     if dropout:
       impl, why = "xla", "attention dropout: only the XLA path has it"
