@@ -9,8 +9,8 @@ them. The paths (`IMPLS`):
 
 - 'xla': the reference. Builds the boolean mask from padding / segments / window and
   runs `jax.nn.dot_product_attention` (XLA); with attention dropout, flax's attention
-  (float32 softmax, an independent dropout mask per row and head). The only path with
-  attention-probability dropout.
+  (float32 softmax; flax's default dropout mask, [T, T] shared by rows and heads). The
+  only path with attention-probability dropout.
 - 'cudnn' (GPU, bfloat16 / float16): right-padded rows go to cuDNN's flash attention
   (`jax.nn.dot_product_attention(implementation='cudnn')` with the key lengths, no mask
   array). What cuDNN cannot express through jax 0.10.2's public API goes to the Pallas
@@ -120,10 +120,9 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, padding: jax.Array,
     mask = xla_mask(padding, segment_ids, window)
     if not dropout:
       return jax.nn.dot_product_attention(q, k, v, mask=mask, implementation="xla")
-    return nn.dot_product_attention(
+    return nn.dot_product_attention(  # flax's default: one dropout mask for all rows
         q, k, v, mask=mask, dropout_rng=dropout_rng, dropout_rate=dropout_rate,
-        broadcast_dropout=False, deterministic=False, dtype=q.dtype,
-        force_fp32_for_softmax=True)
+        deterministic=False, dtype=q.dtype, force_fp32_for_softmax=True)  # and heads.
   if dropout:
     raise ConfigError(f"{_FIELD}={impl!r} has no attention dropout; set "
                       "config.model.attention_dropout_rate=0.0, or use 'xla'.")
