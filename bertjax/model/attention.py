@@ -19,7 +19,8 @@ them. The paths (`IMPLS`):
   `jax._src.cudnn`, on Hopper and later, with a static segment count per row) and
   sliding windows (cuDNN's window is left-only: jax refuses a right window without a
   causal mask).
-- 'pallas_gpu' (GPU): every call through `bertjax.model.flash_gpu`.
+- 'pallas_gpu' (GPU): every call through `bertjax.model.flash_gpu` (its float32 dots
+  follow `jax_default_matmul_precision`: TF32 by default on a GPU, as XLA's matmuls).
 - 'splash' (TPU): the Pallas splash-attention kernel (`jax.experimental.pallas.ops.tpu`)
   with kernel segment ids and, for a window, `splash.LocalMask`; it skips the blocks
   the mask empties and never builds the [B, N, T, T] scores.
@@ -112,9 +113,11 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, padding: jax.Array,
   dropout_rng is given ('xla' only). Returns [B, T, N, D] in q's dtype."""
   if impl not in IMPLS:
     raise ConfigError(f"attention impl={impl!r}: use one of {IMPLS} (resolve_impl).")
-  if window is not None and not (isinstance(window, int) and window >= 0):
-    raise ConfigError(f"attention window={window!r} must be None or an int >= 0 "
-                      "(the half-width: local_attention // 2).")
+  if window is not None:
+    if not (isinstance(window, (int, np.integer)) and window >= 0):
+      raise ConfigError(f"attention window={window!r} must be None or an int >= 0 "
+                        "(the half-width: local_attention // 2).")
+    window = int(window)
   dropout = dropout_rate > 0 and dropout_rng is not None
   if impl == "xla":
     mask = xla_mask(padding, segment_ids, window)
