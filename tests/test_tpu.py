@@ -25,6 +25,9 @@ from tests.helpers import tiny_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CUDA_PLUGINS = ("jax_cuda12_plugin", "jax_cuda13_plugin")
+splash_here = pytest.mark.skipif(jax.default_backend() not in ("cpu", "tpu"),
+                                 reason="config.model.attention_impl='splash' runs on a "
+                                 "TPU, or on the CPU in Pallas's interpreter")
 needs_libtpu = pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
                                   reason="the TPU compiler (libtpu: the test extra, Linux x86)")
 
@@ -141,6 +144,7 @@ def _attention(impl, x, pad, segments, variables):
                                          True)
 
 
+@splash_here
 @pytest.mark.parametrize("packed", [False, True])
 def test_splash_attention_equals_the_plain_path(packed):
   """The Pallas splash kernel (interpret mode on the CPU) against XLA's attention,
@@ -174,6 +178,7 @@ def test_splash_attention_equals_the_plain_path(packed):
     assert not np.allclose(jnp.where(real, plain, 0.0), grads["xla_out"], atol=1e-3)
 
 
+@splash_here
 def test_splash_refuses_dropout_and_odd_lengths():
   cfg = ModelConfig(hidden_size=32, num_heads=2, num_layers=1, vocab_size=64,
                     attention_impl="splash")
@@ -189,6 +194,7 @@ def test_splash_refuses_dropout_and_odd_lengths():
 
 
 @needs_libtpu
+@splash_here
 def test_splash_compiles_for_tpu_per_shard(v5e_4):
   """The train step with splash attention, batch over 'data' and heads over 'tensor':
   the TPU compiler gets the Pallas kernels (forward, dq, dkv per layer) and no
