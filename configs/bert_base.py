@@ -66,10 +66,15 @@ def get_config(arg=None):
   c.model.nsp = True  # Next-sentence-prediction head and loss.
   c.model.sbo = False  # SpanBERT's span-boundary objective head (with data.masking='span').
   c.model.sbo_max_positions = 32  # SBO: relative positions embedded (longer spans clip).
-  c.model.attention_impl = ""  # '' lets XLA choose; 'xla', 'cudnn' (GPU) or 'splash' (TPU).
+  # '' = the fastest path the platform, dtype and attention dropout allow (logged at
+  # start-up; with dropout > 0 in training: 'xla'); or 'xla', 'cudnn' (GPU, bf16/fp16),
+  # 'pallas_gpu' (GPU) or 'splash' (TPU). See bertjax/model/attention.py.
+  c.model.attention_impl = ""
   c.model.scan_layers = False  # nn.scan over blocks: compile time independent of depth.
   c.model.remat_policy = "none"  # Recompute in backward: 'none', 'full', 'dots', 'dots_no_batch'.
-  c.model.dtype = "float32"  # Activation dtype: 'float32' or 'bfloat16' (fp32 LN/softmax stats).
+  # Activation dtype: '' = bfloat16 on GPUs and TPUs, float32 on the CPU; or 'float32',
+  # 'bfloat16', 'float16'. Softmax / LayerNorm statistics and the loss are float32.
+  c.model.dtype = ""
   c.model.param_dtype = "float32"  # Master-weight dtype (keep float32).
 
   c.data = ml_collections.ConfigDict()

@@ -48,10 +48,14 @@ def model_config() -> ml_collections.ConfigDict:
   m.classifier_pooling = "cls"  # Sequence heads pool 'cls' (first token) or 'mean'.
   m.initializer_range = 0.02  # Truncated-normal std of the input projections.
   m.initializer_cutoff_factor = 2.0  # Truncation, in standard deviations.
-  m.attention_impl = ""  # '' lets bertjax choose; 'xla', 'cudnn' (GPU), 'splash' (TPU).
+  # '' = the fastest path the platform, dtype and attention dropout allow (logged at
+  # start-up); or 'xla', 'cudnn' (GPU), 'pallas_gpu' (GPU) or 'splash' (TPU).
+  m.attention_impl = ""
   m.scan_layers = False  # nn.scan over blocks 1..L-1: compile time independent of depth.
   m.remat_policy = "none"  # Recompute in backward: 'none', 'full', 'dots', 'dots_no_batch'.
-  m.dtype = "float32"  # Activation dtype: 'float32' or 'bfloat16' (fp32 LN/softmax stats).
+  # Activation dtype: '' = bfloat16 on GPUs and TPUs, float32 on the CPU; or 'float32',
+  # 'bfloat16', 'float16'. Softmax / LayerNorm statistics and the loss are float32.
+  m.dtype = ""
   m.param_dtype = "float32"  # Master-weight dtype (keep float32).
   return m
 

@@ -1,12 +1,58 @@
-"""Tests run on CPU with 8 fake devices (set before jax starts), tiny configs."""
+"""Tests run on CPU with 8 fake devices (set before jax starts), tiny configs.
+
+`BERTJAX_TEST_PLATFORM=gpu` (or `tpu`) runs the suite on the host's accelerator instead:
+float32 matmuls in full precision (no TF32) so that float32 comparisons hold, no
+preallocation (the CLIs the tests start share the device), and the tests that need the
+CPU (`CPU_ONLY`: its 8 fake devices, gloo collectives) skip with their reason.
+"""
 
 import os
 import tempfile
 
 import pytest
 
+PLATFORM = os.environ.get("BERTJAX_TEST_PLATFORM", "cpu")
+_JAX_PLATFORMS = {"cpu": "cpu", "gpu": "cuda", "tpu": "tpu"}
+if PLATFORM not in _JAX_PLATFORMS:
+  raise pytest.UsageError(f"BERTJAX_TEST_PLATFORM={PLATFORM!r}: use one of "
+                          f"{sorted(_JAX_PLATFORMS)}.")
 os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
+if "BERTJAX_TEST_PLATFORM" in os.environ:  # Chosen for this run: it wins.
+  os.environ["JAX_PLATFORMS"] = _JAX_PLATFORMS[PLATFORM]
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+if PLATFORM != "cpu":
+  os.environ.setdefault("JAX_DEFAULT_MATMUL_PRECISION", "highest")
+  os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+# What needs the CPU platform: a module (all its tests) or module::test -> why.
+CPU_ONLY = {
+    "test_parallel.py": "meshes of up to 8 devices (the CPU's fake ones)",
+    "test_reliability_multihost.py": "processes joined by CPU collectives (gloo)",
+    "test_config_checks.py::test_mesh_that_does_not_match_the_devices":
+        "its message counts the 8 fake CPU devices",
+    "test_config_checks.py::test_main_exits_with_one_line":
+        "its message counts the 8 fake CPU devices",
+    "test_fast_paths.py::test_scanned_parameters_shard_like_unscanned_ones":
+        "a 2x2x2 mesh of fake CPU devices",
+    "test_tpu.py::test_plan_figures_match_the_shardings_and_the_compiler":
+        "live arrays on 4 fake CPU devices",
+    "test_flops.py::test_benchmark_cli_with_hf_comparison":
+        "8 fake CPU devices sharing the CPU's cores with PyTorch",
+}
+
+
+def pytest_collection_modifyitems(config, items):
+  """On another platform than the CPU, CPU_ONLY tests skip with their reason."""
+  del config
+  if PLATFORM == "cpu":
+    return
+  for item in items:
+    module = os.path.basename(item.nodeid.split("::")[0])
+    reason = (CPU_ONLY.get(module)
+              or CPU_ONLY.get(f"{module}::{getattr(item, 'originalname', item.name)}"))
+    if reason:
+      item.add_marker(pytest.mark.skip(
+          reason=f"needs the CPU platform ({reason}); BERTJAX_TEST_PLATFORM={PLATFORM}"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # Compiled programs are shared between the tests' own runs and the CLIs they start.

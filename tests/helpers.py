@@ -16,6 +16,7 @@ def tiny_config(**train_overrides):
   c.model.intermediate_size = 64
   c.model.max_position_embeddings = 32
   c.model.dropout_rate = c.model.attention_dropout_rate = 0.1  # Exercise the dropout paths.
+  c.model.dtype = "float32"  # As on the CPU on every test platform (GPUs default to bf16).
   c.data.max_seq_length = 16
   c.data.max_predictions_per_seq = 4
   c.train.batch_size = 8

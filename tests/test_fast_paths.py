@@ -1,6 +1,7 @@
 """Each fast path equals the plain path: scanned layers (and their checkpoints), remat
-policies, MLM logits at the masked positions only, bf16 with fp32 statistics, cuDNN
-attention (GPU only). fp32 comparisons within 1e-5; bf16 tolerances stated per test."""
+policies, MLM logits at the masked positions only, bf16 with fp32 statistics (the
+attention paths: tests/test_attention.py). fp32 comparisons within 1e-5; bf16
+tolerances stated per test."""
 
 from __future__ import annotations
 
@@ -160,27 +161,6 @@ def test_cudnn_without_attention_dropout_is_refused_in_training(setup):
   with pytest.raises(ValueError, match="attention_dropout_rate=0.0"):
     _apply(dataclasses.replace(cfg, attention_impl="cudnn"), params, inputs,
            deterministic=False, rngs={"dropout": jax.random.key(0)})
-
-
-@pytest.mark.skipif(jax.default_backend() != "gpu", reason="cuDNN attention needs a GPU")
-@pytest.mark.parametrize("packed", [False, True])
-def test_cudnn_attention_equals_xla_in_bf16(packed):
-  """cuDNN flash attention vs XLA, bf16, padding mask (key lengths) or packed-segment
-  mask: outputs within 2e-2 (bf16 rounding of two different summation orders)."""
-  cfg = ModelConfig(dtype=jnp.bfloat16, hidden_size=128, num_heads=2, num_layers=1,
-                    vocab_size=64, attention_dropout_rate=0.0, dropout_rate=0.0)
-  B, T = 4, 128
-  x = jax.random.normal(jax.random.key(0), (B, T, cfg.hidden_size), jnp.bfloat16)
-  lengths = jnp.array([128, 100, 64, 7])
-  pad = (jnp.arange(T)[None] < lengths[:, None]).astype(jnp.int32)
-  segments = (jnp.arange(T)[None] >= lengths[:, None] // 2).astype(jnp.int32) if packed else None
-  mask = layers.attention_mask(pad, segments)
-  attn = layers.SelfAttention(cfg)
-  variables = attn.init(jax.random.key(1), x, mask, True)
-  xla = attn.apply(variables, x, mask, True)
-  cudnn = layers.SelfAttention(dataclasses.replace(cfg, attention_impl="cudnn")).apply(
-      variables, x, mask, True)
-  np.testing.assert_allclose(cudnn.astype(jnp.float32), xla.astype(jnp.float32), atol=2e-2)
 
 
 def test_scanned_parameters_shard_like_unscanned_ones(setup):

@@ -24,6 +24,10 @@ from bertjax.model import ModelConfig, layers
 from tests.helpers import tiny_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CUDA_PLUGINS = ("jax_cuda12_plugin", "jax_cuda13_plugin")
+splash_here = pytest.mark.skipif(jax.default_backend() not in ("cpu", "tpu"),
+                                 reason="config.model.attention_impl='splash' runs on a "
+                                 "TPU, or on the CPU in Pallas's interpreter")
 needs_libtpu = pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
                                   reason="the TPU compiler (libtpu: the test extra, Linux x86)")
 
@@ -136,10 +140,11 @@ def test_chip_table_hbm_is_what_the_compiler_offers():
 def _attention(impl, x, pad, segments, variables):
   cfg = ModelConfig(hidden_size=32, num_heads=2, num_layers=1, vocab_size=64,
                     attention_dropout_rate=0.0, dropout_rate=0.0, attention_impl=impl)
-  mask = layers.encoder_mask(cfg, pad, segments)
-  return layers.SelfAttention(cfg).apply(variables, x, mask, True)
+  return layers.SelfAttention(cfg).apply(variables, x, layers.encoder_mask(pad, segments),
+                                         True)
 
 
+@splash_here
 @pytest.mark.parametrize("packed", [False, True])
 def test_splash_attention_equals_the_plain_path(packed):
   """The Pallas splash kernel (interpret mode on the CPU) against XLA's attention,
@@ -153,7 +158,7 @@ def test_splash_attention_equals_the_plain_path(packed):
               if packed else None)
   cfg = ModelConfig(hidden_size=32, num_heads=2, num_layers=1, vocab_size=64)
   variables = layers.SelfAttention(cfg).init(jax.random.key(1), x,
-                                             layers.attention_mask(pad, segments), True)
+                                             layers.encoder_mask(pad, segments), True)
   real = pad[..., None] > 0
 
   def loss(impl, x, variables):
@@ -173,21 +178,23 @@ def test_splash_attention_equals_the_plain_path(packed):
     assert not np.allclose(jnp.where(real, plain, 0.0), grads["xla_out"], atol=1e-3)
 
 
+@splash_here
 def test_splash_refuses_dropout_and_odd_lengths():
   cfg = ModelConfig(hidden_size=32, num_heads=2, num_layers=1, vocab_size=64,
                     attention_impl="splash")
   x, pad = jnp.ones((1, 128, 32)), jnp.ones((1, 128), jnp.int32)
   variables = layers.SelfAttention(cfg).init(jax.random.key(1), x,
-                                             layers.encoder_mask(cfg, pad), True)
+                                             layers.encoder_mask(pad), True)
   with pytest.raises(ConfigError, match="attention_dropout_rate=0.0"):
-    layers.SelfAttention(cfg).apply(variables, x, layers.encoder_mask(cfg, pad), False,
+    layers.SelfAttention(cfg).apply(variables, x, layers.encoder_mask(pad), False,
                                     rngs={"dropout": jax.random.key(0)})
   with pytest.raises(ConfigError, match="divisible by 128"):
-    layers.SelfAttention(cfg).apply(variables, x[:, :96], layers.encoder_mask(
-        cfg, pad[:, :96]), True)
+    layers.SelfAttention(cfg).apply(variables, x[:, :96], layers.encoder_mask(pad[:, :96]),
+                                    True)
 
 
 @needs_libtpu
+@splash_here
 def test_splash_compiles_for_tpu_per_shard(v5e_4):
   """The train step with splash attention, batch over 'data' and heads over 'tensor':
   the TPU compiler gets the Pallas kernels (forward, dq, dkv per layer) and no
@@ -202,6 +209,11 @@ def test_splash_compiles_for_tpu_per_shard(v5e_4):
   assert not re.search(r"\[4,1,256,256\]", text)
 
 
+@pytest.mark.skipif(any(importlib.util.find_spec(p) for p in CUDA_PLUGINS)
+                    or os.environ.get("BERTJAX_TEST_PLATFORM", "cpu") != "cpu",
+                    reason="an accelerator host (a CUDA jax plugin installed, or "
+                    "BERTJAX_TEST_PLATFORM set): without JAX_PLATFORMS, JAX rightly "
+                    "picks the accelerator")
 def test_cpu_only_runs_stay_on_the_cpu_with_libtpu_installed():
   """Without JAX_PLATFORMS and without an accelerator, importing bertjax keeps JAX on
   the CPU: no TPU runtime starts, so none of libtpu's warnings."""

@@ -36,8 +36,16 @@ class Chip:
 
 GIB, GB = 2.0 ** 30, 1e9
 # TPU HBM: what the TPU compiler (libtpu 0.0.42) reports as available to a program (its
-# out-of-memory error names it; tests/test_plan.py checks it); GPUs: the datasheet.
-# Most specific `kinds` first: 'tpu v5' (v5p's device kind) also prefixes 'tpu v5 lite'.
+# out-of-memory error names it; tests/test_plan.py checks it); GPUs: the datasheet (GB
+# of 10**9 bytes; dense bf16 = half the "with sparsity" figure, rounded down). GPU
+# `kinds` are the CUDA device names JAX reports as `device_kind` (the CUDA device
+# properties' name, as nvidia-smi prints it), lower case: a part not listed gets no
+# table peak (MFU then measures one).
+# Most specific `kinds` first: 'tpu v5' (v5p's device kind) also prefixes 'tpu v5 lite',
+# 'nvidia h200' prefixes 'nvidia h200 nvl'.
+_H100 = "nvidia.com/en-us/data-center/h100 datasheet (H100 SXM / PCIe / NVL columns)"
+_H200 = "nvidia.com/en-us/data-center/h200 datasheet (H200 SXM / NVL columns)"
+_A100 = "nvidia.com/en-us/data-center/a100 datasheet (SXM4 / PCIe, 40GB / 80GB columns)"
 CHIPS = (
     Chip("TPU v6e", ("tpu v6 lite", "tpu v6e"), 918.0, 31.25 * GIB, 1638.0,
          "cloud.google.com/tpu/docs/v6e: 918 TFLOP/s, 32 GB, 1638 GB/s"),
@@ -49,9 +57,24 @@ CHIPS = (
          "cloud.google.com/tpu/docs/v4: 275 TFLOP/s, 32 GiB, 1200 GB/s"),
     Chip("TPU v3 (per TensorCore)", ("tpu v3",), 61.5, 15.48 * GIB, 450.0,
          "cloud.google.com/tpu/docs/v3: 123 TFLOP/s, 32 GiB, 900 GB/s per 2-core chip"),
-    Chip("H200", ("h200",), 989.0, 141 * GB, 4800.0, "nvidia.com H200 datasheet (SXM)"),
-    Chip("H100", ("h100",), 989.0, 80 * GB, 3350.0, "nvidia.com H100 datasheet (SXM)"),
-    Chip("A100", ("a100",), 312.0, 80 * GB, 2039.0, "nvidia.com A100 datasheet (SXM 80GB)"),
+    Chip("H200 NVL", ("nvidia h200 nvl",), 835.0, 141 * GB, 4800.0,
+         f"{_H200}: 1,671 TFLOP/s bf16 with sparsity, 141 GB HBM3e, 4.8 TB/s"),
+    Chip("H200 SXM", ("nvidia h200",), 989.0, 141 * GB, 4800.0,
+         f"{_H200}: 1,979 TFLOP/s bf16 with sparsity, 141 GB HBM3e, 4.8 TB/s"),
+    Chip("H100 NVL", ("nvidia h100 nvl",), 835.0, 94 * GB, 3900.0,
+         f"{_H100}: 1,671 TFLOP/s bf16 with sparsity, 94 GB HBM3, 3.9 TB/s"),
+    Chip("H100 PCIe", ("nvidia h100 pcie",), 756.0, 80 * GB, 2000.0,
+         f"{_H100}: 1,513 TFLOP/s bf16 with sparsity, 80 GB HBM2e, 2 TB/s"),
+    Chip("H100 SXM", ("nvidia h100 80gb hbm3", "nvidia h100 sxm"), 989.0, 80 * GB, 3350.0,
+         f"{_H100}: 1,979 TFLOP/s bf16 with sparsity, 80 GB HBM3, 3.35 TB/s"),
+    Chip("A100 SXM4 80GB", ("nvidia a100-sxm4-80gb",), 312.0, 80 * GB, 2039.0,
+         f"{_A100}: 312 TFLOP/s bf16 dense, 80 GB HBM2e, 2,039 GB/s"),
+    Chip("A100 SXM4 40GB", ("nvidia a100-sxm4-40gb",), 312.0, 40 * GB, 1555.0,
+         f"{_A100}: 312 TFLOP/s bf16 dense, 40 GB HBM2, 1,555 GB/s"),
+    Chip("A100 PCIe 80GB", ("nvidia a100 80gb pcie",), 312.0, 80 * GB, 1935.0,
+         f"{_A100}: 312 TFLOP/s bf16 dense, 80 GB HBM2e, 1,935 GB/s"),
+    Chip("A100 PCIe 40GB", ("nvidia a100-pcie-40gb",), 312.0, 40 * GB, 1555.0,
+         f"{_A100}: 312 TFLOP/s bf16 dense, 40 GB HBM2, 1,555 GB/s"),
 )
 
 

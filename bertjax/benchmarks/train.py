@@ -1,16 +1,30 @@
 """Train-step benchmark: `python -m bertjax.benchmark train --config=CONFIG [--batch=N
---seq=L --steps=K --dtype=bf16 --compare=hf]`.
+--seq=L --steps=K --dtype=bf16 --docs_per_row=D --compare=hf --max_batch]`.
 
 Times the real jitted train step (forward, backward, clipping, AdamW; donated state)
 on synthetic full-length rows after warm-up and reports: step time (median, min, max),
 sequences/s, tokens/s, model FLOPs per step (`bertjax.benchmarks.flops`, next to XLA's own
 count), MFU: the global step's FLOPs over the bf16 peak of all the devices it ran on
-(on a CPU: the matmul throughput of all of them at once, measured in this run, in the
-same dtype), peak memory and compile time. `--compare=hf` times Hugging Face
-`BertForPreTraining` (PyTorch, SDPA attention, the same shapes, bf16 autocast with
---dtype=bf16; one GPU, or the same CPU cores) in the same process and prints our
-speed-up, per device when we ran on more GPUs than it; its MFU counts the FLOPs it
-does (MLM logits at every position). Any config field can be overridden
+(the table of `bertjax.flops.CHIPS` by exact device kind; on a CPU the matmul
+throughput of all of them at once, measured in this run, in the same dtype), peak
+memory, compile time, and the attention path and dtype the step resolved to.
+`--dtype`: '' keeps config.model.dtype (the recipes: bf16 on GPUs and TPUs, fp32 on the
+CPU). Token types follow the family: segments A/B for BERT (type_vocab_size 2), all 0
+for RoBERTa / XLM-R (type_vocab_size 1). `--docs_per_row=D` packs D equal documents a
+row (segment ids and restarting positions: isolated attention; with
+`--config.model.attention_impl=cudnn` / `xla` and `--config.model.attention_dropout_rate=0`
+it compares the attention paths' peak memory on packed rows, on a GPU).
+
+`--compare=hf` also times Hugging Face (PyTorch, SDPA attention, AdamW + clipping, the
+same global batch, length and masked positions, bf16 autocast when our dtype is bf16):
+`BertForPreTraining` with NSP, else `BertForMaskedLM`, or `RobertaForMaskedLM` for
+RoBERTa / XLM-R (no documents isolation on its side). Both run in this process, one
+step of each in turn (the same load on a shared CPU), JAX told not to preallocate on an
+accelerator; ours on the devices Hugging Face has: the same CPU cores, or one GPU. Its
+MFU counts the FLOPs it does (MLM logits at every position). `--max_batch` finds the
+largest global batch each framework fits at this length (doubling, then bisecting to
+`--batch_tolerance`), every try a fresh process of its own (`--only`), so neither
+holds memory the other needs. Any config field can be overridden
 (`--config.model.scan_layers=True`). Results go to --json.
 
   python -m bertjax.benchmark train --config=configs/bert_tiny.py --compare=hf
@@ -18,14 +32,20 @@ does (MLM logits at every position). Any config field can be overridden
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import resource
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
+from typing import Callable
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import numpy as np
 from absl import flags
 from ml_collections import config_flags
@@ -41,28 +61,50 @@ _BATCH = flags.DEFINE_integer("batch", 0, "Global batch (0: config.train.batch_s
 _SEQ = flags.DEFINE_integer("seq", 0, "Sequence length (0: config.data.max_seq_length).")
 _STEPS = flags.DEFINE_integer("steps", 10, "Timed steps after warm-up.")
 _WARMUP = flags.DEFINE_integer("warmup", 2, "Untimed steps after compilation.")
-_DTYPE = flags.DEFINE_enum("dtype", "fp32", ["fp32", "bf16"], "Activation dtype.")
+_DTYPE = flags.DEFINE_enum("dtype", "", ["", "fp32", "bf16"],
+                           "Activation dtype ('': config.model.dtype).")
+_DOCS = flags.DEFINE_integer("docs_per_row", 0, "Packed rows of this many isolated "
+                             "documents (0: one full-length document a row).")
 _COMPARE = flags.DEFINE_enum("compare", "", ["", "hf"], "hf: also time Hugging Face.")
+_ONLY = flags.DEFINE_enum("only", "", ["", "bertjax", "hf"],
+                          "Run one framework alone (the --max_batch tries).")
+_MAX_BATCH = flags.DEFINE_bool("max_batch", False, "Also find the largest batch each "
+                               "framework fits, each try in a process of its own.")
+_BATCH_TOLERANCE = flags.DEFINE_float("batch_tolerance", 0.1, "--max_batch stops when "
+                                      "the smallest failing batch is within this "
+                                      "fraction of the largest fitting one.")
+_BATCH_CAP = flags.DEFINE_integer("batch_cap", 4096, "--max_batch tries no larger batch.")
 _JSON = flags.DEFINE_string("json", "", "Results file (default: a name in /tmp).")
 flags.mark_flags_as_required(["config"])
 
 _DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
+_OUT_OF_MEMORY = ("RESOURCE_EXHAUSTED", "Out of memory", "out of memory", "OutOfMemoryError")
 
 
 def synthetic_batch(config, batch: int, seq: int, predictions: int, nsp: bool,
-                    seed: int = 0) -> dict[str, np.ndarray]:
-  """Full-length rows (as packing gives): ids [B, T], `predictions` masked positions."""
+                    docs_per_row: int = 0, seed: int = 0) -> dict[str, np.ndarray]:
+  """Full-length rows (as packing gives): ids [B, T], `predictions` masked positions;
+  token types A/B halves when the model has two (BERT), else 0 (RoBERTa / XLM-R);
+  with `docs_per_row` > 1 also segment_ids (1 + the document) and positions restarting
+  at each document [B, T]."""
   rng = np.random.default_rng(seed)
   ids = rng.integers(5, config.model.vocab_size, size=(batch, seq)).astype(np.int32)
   positions = np.sort(np.stack([rng.choice(np.arange(1, seq), predictions, replace=False)
                                 for _ in range(batch)]), axis=1).astype(np.int32)
+  pos = np.arange(seq)[None].repeat(batch, 0)
+  two_types = config.model.type_vocab_size >= 2
   out = {
       "input_ids": ids, "attention_mask": np.ones_like(ids),
-      "token_type_ids": (np.arange(seq)[None] >= seq // 2).astype(np.int32).repeat(batch, 0),
+      "token_type_ids": ((pos >= seq // 2) & two_types).astype(np.int32),
       "masked_lm_positions": positions,
       "masked_lm_ids": np.take_along_axis(ids, positions, 1),
       "masked_lm_weights": np.ones((batch, predictions), np.float32),
   }
+  if docs_per_row > 1:
+    doc = pos * docs_per_row // seq  # Equal documents, the last one taking the rest.
+    starts = (np.arange(docs_per_row) * seq + docs_per_row - 1) // docs_per_row
+    out["segment_ids"] = (doc + 1).astype(np.int32)
+    out["position_ids"] = (pos - starts[doc] + config.model.position_offset).astype(np.int32)
   if nsp:
     out["next_sentence_labels"] = rng.integers(0, 2, size=batch).astype(np.int32)
   return out
@@ -98,12 +140,13 @@ def time_interleaved(steppers: list, steps: int, warmup: int) -> list[list[float
   return times
 
 
-def bench_bertjax(config, batch: int, seq: int, predictions: int):
-  """Compiles our train step on all local devices (data parallel). Returns (step,
-  finish): `step()` runs one step to completion; `finish()` the compile, FLOP and
-  memory figures."""
-  trainer = state_lib.build_trainer(config)
-  host = synthetic_batch(config, batch, seq, predictions, config.model.nsp)
+def bench_bertjax(config, batch: int, seq: int, predictions: int, devices,
+                  docs_per_row: int = 0):
+  """Compiles our train step on `devices` (data parallel). Returns (step, finish):
+  `step()` runs one step to completion; `finish()` the compile, FLOP and memory
+  figures."""
+  trainer = state_lib.build_trainer(config, mesh_lib.create_mesh(config.mesh, devices))
+  host = synthetic_batch(config, batch, seq, predictions, config.model.nsp, docs_per_row)
   with jax.set_mesh(trainer.mesh), nn.logical_axis_rules(trainer.rules):
     state = trainer.init_state(config)
     data = mesh_lib.put_batch(host, trainer.batch_sharding)
@@ -120,13 +163,14 @@ def bench_bertjax(config, batch: int, seq: int, predictions: int):
     jax.block_until_ready(last["metrics"]["loss"])
 
   def finish() -> dict:
-    if not np.isfinite(float(last["metrics"]["loss"])):
+    loss = float(last["metrics"]["loss"])
+    if not np.isfinite(loss):
       raise ConfigError("the benchmarked train step gave a non-finite loss; check the "
                         "config.")
-    stats = jax.devices()[0].memory_stats() or {}
+    stats = devices[0].memory_stats() or {}
     mem, cost = compiled.memory_analysis(), compiled.cost_analysis()
     return {
-      "trace_s": trace_s, "compile_s": compile_s,
+      "loss": loss, "trace_s": trace_s, "compile_s": compile_s,
       # The partitioned program's count is one device's: times the devices.
       "xla_flops": (float(cost["flops"]) * len(trainer.mesh.devices.flat)
                     if cost and "flops" in cost else None),
@@ -139,33 +183,55 @@ def bench_bertjax(config, batch: int, seq: int, predictions: int):
   return step, finish
 
 
-def bench_hf(config, batch: int, seq: int, predictions: int, dtype: str):
-  """Hugging Face BertForPreTraining (SDPA) + AdamW + clipping on the same batch.
+def hf_model_class(config) -> str:
+  """The Hugging Face class with our heads: RobertaForMaskedLM for RoBERTa / XLM-R
+  (positions past the padding index), BertForPreTraining with NSP, else BertForMaskedLM."""
+  if config.model.position_offset > 0:
+    return "RobertaForMaskedLM"
+  return "BertForPreTraining" if config.model.nsp else "BertForMaskedLM"
+
+
+def hf_flops(cfg, config, batch: int, seq: int) -> dict[str, float]:
+  """What Hugging Face computes: MLM logits at every position, pooler + NSP only in
+  BertForPreTraining."""
+  nsp = hf_model_class(config) == "BertForPreTraining"
+  return flops_lib.train_flops(dataclasses.replace(cfg, pooler=nsp, nsp=nsp), batch, seq,
+                               seq)
+
+
+def bench_hf(config, batch: int, seq: int, predictions: int, bf16: bool):
+  """Hugging Face (`hf_model_class`, SDPA) + AdamW + clipping on the same batch.
   Returns (step, finish) as `bench_bertjax` does."""
   import torch  # pylint: disable=g-import-not-at-top
   import transformers  # pylint: disable=g-import-not-at-top
 
   m = config.model
-  hf_config = transformers.BertConfig(
+  name = hf_model_class(config)
+  config_class = transformers.RobertaConfig if name.startswith("Roberta") else (
+      transformers.BertConfig)
+  hf_config = config_class(
       vocab_size=m.vocab_size, hidden_size=m.hidden_size, num_hidden_layers=m.num_layers,
       num_attention_heads=m.num_heads, intermediate_size=m.intermediate_size,
       max_position_embeddings=m.max_position_embeddings, type_vocab_size=m.type_vocab_size,
-      layer_norm_eps=m.layer_norm_eps, hidden_dropout_prob=m.dropout_rate,
+      pad_token_id=m.pad_token_id, layer_norm_eps=m.layer_norm_eps,
+      hidden_dropout_prob=m.dropout_rate,
       attention_probs_dropout_prob=m.attention_dropout_rate, hidden_act="gelu")
   hf_config._attn_implementation = "sdpa"  # pylint: disable=protected-access
   device = "cuda" if torch.cuda.is_available() else "cpu"
-  model = transformers.BertForPreTraining(hf_config).to(device).train()
+  model = getattr(transformers, name)(hf_config).to(device).train()
   t = config.train
   opt = torch.optim.AdamW(model.parameters(), lr=t.learning_rate, betas=(t.b1, t.b2),
                           eps=t.eps, weight_decay=t.weight_decay)
-  host = synthetic_batch(config, batch, seq, predictions, nsp=True)
+  nsp = name == "BertForPreTraining"
+  host = synthetic_batch(config, batch, seq, predictions, nsp=nsp)
   labels = np.full_like(host["input_ids"], -100)
   np.put_along_axis(labels, host["masked_lm_positions"], host["masked_lm_ids"], 1)
   inputs = {"input_ids": host["input_ids"], "attention_mask": host["attention_mask"],
-            "token_type_ids": host["token_type_ids"], "labels": labels,
-            "next_sentence_label": host["next_sentence_labels"]}
+            "token_type_ids": host["token_type_ids"], "labels": labels}
+  if nsp:
+    inputs["next_sentence_label"] = host["next_sentence_labels"]
   inputs = {k: torch.as_tensor(v, dtype=torch.long, device=device) for k, v in inputs.items()}
-  autocast = torch.autocast(device, dtype=torch.bfloat16, enabled=dtype == "bf16")
+  autocast = torch.autocast(device, dtype=torch.bfloat16, enabled=bf16)
   sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
 
   last = {}
@@ -182,14 +248,84 @@ def bench_hf(config, batch: int, seq: int, predictions: int, dtype: str):
     last["loss"] = loss
 
   def finish() -> dict:
+    loss = float(last["loss"].detach())
+    if not np.isfinite(loss):
+      raise ConfigError(f"Hugging Face's {name} step gave a non-finite loss.")
     return {
-        "loss": float(last["loss"].detach()), "torch": torch.__version__,
+        "loss": loss, "model_class": name, "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "peak_device_memory_mb": (torch.cuda.max_memory_allocated() / 2**20
                                   if device == "cuda" else None),
     }
 
   return step, finish
+
+
+def largest_batch(fits: Callable[[int], bool], start: int, unit: int, tolerance: float,
+                  cap: int) -> tuple[int, list[tuple[int, bool]]]:
+  """The largest multiple of `unit` up to `cap` for which `fits(batch)`: from `start`,
+  double while it fits (or halve while it does not), then bisect until the smallest
+  failing batch is within `tolerance` of the largest fitting one. Returns (batch, 0 if
+  none fits; the tries as (batch, fits))."""
+  tries = []
+
+  def probe(n: int) -> bool:
+    tries.append((n * unit, fits(n * unit)))
+    return tries[-1][1]
+
+  n = max(1, min(start, cap) // unit)
+  if probe(n):
+    lo, hi = n, None
+    while hi is None and lo * unit < cap:
+      n = min(2 * lo, cap // unit)
+      lo, hi = (n, None) if probe(n) else (lo, n)
+  else:
+    lo, hi = 0, n
+    while lo == 0 and hi > 1:
+      n = hi // 2
+      lo, hi = (n, hi) if probe(n) else (0, n)
+  while hi is not None and hi - lo > max(1, tolerance * lo):
+    mid = (lo + hi) // 2
+    lo, hi = (mid, hi) if probe(mid) else (lo, mid)
+  return lo * unit, tries
+
+
+def probe_command(framework: str, batch: int, seq: int, bf16: bool,
+                  docs_per_row: int) -> list[str]:
+  """This benchmark for `framework` alone at `batch`: the recipe and its overrides as
+  this run was given them, the dtype resolved here, two timed steps (a try of
+  --max_batch)."""
+  overrides = [a for a in sys.argv[2:] if a.startswith("--config")]
+  return [sys.executable, "-m", "bertjax.benchmark", "train", *overrides,
+          f"--seq={seq}", f"--dtype={'bf16' if bf16 else 'fp32'}",
+          f"--docs_per_row={docs_per_row}", f"--batch={batch}", "--steps=2",
+          "--warmup=1", f"--only={framework}"]
+
+
+def fits_in_own_process(framework: str, seq: int, bf16: bool,
+                        docs_per_row: int) -> Callable[[int], bool]:
+  """fits(batch): whether a fresh process runs `framework`'s steps at `batch`; an
+  out-of-memory failure is False, any other failure an error. Our process may take
+  95% of the device; Hugging Face's keeps JAX on the CPU (no device memory)."""
+  env = dict(os.environ)
+  if framework == "bertjax":
+    env.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.95")
+  else:
+    env["JAX_PLATFORMS"] = "cpu"
+
+  def fits(batch: int) -> bool:
+    with tempfile.NamedTemporaryFile(suffix=".json") as out:
+      proc = subprocess.run(probe_command(framework, batch, seq, bf16, docs_per_row)
+                            + [f"--json={out.name}"],
+                            capture_output=True, text=True, env=env, check=False)
+    print(f"  {framework} batch {batch}: {'fits' if proc.returncode == 0 else 'no'}",
+          flush=True)
+    if proc.returncode and not any(s in proc.stderr for s in _OUT_OF_MEMORY):
+      raise ConfigError(f"--max_batch: {framework} at batch {batch} failed: "
+                        + (proc.stderr.strip().splitlines() or ["?"])[-1])
+    return proc.returncode == 0
+
+  return fits
 
 
 def _fmt(x, spec=".3g"):
@@ -199,85 +335,106 @@ def _fmt(x, spec=".3g"):
 def main(argv):
   del argv
   config = _CONFIG.value
-  config.model.dtype = _DTYPES[_DTYPE.value]
+  if _DTYPE.value:
+    config.model.dtype = _DTYPES[_DTYPE.value]
   batch = _BATCH.value or config.train.batch_size
   seq = _SEQ.value or config.data.max_seq_length
-  config.data.max_seq_length = seq
-  if seq > config.model.max_position_embeddings:
-    config.model.max_position_embeddings = seq
+  config.train.batch_size, config.data.max_seq_length = batch, seq
+  if seq + config.model.position_offset > config.model.max_position_embeddings:
+    config.model.max_position_embeddings = seq + config.model.position_offset
   predictions = max(1, round(0.15 * seq))
   if _STEPS.value < 2:
     raise ConfigError("--steps must be at least 2 (a median and a spread).")
-  from bertjax.model import ModelConfig  # pylint: disable=g-import-not-at-top
+  frameworks = [_ONLY.value] if _ONLY.value else ["bertjax"] + (
+      ["hf"] if _COMPARE.value == "hf" else [])
+  if "hf" in frameworks and len(frameworks) > 1:
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # Before JAX starts.
+  from bertjax.model import ModelConfig, attention  # pylint: disable=g-import-not-at-top
   cfg = ModelConfig.from_config(config.model)
+  bf16 = jnp.dtype(cfg.dtype) == jnp.bfloat16
   step_flops = flops_lib.train_flops(cfg, batch, seq, predictions)
-  # Hugging Face computes the MLM logits at every position: its FLOPs are larger.
-  hf_flops = flops_lib.train_flops(cfg, batch, seq, seq)
+  hf_step_flops = hf_flops(cfg, config, batch, seq)
   devices = jax.devices()
-  benches = [("bertjax", bench_bertjax(config, batch, seq, predictions))]
-  if _COMPARE.value == "hf":
-    benches.append(("hf", bench_hf(config, batch, seq, predictions, _DTYPE.value)))
+  cpu = devices[0].platform == "cpu"
+  if "hf" in frameworks and not cpu:
+    devices = devices[:1]  # Hugging Face runs on one GPU: so do we.
+  impl = attention.resolve_impl(cfg.attention_impl, platform=devices[0].platform,
+                                dtype=cfg.dtype, dropout=cfg.attention_dropout_rate > 0,
+                                seq_len=seq)
+  benches = []
+  if "bertjax" in frameworks:
+    benches.append(("bertjax", bench_bertjax(config, batch, seq, predictions, devices,
+                                             _DOCS.value)))
+  if "hf" in frameworks:
+    benches.append(("hf", bench_hf(config, batch, seq, predictions, bf16)))
   times = time_interleaved([step for _, (step, _) in benches], _STEPS.value, _WARMUP.value)
-  runs = {name: {**_summary(t, batch, seq, (hf_flops if name == "hf" else step_flops)[
+  runs = {name: {**_summary(t, batch, seq, (hf_step_flops if name == "hf" else step_flops)[
       "total"]), **finish(), "step_s": t} for (name, (_, finish)), t in zip(benches, times)}
   # MFU: the global step's FLOPs over the peak of every device the step ran on (measured
-  # right after our steps on a CPU). Hugging Face runs on one device (a GPU) or the same
-  # CPU cores as ours: its peak is one device's, or the same CPU peak.
+  # right after our steps on a CPU, where Hugging Face uses the same cores).
   peak, peak_source = flops_lib.peak_tflops(devices, cfg.dtype)
-  cpu = devices[0].platform == "cpu"
-  runs["bertjax"]["devices"], runs["bertjax"]["peak_tflops"] = len(devices), peak
-  if "hf" in runs:
-    runs["hf"]["devices"] = len(devices) if cpu else 1
-    runs["hf"]["peak_tflops"] = peak if cpu else peak / len(devices)
   for r in runs.values():
+    r["devices"], r["peak_tflops"] = len(devices), peak
     r["mfu"] = r["tflops_per_s"] / r["peak_tflops"]
+  if _MAX_BATCH.value:
+    for name in runs:  # Our batch: a multiple of the devices x micro-batches.
+      unit = len(devices) * config.train.grad_accum_steps if name == "bertjax" else 1
+      print(f"largest batch of {name} at length {seq}:", flush=True)
+      runs[name]["max_batch"], runs[name]["max_batch_tries"] = largest_batch(
+          fits_in_own_process(name, seq, bf16, _DOCS.value), batch, unit,
+          _BATCH_TOLERANCE.value, _BATCH_CAP.value)
+  dtype_name = jnp.dtype(cfg.dtype).name
   result = {
       "config": cfg.to_dict(), "batch": batch, "seq": seq,
-      "masked_positions": predictions, "dtype": _DTYPE.value, "steps": _STEPS.value,
+      "masked_positions": predictions, "dtype": dtype_name, "attention_impl": impl,
+      "docs_per_row": _DOCS.value, "steps": _STEPS.value,
       "device": devices[0].device_kind, "platform": devices[0].platform,
       "num_devices": len(devices), "cpu_count": os.cpu_count(),
       "load_average_1min": os.getloadavg()[0],
       "peak_tflops": peak, "peak_source": peak_source,
-      "flops_per_step": step_flops, "hf_flops_per_step": hf_flops,
+      "flops_per_step": step_flops, "hf_flops_per_step": hf_step_flops,
       "padding_fraction": 0.0, **runs,
   }
-  ours = runs["bertjax"]
   lines = [
       f"device {devices[0].device_kind} x{len(devices)} | peak {peak:.3g} TFLOP/s "
       f"({peak_source}) | batch {batch} x seq {seq}, {predictions} masked/row, "
-      f"{_DTYPE.value} | load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores",
+      f"{dtype_name}, attention {impl}"
+      + (f", {_DOCS.value} isolated documents a row" if _DOCS.value > 1 else "")
+      + f" | load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores",
       f"model FLOPs/step {step_flops['total']:.4g} (encoder {step_flops['encoder_matmuls']:.3g}"
-      f", attention {step_flops['attention']:.3g}, MLM head {step_flops['mlm_head']:.3g}); "
-      f"XLA counts {_fmt(ours['xla_flops'], '.4g')}"
-      + (" (XLA counts a scanned loop body once)" if cfg.scan_layers else ""),
+      f", attention {step_flops['attention']:.3g}, MLM head {step_flops['mlm_head']:.3g})",
   ]
+  ours = runs.get("bertjax")
+  if ours:
+    lines[-1] += (f"; XLA counts {_fmt(ours['xla_flops'], '.4g')}"
+                  + (" (XLA counts a scanned loop body once)" if cfg.scan_layers else ""))
   if "hf" in runs:
-    # Per device where Hugging Face ran on fewer devices; on a CPU both use its cores.
-    hf = runs["hf"]
-    result["speedup_vs_hf"] = (hf["step_ms_median"] / ours["step_ms_median"]
-                               * hf["devices"] / ours["devices"])
-    result["speedup_basis"] = "same CPU cores" if cpu else "per device"
-    lines.append(f"Hugging Face FLOPs/step {hf_flops['total']:.4g} (MLM head at all {seq} "
-                 f"positions: {hf_flops['mlm_head']:.3g}) on "
-                 + ("the same CPU cores" if cpu else "1 device"))
+    lines.append(f"Hugging Face {runs['hf']['model_class']} FLOPs/step "
+                 f"{hf_step_flops['total']:.4g} (MLM head at all {seq} positions: "
+                 f"{hf_step_flops['mlm_head']:.3g}) on "
+                 + ("the same CPU cores" if cpu else "the same GPU")
+                 + (", attending across documents" if _DOCS.value > 1 else ""))
   lines.append(f"{'':9} {'step ms median [min, max]':>27} {'seq/s':>9} {'tokens/s':>10} "
-               f"{'TFLOP/s':>8} {'MFU':>6} {'peak mem MB':>11}")
+               f"{'TFLOP/s':>8} {'MFU':>6} {'peak mem MB':>11} {'max batch':>9}")
   for name, r in runs.items():
     mem = r.get("peak_device_memory_mb") or r.get("xla_memory_mb")
     lines.append(
         f"{name:9} {r['step_ms_median']:9.2f} [{r['step_ms_min']:7.2f}, {r['step_ms_max']:7.2f}]"
         f" {r['sequences_per_s']:9.1f} {r['tokens_per_s']:10.0f} {r['tflops_per_s']:8.3f} "
-        f"{100 * r['mfu']:5.1f}% {_fmt(mem, '11.0f')}")
-  lines.append(f"bertjax compile {ours['compile_s']:.1f} s (trace {ours['trace_s']:.1f} s); "
-               f"process max RSS {ours['max_rss_mb']:.0f} MB")
-  if "speedup_vs_hf" in result:
-    lines.append(f"speed-up vs Hugging Face (torch {result['hf']['torch']}, "
-                 f"{result['hf']['threads']} threads, {result['speedup_basis']}): "
-                 f"{result['speedup_vs_hf']:.2f}x")
+        f"{100 * r['mfu']:5.1f}% {_fmt(mem, '11.0f')} {_fmt(r.get('max_batch'), '9d')}")
+  if ours:
+    lines.append(f"bertjax compile {ours['compile_s']:.1f} s (trace {ours['trace_s']:.1f} s)"
+                 f"; process max RSS {ours['max_rss_mb']:.0f} MB")
+  if ours and "hf" in runs:
+    hf = runs["hf"]
+    result["speedup_vs_hf"] = hf["step_ms_median"] / ours["step_ms_median"]
+    result["speedup_basis"] = "same CPU cores" if cpu else "one GPU each"
+    lines.append(f"speed-up vs Hugging Face (torch {hf['torch']}, {hf['threads']} threads, "
+                 f"{result['speedup_basis']}): {result['speedup_vs_hf']:.2f}x")
   print("\n".join(lines))
   path = _JSON.value or os.path.join(
       "/tmp", f"bertjax_benchmark_train_L{cfg.num_layers}_H{cfg.hidden_size}_b{batch}"
-      f"_t{seq}_{_DTYPE.value}.json")
+      f"_t{seq}_{dtype_name}.json")
   with open(path, "w") as f:
     json.dump(result, f, indent=1, default=str)
   print(f"wrote {path}")

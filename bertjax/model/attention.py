@@ -1,59 +1,215 @@
-"""Bidirectional attention over padded and packed rows, globally or in a sliding window.
+"""THE attention of every encoder family (`attention`), and the one place its
+implementation is chosen (`resolve_impl`).
 
-One function, `attention`, for every encoder family. This is its XLA path: the
-[B, 1, T, T] boolean mask of the pairs a query may attend (its key is real, in the same
-document of a packed row, and within the window) is built and handed to
-`jax.nn.dot_product_attention` (or, with attention-probability dropout, to
-`flax.linen.dot_product_attention`). Softmax statistics are float32 on both.
-Shapes: B batch, T length, N heads, D head size.
+Semantics, on every path: query i may attend key j iff padding[j] (a real key), the two
+are in the same segment (document) of a packed row, and, with a window w, |i - j| <= w
+(ModernBERT's local_attention=128 is w=64). Scale 1/sqrt(D), float32 softmax statistics.
+Outputs at padding queries are defined (finite) but differ between paths: never read
+them. The paths (`IMPLS`):
+
+- 'xla': the reference. Builds the boolean mask from padding / segments / window and
+  runs `jax.nn.dot_product_attention` (XLA); with attention dropout, flax's attention
+  (float32 softmax; flax's default dropout mask, [T, T] shared by rows and heads). The
+  only path with attention-probability dropout.
+- 'cudnn' (GPU, bfloat16 / float16): right-padded rows go to cuDNN's flash attention
+  (`jax.nn.dot_product_attention(implementation='cudnn')` with the key lengths, no mask
+  array). What cuDNN cannot express through jax 0.10.2's public API goes to the Pallas
+  flash kernel of `bertjax.model.flash_gpu` (segment ids, no [T, T] mask): packed rows
+  (the cuDNN packed layout, q/kv offsets, is reachable only through jax's private
+  `jax._src.cudnn`, on Hopper and later, with a static segment count per row) and
+  sliding windows (cuDNN's window is left-only: jax refuses a right window without a
+  causal mask).
+- 'pallas_gpu' (GPU): every call through `bertjax.model.flash_gpu` (its float32 dots
+  follow `jax_default_matmul_precision`: TF32 by default on a GPU, as XLA's matmuls).
+- 'splash' (TPU): the Pallas splash-attention kernel (`jax.experimental.pallas.ops.tpu`)
+  with kernel segment ids and, for a window, `splash.LocalMask`; it skips the blocks
+  the mask empties and never builds the [B, N, T, T] scores.
+
+Under a mesh the Pallas kernels run per shard (`jax.shard_map`: batch and heads split
+as the logical-axis rules say, T whole). Off their platform (on the CPU) they run in
+Pallas's interpreter: slow, for the numerics tests. Shapes: B batch, T length,
+N heads, D head size.
 """
 
 from __future__ import annotations
 
+import functools
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
+from absl import logging
+from jax.sharding import PartitionSpec
 
 from bertjax.errors import ConfigError
 
+IMPLS = ("xla", "cudnn", "pallas_gpu", "splash")
+BATCH, HEADS = "activation_batch", "activation_heads"  # Logical axes of q, k, v.
+SPLASH_BLOCK = 128  # The splash kernel's tile along T (its compute blocks are 128 wide).
+_FIELD = "config.model.attention_impl"
+_HALF = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
-def allowed_pairs(padding: jax.Array, segment_ids: jax.Array | None = None,
-                  window: int | None = None) -> jax.Array:
-  """[B, 1, T, T] bool, True where query i may attend key j: padding[j] (1 real, 0 pad),
-  segment_ids[i] == segment_ids[j] when given, and |i - j| <= window when given (the
-  window is the half-width: 2 * window + 1 keys around each query, both ends included).
-  """
+
+def resolve_impl(requested: str | None, *, platform: str, dtype, dropout: bool,
+                 seq_len: int | None = None) -> str:
+  """The attention path to run: `requested` (config.model.attention_impl) checked, or
+  for '' the fastest one that `platform` ('cpu', 'gpu', 'tpu': `jax.default_backend()`),
+  the compute `dtype`, attention `dropout` (training with attention_dropout_rate > 0)
+  and the length `seq_len` allow: with dropout 'xla'; on a GPU in bfloat16 / float16
+  'cudnn'; on a TPU 'splash' (T a multiple of 128); otherwise 'xla'. An impossible
+  request is a one-line ConfigError. Each distinct choice is logged once (the first
+  trace, at start-up)."""
+  platform = "gpu" if platform in ("cuda", "rocm") else platform
+  return _resolve(requested or "", platform, jnp.dtype(dtype), bool(dropout), seq_len)
+
+
+@functools.cache
+def _resolve(requested: str, platform: str, dtype: np.dtype, dropout: bool,
+             seq_len: int | None) -> str:
+  if requested == "":
+    if dropout:
+      impl, why = "xla", "attention dropout: only the XLA path has it"
+    elif platform == "gpu" and dtype in _HALF:
+      impl, why = "cudnn", f"GPU, {dtype.name}"
+    elif platform == "gpu":
+      impl, why = "xla", "GPU in float32: the fused kernels want bfloat16 / float16"
+    elif platform == "tpu" and (seq_len is None or seq_len % SPLASH_BLOCK == 0):
+      impl, why = "splash", "TPU"
+    elif platform == "tpu":
+      impl, why = "xla", f"TPU with a length {seq_len} not divisible by {SPLASH_BLOCK}"
+    else:
+      impl, why = "xla", platform
+    logging.info("attention: %s='' -> %r (%s)", _FIELD, impl, why)
+    return impl
+  if requested not in IMPLS:
+    raise ConfigError(f"{_FIELD}={requested!r}: use '' (the fastest the platform allows), "
+                      "'xla', 'cudnn' (GPU), 'pallas_gpu' (GPU) or 'splash' (TPU).")
+  if dropout and requested != "xla":
+    raise ConfigError(f"{_FIELD}={requested!r} has no attention dropout; set "
+                      f"config.model.attention_dropout_rate=0.0, or {_FIELD}='' (XLA).")
+  own = {"cudnn": ("gpu",), "pallas_gpu": ("gpu", "cpu"), "splash": ("tpu", "cpu")}
+  if requested in own and platform not in own[requested]:
+    raise ConfigError(f"{_FIELD}={requested!r} runs on {own[requested][0].upper()}s, "
+                      f"this run is on {platform}: use '' or 'xla'.")
+  if requested == "cudnn" and dtype not in _HALF:
+    raise ConfigError(f"{_FIELD}='cudnn' needs config.model.dtype bfloat16 or float16, "
+                      f"not {dtype.name}: set it (or '', bfloat16 on a GPU), or {_FIELD}="
+                      "'xla'.")
+  if requested == "splash" and seq_len is not None:
+    _check_splash_length(seq_len)
+  logging.info("attention: %s=%r", _FIELD, requested)
+  return requested
+
+
+def attention(q: jax.Array, k: jax.Array, v: jax.Array, padding: jax.Array,
+              segment_ids: jax.Array | None = None, *, window: int | None = None,
+              impl: str = "xla", dropout_rate: float = 0.0,
+              dropout_rng: jax.Array | None = None) -> jax.Array:
+  """Bidirectional multi-head attention: q, k, v [B, T, N, D]; padding [B, T] (1 real,
+  0 pad; right-padded rows for 'cudnn'); segment_ids [B, T] int >= 0 (the documents of
+  packed rows) or None; window None (global) or the half-width w >= 0; impl a resolved
+  name (`resolve_impl`). Attention-probability dropout when dropout_rate > 0 and
+  dropout_rng is given ('xla' only). Returns [B, T, N, D] in q's dtype."""
+  if impl not in IMPLS:
+    raise ConfigError(f"attention impl={impl!r}: use one of {IMPLS} (resolve_impl).")
+  if window is not None:
+    if not (isinstance(window, (int, np.integer)) and window >= 0):
+      raise ConfigError(f"attention window={window!r} must be None or an int >= 0 "
+                        "(the half-width: local_attention // 2).")
+    window = int(window)
+  dropout = dropout_rate > 0 and dropout_rng is not None
+  if impl == "xla":
+    mask = xla_mask(padding, segment_ids, window)
+    if not dropout:
+      return jax.nn.dot_product_attention(q, k, v, mask=mask, implementation="xla")
+    return nn.dot_product_attention(  # flax's default: one dropout mask for all rows
+        q, k, v, mask=mask, dropout_rng=dropout_rng, dropout_rate=dropout_rate,
+        deterministic=False, dtype=q.dtype, force_fp32_for_softmax=True)  # and heads.
+  if dropout:
+    raise ConfigError(f"{_FIELD}={impl!r} has no attention dropout; set "
+                      "config.model.attention_dropout_rate=0.0, or use 'xla'.")
+  if impl == "cudnn" and segment_ids is None and window is None:
+    lengths = jnp.maximum(jnp.sum(padding, axis=-1, dtype=jnp.int32), 1)  # [B]
+    return jax.nn.dot_product_attention(q, k, v, key_value_seq_lengths=lengths,
+                                        implementation="cudnn")
+  from bertjax.model import flash_gpu  # pylint: disable=g-import-not-at-top
+  kernel = _splash if impl == "splash" else flash_gpu.flash_attention
+  return _per_shard(functools.partial(kernel, window=window), q, k, v,
+                    kernel_ids(padding, segment_ids))
+
+
+def xla_mask(padding: jax.Array, segment_ids: jax.Array | None = None,
+             window: int | None = None) -> jax.Array:
+  """[B, 1, 1 or T, T] bool, True where query i may attend key j: a real key, of the
+  same segment, within the window."""
   mask = padding.astype(bool)[:, None, None, :]
   if segment_ids is not None:
     mask = mask & (segment_ids[:, None, :, None] == segment_ids[:, None, None, :])
   if window is not None:
     pos = jnp.arange(padding.shape[1])
-    mask = mask & (jnp.abs(pos[:, None] - pos[None, :]) <= window)[None, None]
+    mask = mask & (jnp.abs(pos[:, None] - pos[None, :]) <= window)
   return mask
 
 
-def attention(q: jax.Array, k: jax.Array, v: jax.Array, padding: jax.Array,
-              segment_ids: jax.Array | None = None, *, window: int | None = None,
-              impl: str | None = "xla", dropout_rate: float = 0.0,
-              dropout_rng: jax.Array | None = None) -> jax.Array:
-  """Softmax(q k^T / sqrt(D)) v over the pairs `allowed_pairs` allows.
+def kernel_ids(padding: jax.Array, segment_ids: jax.Array | None = None) -> jax.Array:
+  """[B, T] int32 ids for the kernels that take segment ids: a real token's segment (0
+  when unpacked), -1 for padding. A real query attends the real keys of its segment,
+  as with `xla_mask`; a padding query attends padding keys only (never an empty row)."""
+  ids = jnp.zeros_like(padding) if segment_ids is None else segment_ids
+  return jnp.where(padding.astype(bool), ids, -1).astype(jnp.int32)
 
-  q, k, v: [B, T, N, D]; padding: [B, T] (1 real, 0 pad); segment_ids: [B, T] document
-  ids of a packed row, or None; window: None (global) or the half-width w (query i sees
-  key j iff |i - j| <= w); impl: None or 'xla'; dropout on the attention probabilities
-  when `dropout_rate > 0` and `dropout_rng` is given (a mask of its own for every
-  example, head and pair, as torch's dropout draws). A query with nothing to attend
-  (padding in a window of padding) gets a uniform average, never NaN.
 
-  Returns [B, T, N, D] in q's dtype.
-  """
-  if impl not in (None, "xla"):
-    raise ConfigError(f"config.model.attention_impl={impl!r} is not available in this "
-                      "build of bertjax.model.attention; use 'xla'.")
-  mask = allowed_pairs(padding, segment_ids, window)
-  if dropout_rate > 0 and dropout_rng is not None:
-    return nn.dot_product_attention(
-        q, k, v, mask=mask, dropout_rng=dropout_rng, dropout_rate=dropout_rate,
-        broadcast_dropout=False, deterministic=False, dtype=q.dtype,
-        force_fp32_for_softmax=True)
-  return jax.nn.dot_product_attention(q, k, v, mask=mask, implementation="xla")
+def _check_splash_length(T: int) -> None:
+  if T % SPLASH_BLOCK:
+    raise ConfigError(f"{_FIELD}='splash' needs a sequence length divisible by "
+                      f"{SPLASH_BLOCK}, got {T}; pad the rows or use '' / 'xla'.")
+
+
+def _splash(q, k, v, ids, *, window):
+  """The splash kernel on [b, T, n, D] x3 and [b, T] ids (one shard)."""
+  from jax.experimental.pallas.ops.tpu import splash_attention as splash  # pylint: disable=g-import-not-at-top
+
+  _, T, n, D = q.shape
+  _check_splash_length(T)
+  q = q * jnp.asarray(D ** -0.5, q.dtype)  # The kernel does not scale the logits.
+  block = min(T, 512)
+  sizes = splash.BlockSizes(
+      block_q=block, block_kv=block, block_kv_compute=SPLASH_BLOCK,
+      block_q_dkv=block, block_kv_dkv=block, block_kv_dkv_compute=SPLASH_BLOCK,
+      block_q_dq=block, block_kv_dq=block)
+  head = (splash.FullMask((T, T)) if window is None
+          else splash.LocalMask((T, T), (window, window), offset=0))
+  mask = splash.MultiHeadMask([head] * n)
+
+  def run(interpret):
+    def apply(q, k, v, ids):
+      kernel = splash.make_splash_mha(mask, block_sizes=sizes, head_shards=1,
+                                      q_seq_shards=1, interpret=interpret)
+      one = lambda q, k, v, s: kernel(q, k, v, splash.SegmentIds(s, s))  # noqa: E731
+      out = jax.vmap(one)(*(t.swapaxes(1, 2) for t in (q, k, v)), ids)  # [b, n, T, D]
+      return out.swapaxes(1, 2)
+    return apply
+
+  return jax.lax.platform_dependent(q, k, v, ids, tpu=run(False), default=run(True))
+
+
+def _per_shard(kernel, q, k, v, ids):
+  """`kernel(q, k, v, ids)` on each device's shard under a context mesh (batch and heads
+  split as the logical-axis rules say, where they divide), else on the whole arrays."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty:
+    return kernel(q, k, v, ids)
+  batch, heads = (_dividing(nn.logical_to_mesh_axes((name,))[0], size, mesh)
+                  for name, size in ((BATCH, q.shape[0]), (HEADS, q.shape[2])))
+  qkv = PartitionSpec(batch, None, heads, None)
+  return jax.shard_map(kernel, mesh=mesh, in_specs=(qkv, qkv, qkv, PartitionSpec(batch)),
+                       out_specs=qkv, check_vma=False)(q, k, v, ids)
+
+
+def _dividing(axes, size: int, mesh):
+  """The leading mesh axes of `axes` (a rule's value) whose product divides `size`."""
+  axes = (axes,) if isinstance(axes, str) else tuple(axes or ())
+  while axes and size % int(np.prod([mesh.shape[a] for a in axes])):
+    axes = axes[:-1]
+  return axes or None

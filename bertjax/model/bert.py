@@ -48,7 +48,7 @@ class Encoder(nn.Module):
       token_type_ids = jnp.zeros_like(input_ids)
     if position_ids is None:
       position_ids = layers.position_ids_for(cfg, input_ids)
-    mask = layers.encoder_mask(cfg, attention_mask, segment_ids)
+    mask = layers.encoder_mask(attention_mask, segment_ids)
     x = self.embeddings(input_ids, token_type_ids, position_ids, deterministic)
     if cfg.scan_layers:
       embedded = x

@@ -9,15 +9,32 @@ import jax
 import jax.numpy as jnp
 
 from bertjax.errors import ConfigError
+from bertjax.model.attention import IMPLS
 
 # Dtype names accepted wherever a config or an API takes one.
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 
-def dtype_of(name: str, field: str = "config.model.dtype") -> Any:
-  """The dtype named `name` (a key of DTYPES), or a one-line ConfigError naming `field`."""
+AUTO_DTYPE_FIELD = "config.model.dtype"  # The one dtype field where '' means auto.
+
+
+def default_dtype(platform: str | None = None) -> Any:
+  """The activation dtype of `config.model.dtype=''`: bfloat16 on GPUs and TPUs (their
+  matmul units; master weights, softmax / LayerNorm statistics and the loss stay
+  float32), float32 on the CPU. `platform`: `jax.default_backend()` unless given."""
+  return jnp.bfloat16 if (platform or jax.default_backend()) in ("gpu", "tpu") else jnp.float32
+
+
+def dtype_of(name: str, field: str = AUTO_DTYPE_FIELD) -> Any:
+  """The dtype named `name` (a key of DTYPES; for config.model.dtype '' is
+  `default_dtype()`: the one place the platform decides it), or a one-line ConfigError
+  naming `field`."""
+  if name == "" and field == AUTO_DTYPE_FIELD:
+    return default_dtype()
   if name not in DTYPES:
-    raise ConfigError(f"{field}={name!r}: use one of {sorted(DTYPES)}.")
+    raise ConfigError(f"{field}={name!r}: use one of {sorted(DTYPES)}"
+                      + (" or '' (bfloat16 on GPUs and TPUs, float32 on the CPU)."
+                         if field == AUTO_DTYPE_FIELD else "."))
   return DTYPES[name]
 
 # Rematerialisation: what each block saves for the backward pass ('none': everything,
@@ -61,7 +78,9 @@ class ModelConfig:
   nsp: bool = True
   sbo: bool = False  # SpanBERT's span-boundary objective head (with span masking)
   sbo_max_positions: int = 32  # relative positions inside a span the SBO head embeds
-  attention_impl: str | None = None  # None (XLA picks), 'xla', 'cudnn' (GPU), 'splash' (TPU)
+  # '' (the fastest path allowed: `attention.resolve_impl`), 'xla', 'cudnn' (GPU),
+  # 'pallas_gpu' (GPU), 'splash' (TPU).
+  attention_impl: str = ""
   scan_layers: bool = False  # nn.scan over the blocks: params under encoder/layers [L, ...]
   remat_policy: str = "none"  # a key of REMAT_POLICIES: what a block keeps for backward
   dtype: Any = jnp.float32  # compute dtype of activations
@@ -89,9 +108,9 @@ class ModelConfig:
     for name in ("layer_norm_eps", "initializer_range"):
       if not getattr(self, name) > 0:
         raise ConfigError(f"config.model.{name}={getattr(self, name)} must be positive.")
-    if self.attention_impl not in (None, "xla", "cudnn", "splash"):
-      raise ConfigError(f"config.model.attention_impl={self.attention_impl!r}: use "
-                       "None, 'xla', 'cudnn' or 'splash'.")
+    if self.attention_impl not in ("", *IMPLS):
+      raise ConfigError(f"config.model.attention_impl={self.attention_impl!r}: use '' "
+                        f"(the fastest the platform allows) or one of {list(IMPLS)}.")
     if self.remat_policy not in REMAT_POLICIES:
       raise ConfigError(f"config.model.remat_policy={self.remat_policy!r}: use one of "
                        f"{sorted(REMAT_POLICIES)}.")
@@ -118,8 +137,8 @@ class ModelConfig:
     for key in ("dtype", "param_dtype"):
       if isinstance(d.get(key), str):
         d[key] = dtype_of(d[key], f"config.model.{key}")
-    if d.get("attention_impl") in ("", "none", "None"):
-      d["attention_impl"] = None
+    if d.get("attention_impl") in (None, "none", "None"):  # Older configs' "XLA picks".
+      d["attention_impl"] = ""
     return cls(**d)
 
   def to_dict(self) -> dict:

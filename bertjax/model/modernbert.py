@@ -101,7 +101,7 @@ class ModernBertConfig:
   classifier_pooling: str = "cls"  # 'cls' or 'mean' (sequence-level task heads)
   initializer_range: float = 0.02
   initializer_cutoff_factor: float = 2.0  # truncation, in standard deviations
-  attention_impl: str | None = None  # None / 'xla', 'cudnn' (GPU), 'splash' (TPU)
+  attention_impl: str = ""  # '' (the fastest allowed) or a path of attention.IMPLS
   scan_layers: bool = False  # nn.scan over blocks 1..L-1 (params encoder/layers [L-1])
   remat_policy: str = "none"  # a key of REMAT_POLICIES
   dtype: Any = jnp.float32  # compute dtype of activations
@@ -139,9 +139,9 @@ class ModernBertConfig:
     if self.classifier_pooling not in POOLINGS:
       raise ConfigError(f"config.model.classifier_pooling={self.classifier_pooling!r}: "
                         f"use one of {list(POOLINGS)}.")
-    if self.attention_impl not in (None, "xla", "cudnn", "splash"):
-      raise ConfigError(f"config.model.attention_impl={self.attention_impl!r}: use "
-                        "None, 'xla', 'cudnn' or 'splash'.")
+    if self.attention_impl not in ("", *attention_lib.IMPLS):
+      raise ConfigError(f"config.model.attention_impl={self.attention_impl!r}: use '' "
+                        f"(the fastest allowed) or one of {attention_lib.IMPLS}.")
     if self.remat_policy not in REMAT_POLICIES:
       raise ConfigError(f"config.model.remat_policy={self.remat_policy!r}: use one of "
                         f"{sorted(REMAT_POLICIES)}.")
@@ -180,8 +180,8 @@ class ModernBertConfig:
     for key in ("dtype", "param_dtype"):
       if isinstance(d.get(key), str):
         d[key] = dtype_of(d[key], f"config.model.{key}")
-    if d.get("attention_impl") in ("", "none", "None"):
-      d["attention_impl"] = None
+    if d.get("attention_impl") in (None, "none", "None"):
+      d["attention_impl"] = ""
     return cls(**d)
 
   def to_dict(self) -> dict:
@@ -279,14 +279,17 @@ def apply_rotary(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
   return (f * cos + rotated * sin).astype(x.dtype)
 
 
-def _attend(cfg: ModernBertConfig, is_global: bool, q, k, v, context, dropout_rng):
-  """One layer type's attention: its rotary table and window. q, k, v [B, T, N, D]."""
+def _attend(cfg: ModernBertConfig, impl: str, is_global: bool, q, k, v, context,
+            dropout_rng):
+  """One layer type's attention on path `impl`: its rotary table and window. q, k, v
+  [B, T, N, D]; dropout on the probabilities when `dropout_rng` is given."""
   padding, segment_ids, tables = context
   cos, sin = tables[0 if is_global else 1]
   q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
   return attention_lib.attention(
-      q, k, v, padding, segment_ids, window=None if is_global else cfg.window,
-      impl=cfg.attention_impl, dropout_rate=cfg.attention_dropout, dropout_rng=dropout_rng)
+      q, k, v, padding, segment_ids, window=None if is_global else cfg.window, impl=impl,
+      dropout_rate=cfg.attention_dropout if dropout_rng is not None else 0.0,
+      dropout_rng=dropout_rng)
 
 
 # ---- Modules ----------------------------------------------------------------------
@@ -328,14 +331,18 @@ class Attention(nn.Module):
     qkv = _einsum(cfg, shape, ("embed", None, "heads", "kv"), cfg.attention_bias, "in",
                   "Wqkv")(x, "BTE,ESND->BTSND")
     q, k, v = (constrain(qkv[:, :, i], (BATCH, LENGTH, HEADS, KV)) for i in range(3))
-    rng = (self.make_rng("dropout") if not deterministic and cfg.attention_dropout > 0
-           else None)
+    dropout = not deterministic and cfg.attention_dropout > 0
+    rng = self.make_rng("dropout") if dropout else None
+    impl = "xla" if self.is_initializing() else attention_lib.resolve_impl(
+        cfg.attention_impl, platform=jax.default_backend(), dtype=cfg.dtype,
+        dropout=dropout, seq_len=x.shape[1])  # Init: shapes only (T may be 8).
     if isinstance(layer, int):
-      out = _attend(cfg, cfg.is_global(layer), q, k, v, context, rng)
+      out = _attend(cfg, impl, cfg.is_global(layer), q, k, v, context, rng)
     else:
       out = jax.lax.cond(layer % cfg.global_attn_every_n_layers == 0,
-                         functools.partial(_attend, cfg, True),
-                         functools.partial(_attend, cfg, False), q, k, v, context, rng)
+                         functools.partial(_attend, cfg, impl, True),
+                         functools.partial(_attend, cfg, impl, False), q, k, v, context,
+                         rng)
     out = constrain(out, (BATCH, LENGTH, HEADS, KV))
     shape = (cfg.num_heads, cfg.head_dim, cfg.hidden_size)
     out = _einsum(cfg, shape, ("heads", "kv", "embed"), cfg.attention_bias, "out",

@@ -1,0 +1,113 @@
+"""`benchmark train`'s parts for the GPU comparison, on the CPU: token types and packed
+rows per family, the Hugging Face class and FLOPs per family (RoBERTa / XLM-R: one
+token type, finite losses on both sides), the largest-batch search, the command of a
+try in its own process, and the GPU peaks per exact device kind."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from bertjax import flops
+from bertjax.benchmarks import train as bench
+from bertjax.model import ModelConfig
+from configs import bert_tiny, roberta_base
+
+
+def _tiny(module):
+  c = module.get_config()
+  c.model.update(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64,
+                 vocab_size=128, dtype="float32")
+  return c
+
+
+def test_token_types_and_packed_rows_follow_the_family():
+  bert, roberta = _tiny(bert_tiny), _tiny(roberta_base)
+  b = bench.synthetic_batch(bert, 2, 12, 3, nsp=True)
+  assert b["token_type_ids"].tolist() == [[0] * 6 + [1] * 6] * 2  # Segments A and B.
+  r = bench.synthetic_batch(roberta, 2, 12, 3, nsp=False, docs_per_row=3)
+  assert not r["token_type_ids"].any() and "next_sentence_labels" not in r
+  assert r["segment_ids"][0].tolist() == [1] * 4 + [2] * 4 + [3] * 4
+  offset = roberta.model.position_offset  # Positions restart past the padding index.
+  assert r["position_ids"][0].tolist() == [offset + i for i in range(4)] * 3
+  assert "segment_ids" not in b and r["input_ids"].min() >= 5  # No padding id.
+
+
+def test_hugging_face_class_and_flops_per_family():
+  bert, roberta = _tiny(bert_tiny), _tiny(roberta_base)
+  assert bench.hf_model_class(bert) == "BertForPreTraining"
+  assert bench.hf_model_class(roberta) == "RobertaForMaskedLM"
+  bert.model.nsp = False
+  assert bench.hf_model_class(bert) == "BertForMaskedLM"
+  cfg = ModelConfig.from_config(roberta.model)
+  hf = bench.hf_flops(cfg, roberta, 4, 16)  # MLM logits everywhere, no pooler.
+  no_pooler = dataclasses.replace(cfg, pooler=False, nsp=False)
+  assert hf == flops.train_flops(no_pooler, 4, 16, 16) and hf["pooler_nsp"] == 0
+
+
+def test_roberta_steps_are_finite_on_both_sides():
+  """type_vocab_size=1: token types all 0 (1s gave NaN here and an index error in
+  PyTorch)."""
+  config = _tiny(roberta_base)
+  config.train.batch_size = 4
+  config.model.max_position_embeddings = 16 + config.model.position_offset
+  for name, (step, finish) in (
+      ("bertjax", bench.bench_bertjax(config, 4, 16, 3, jax.devices()[:1])),
+      ("hf", bench.bench_hf(config, 4, 16, 3, bf16=False))):
+    step()
+    assert np.isfinite(finish()["loss"]), name
+
+
+def test_largest_batch_doubles_then_bisects():
+  tried = []
+
+  def fits(batch):
+    tried.append(batch)
+    return batch <= 52
+
+  best, tries = bench.largest_batch(fits, 8, unit=4, tolerance=0.0, cap=4096)
+  assert best == 52 and [b for b, _ in tries] == tried and tried[:4] == [8, 16, 32, 64]
+  assert len(tried) <= 8
+  best, _ = bench.largest_batch(fits, 256, unit=4, tolerance=0.0, cap=4096)  # Halving.
+  assert best == 52
+  assert bench.largest_batch(fits, 8, unit=4, tolerance=0.0, cap=32)[0] == 32  # Capped.
+  assert bench.largest_batch(lambda b: False, 8, unit=4, tolerance=0.0, cap=64)[0] == 0
+  best, tries = bench.largest_batch(fits, 8, unit=4, tolerance=0.25, cap=4096)
+  assert 48 <= best <= 52 and len(tries) < len(tried)
+
+
+def test_a_try_runs_one_framework_with_this_runs_recipe(monkeypatch):
+  monkeypatch.setattr(sys, "argv", ["benchmark.py", "train", "--config=configs/bert_base.py",
+                                    "--config.model.attention_dropout_rate=0.0",
+                                    "--compare=hf", "--max_batch", "--batch=64"])
+  cmd = bench.probe_command("hf", 128, 512, bf16=True, docs_per_row=4)
+  assert cmd[1:4] == ["-m", "bertjax.benchmark", "train"]
+  assert cmd[4:6] == ["--config=configs/bert_base.py",
+                      "--config.model.attention_dropout_rate=0.0"]
+  assert {"--only=hf", "--batch=128", "--seq=512", "--dtype=bf16", "--docs_per_row=4"} <= set(
+      cmd)
+  assert not {"--compare=hf", "--max_batch", "--batch=64"} & set(cmd)
+
+
+@pytest.mark.parametrize("kind,name,peak", [
+    ("NVIDIA H100 80GB HBM3", "H100 SXM", 989.0),
+    ("NVIDIA H100 PCIe", "H100 PCIe", 756.0),
+    ("NVIDIA H100 NVL", "H100 NVL", 835.0),
+    ("NVIDIA H200", "H200 SXM", 989.0),
+    ("NVIDIA H200 NVL", "H200 NVL", 835.0),
+    ("NVIDIA A100-SXM4-80GB", "A100 SXM4 80GB", 312.0),
+    ("NVIDIA A100-SXM4-40GB", "A100 SXM4 40GB", 312.0),
+    ("NVIDIA A100 80GB PCIe", "A100 PCIe 80GB", 312.0),
+    ("NVIDIA A100-PCIE-40GB", "A100 PCIe 40GB", 312.0),
+    ("NVIDIA GH200 480GB", None, None),  # Not listed: no H200 figures for it.
+])
+def test_gpu_peaks_per_exact_device_kind(kind, name, peak):
+  device = type("Device", (), {"device_kind": kind})()
+  chip = flops.chip(device)
+  assert (chip and chip.name) == name and flops.device_peak_tflops(device) == peak
+  if chip:
+    assert "datasheet" in chip.source and chip.hbm_bytes >= 40e9
