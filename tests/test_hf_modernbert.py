@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from bertjax.hf import modernbert as conv
+from bertjax.hf import files, modernbert as conv
 from bertjax.errors import CheckpointError
 from bertjax.model import modernbert as mb
 
@@ -153,12 +153,25 @@ def _logits(model, ids, mask):
   return out.logits.numpy() if hasattr(out, "logits") else out.start_logits.numpy()
 
 
+def _load(directory, **overrides):
+  """`conv.load` of a Hugging Face directory."""
+  with open(directory / "config.json") as f:
+    return conv.load(json.load(f), files.read_state_dict(str(directory)), **overrides)
+
+
+def _save(directory, params, cfg, task=None, labels=None) -> str:
+  """`conv.export` written as a Hugging Face directory; returns its class."""
+  hf_config, state = conv.export(params, cfg, task, labels)
+  files.write(str(directory), hf_config, state)
+  return hf_config["architectures"][0]
+
+
 def test_save_pretrained_loads_and_exports_back(tmp_path):
   """A save_pretrained dir loads into bertjax with equal logits; bertjax's export
   (from scanned params) loads into transformers with equal logits again."""
   model = _model("ModernBertForMaskedLM")
   model.save_pretrained(str(tmp_path / "hf"))
-  cfg, params, task = conv.load_hf(str(tmp_path / "hf"), scan_layers=True)
+  cfg, params, task = _load(tmp_path / "hf", scan_layers=True)
   assert task is None and cfg.scan_layers
   ids = np.random.default_rng(0).integers(3, 64, (2, T)).astype(np.int32)
   mask = (np.arange(T)[None] < np.array([[T], [11]])).astype(np.int32)
@@ -169,7 +182,7 @@ def test_save_pretrained_loads_and_exports_back(tmp_path):
   ref = _logits(model, ids, mask)
   real = mask.astype(bool)
   assert np.abs(ours - ref)[real].max() < 1e-5
-  assert conv.save_hf(str(tmp_path / "out"), params, cfg) == "ModernBertForMaskedLM"
+  assert _save(tmp_path / "out", params, cfg) == "ModernBertForMaskedLM"
   back = transformers.AutoModelForMaskedLM.from_pretrained(
       str(tmp_path / "out"), attn_implementation="eager").eval()
   assert np.abs(_logits(back, ids, mask) - ref)[real].max() < 1e-5
@@ -181,10 +194,10 @@ def test_finetuned_classes_export(tmp_path, cls):
   with the same outputs; labels are named in config.json."""
   model = _model(cls, num_labels=2 if "Question" in cls else 3)
   model.save_pretrained(str(tmp_path / "hf"))
-  cfg, params, task = conv.load_hf(str(tmp_path / "hf"))
+  cfg, params, task = _load(tmp_path / "hf")
   assert task == TASKS[cls]
   labels = ["a", "b", "c"] if task in ("classification", "tagging") else None
-  assert conv.save_hf(str(tmp_path / "out"), params, cfg, task, labels) == cls
+  assert _save(tmp_path / "out", params, cfg, task, labels) == cls
   with open(tmp_path / "out" / "config.json") as f:
     written = json.load(f)
   if labels:

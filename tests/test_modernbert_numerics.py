@@ -48,7 +48,7 @@ def hf_mlm():
 
 
 def _ours(cfg, params, scan, **inputs):
-  cfg = mb.ModernBertConfig(**{**cfg.to_dict(), "scan_layers": scan,
+  cfg = mb.ModernBertConfig.from_config({**cfg.to_dict(), "scan_layers": scan,
                                "dtype": jnp.float32, "param_dtype": jnp.float32})
   model = mb.ModernBertForPreTraining(cfg)
   params = mb.to_layout(params, scan)
@@ -127,7 +127,7 @@ def test_local_layers_really_are_local(hf_mlm):
   _, cfg, params = hf_mlm
   ids = _ids(np.random.default_rng(2), (1, T))
   _, narrow = _ours(cfg, params, False, input_ids=ids)
-  wide = mb.ModernBertConfig(**{**cfg.to_dict(), "local_attention": 2 * T})
+  wide = mb.ModernBertConfig.from_config({**cfg.to_dict(), "local_attention": 2 * T})
   _, logits = _ours(wide, params, False, input_ids=ids)
   assert np.abs(logits - narrow).max() > 1e-3
 
@@ -189,7 +189,7 @@ def test_gradients_are_finite_and_scan_agrees(hf_mlm):
   mask = (seg > 0).astype(np.int32)
 
   def grads(scan, dropout=0.0, rng=None, remat="none"):
-    c = mb.ModernBertConfig(**{**cfg.to_dict(), "scan_layers": scan, "remat_policy": remat,
+    c = mb.ModernBertConfig.from_config({**cfg.to_dict(), "scan_layers": scan, "remat_policy": remat,
                                "attention_dropout": dropout, "mlp_dropout": dropout,
                                "embedding_dropout": dropout, "dtype": jnp.float32,
                                "param_dtype": jnp.float32})
@@ -274,7 +274,7 @@ def test_sharded_forward_and_gradient_match_one_device(hf_mlm):
   from configs import bert_base  # pylint: disable=g-import-not-at-top
 
   _, cfg, params = hf_mlm
-  cfg = mb.ModernBertConfig(**{**cfg.to_dict(), "scan_layers": True, "dtype": jnp.float32,
+  cfg = mb.ModernBertConfig.from_config({**cfg.to_dict(), "scan_layers": True, "dtype": jnp.float32,
                                "param_dtype": jnp.float32})
   model = mb.ModernBertForPreTraining(cfg)
   params = jax.tree.map(jnp.asarray, mb.to_layout(params, True))
