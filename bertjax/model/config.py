@@ -49,8 +49,44 @@ REMAT_POLICIES = {
 }
 
 
+class FamilyConfig:
+  """What the frozen config dataclass of every model family shares (mixed in): it is
+  built from `config.model` in one place (`from_config`) and written back
+  (`to_dict`); `family` names it in `bertjax.model.FAMILIES`."""
+
+  family: ClassVar[str]
+
+  @classmethod
+  def from_config(cls, model_cfg):
+    """The dataclass of `config.model` (a ConfigDict or a plain dict): dtypes from
+    their names ('' by platform, `dtype_of`), an unknown field or another family a
+    one-line ConfigError."""
+    d = dict(model_cfg)
+    family = d.pop("family", cls.family)
+    if family != cls.family:
+      raise ConfigError(f"config.model.family={family!r} is not {cls.__name__}'s; set it "
+                        f"to {cls.family!r}.")
+    fields = {f.name for f in dataclasses.fields(cls)}
+    unknown = set(d) - fields
+    if unknown:
+      raise ConfigError(f"Unknown config.model fields {sorted(unknown)}; known: {sorted(fields)}.")
+    for key in ("dtype", "param_dtype"):
+      if isinstance(d.get(key), str):
+        d[key] = dtype_of(d[key], f"config.model.{key}")
+    if d.get("attention_impl") in (None, "none", "None"):  # Older configs' "XLA picks".
+      d["attention_impl"] = ""
+    return cls(**d)
+
+  def to_dict(self) -> dict:
+    """JSON-serialisable form (dtypes as names), with its `family`."""
+    d = {"family": self.family, **dataclasses.asdict(self)}
+    for key in ("dtype", "param_dtype"):
+      d[key] = jnp.dtype(d[key]).name
+    return d
+
+
 @dataclasses.dataclass(frozen=True)
-class ModelConfig:
+class ModelConfig(FamilyConfig):
   """Hyperparameters of an encoder of the 'bert' family (BERT, RoBERTa, XLM-R,
   SpanBERT) and its pretraining heads.
 
@@ -120,30 +156,3 @@ class ModelConfig:
   @property
   def head_dim(self) -> int:
     return self.hidden_size // self.num_heads
-
-  @classmethod
-  def from_config(cls, model_cfg) -> "ModelConfig":
-    """Builds the dataclass from `config.model` (a ConfigDict or a plain dict); its
-    `family`, when present, must be 'bert'."""
-    d = dict(model_cfg)
-    family = d.pop("family", cls.family)
-    if family != cls.family:
-      raise ConfigError(f"config.model.family={family!r} is not {cls.__name__}'s; set it "
-                        f"to {cls.family!r}.")
-    fields = {f.name for f in dataclasses.fields(cls)}
-    unknown = set(d) - fields
-    if unknown:
-      raise ConfigError(f"Unknown config.model fields {sorted(unknown)}; known: {sorted(fields)}.")
-    for key in ("dtype", "param_dtype"):
-      if isinstance(d.get(key), str):
-        d[key] = dtype_of(d[key], f"config.model.{key}")
-    if d.get("attention_impl") in (None, "none", "None"):  # Older configs' "XLA picks".
-      d["attention_impl"] = ""
-    return cls(**d)
-
-  def to_dict(self) -> dict:
-    """JSON-serialisable form (dtypes as names), with its `family`."""
-    d = {"family": self.family, **dataclasses.asdict(self)}
-    for key in ("dtype", "param_dtype"):
-      d[key] = jnp.dtype(d[key]).name
-    return d

@@ -47,7 +47,7 @@ import numpy as np
 
 from bertjax.errors import ConfigError
 from bertjax.model import attention as attention_lib
-from bertjax.model.config import REMAT_POLICIES, dtype_of
+from bertjax.model.config import REMAT_POLICIES, FamilyConfig
 from bertjax.model.family import Family
 from bertjax.model.layers import BATCH, EMBED, HEADS, KV, LENGTH, MLP, constrain
 
@@ -63,7 +63,7 @@ POOLINGS = ("cls", "mean")
 
 
 @dataclasses.dataclass(frozen=True)
-class ModernBertConfig:
+class ModernBertConfig(FamilyConfig):
   """Hyperparameters of a ModernBERT encoder and its heads; the defaults are
   ModernBERT-base's (Hugging Face's `ModernBertConfig` defaults, their names kept)."""
 
@@ -163,33 +163,6 @@ class ModernBertConfig:
     """Hugging Face's `layer_types`: 'full_attention' or 'sliding_attention' per block."""
     return tuple("full_attention" if self.is_global(i) else "sliding_attention"
                  for i in range(self.num_layers))
-
-  @classmethod
-  def from_config(cls, model_cfg) -> "ModernBertConfig":
-    """Builds the dataclass from `config.model` (a ConfigDict or a plain dict); a
-    `family` key, when present, must be 'modernbert'."""
-    d = dict(model_cfg)
-    family = d.pop("family", cls.family)
-    if family != cls.family:
-      raise ConfigError(f"config.model.family={family!r} is not {cls.__name__}'s; set it "
-                        f"to {cls.family!r}.")
-    fields = {f.name for f in dataclasses.fields(cls)}
-    unknown = set(d) - fields
-    if unknown:
-      raise ConfigError(f"Unknown config.model fields {sorted(unknown)}; known: {sorted(fields)}.")
-    for key in ("dtype", "param_dtype"):
-      if isinstance(d.get(key), str):
-        d[key] = dtype_of(d[key], f"config.model.{key}")
-    if d.get("attention_impl") in (None, "none", "None"):
-      d["attention_impl"] = ""
-    return cls(**d)
-
-  def to_dict(self) -> dict:
-    """JSON-serialisable form (dtypes as names), with its `family`."""
-    d = {"family": self.family, **dataclasses.asdict(self)}
-    for key in ("dtype", "param_dtype"):
-      d[key] = jnp.dtype(d[key]).name
-    return d
 
 
 def check_window(cfg: ModernBertConfig, length: int,
