@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from bertjax import api, convert as convert_cli  # pylint: disable=wrong-import-position
-from bertjax.hf import convert
+from bertjax.hf import convert, files
 from bertjax.data import tokenizer as tokenizer_lib  # pylint: disable=wrong-import-position
 
 CORPUS = ["The quick brown fox jumps over the lazy dog.",
@@ -116,7 +116,7 @@ def test_roberta_roundtrip_through_bertjax_and_back(tmp_path):
   src = tmp_path / "hf_roberta"
   tok = tokenizer_lib.train_tokenizer(CORPUS, "byte_level_bpe", vocab_size=300,
                                       lowercase=False)
-  convert.save_hf_tokenizer(str(src), tok)
+  files.save_hf_tokenizer(str(src), tok)
   config = transformers.RobertaConfig(**_small(
       tok.vocab_size, max_position_embeddings=66, type_vocab_size=1, pad_token_id=1,
       bos_token_id=0, eos_token_id=2, layer_norm_eps=1e-5))

@@ -12,7 +12,7 @@ import numpy as np
 import optax
 import pytest
 
-from bertjax.hf import convert
+from bertjax.hf import bert as hf_bert
 from bertjax.model import ModelConfig
 from bertjax.tasks import base, finetune
 from bertjax.tasks.classification import ClassifierHead
@@ -65,13 +65,13 @@ def test_decay_mask_is_hugging_faces_grouping_on_bert_parameter_names():
   decayed = set(transformers.Trainer.get_decay_parameter_names(None, hf))
   names = {n for n, _ in hf.named_parameters()}
   assert decayed and decayed < names  # Some excluded (biases, LayerNorm), some not.
-  model_cfg = dataclasses.replace(convert.model_config_from_hf(hf.config.to_dict()), nsp=False)
+  model_cfg = dataclasses.replace(hf_bert.model_config_from_hf(hf.config.to_dict()), nsp=False)
   model = base.FinetuneModel(model_cfg, ClassifierHead(model_cfg, 3))
   batch = {k: np.zeros((1, 8), np.int32) for k in base.TOKEN_KEYS}
   params = nn.unbox(jax.eval_shape(lambda: model.init(jax.random.key(0), batch)["params"]))
   mask = optimizer.decay_mask(params)
-  head, _ = convert.task_head_table("classification", "bert", model_cfg)
-  table = convert.param_table(model_cfg, "bert.", None) + head
+  head, _ = hf_bert.task_head_table("classification", "bert", model_cfg)
+  table = hf_bert.param_table(model_cfg, "bert.", None) + head
   assert len(table) == len(jax.tree.leaves(params)) == len(names)
   for entry in table:
     node = mask

@@ -10,7 +10,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from bertjax import api  # pylint: disable=g-import-not-at-top,wrong-import-position
-from bertjax.hf import convert
+from bertjax.hf import files  # pylint: disable=wrong-import-position
 from bertjax.data import tokenizer as tokenizer_lib  # pylint: disable=wrong-import-position
 from bertjax.errors import CheckpointError  # pylint: disable=wrong-import-position
 
@@ -85,7 +85,7 @@ def roberta_dir(tmp_path_factory):
   d = tmp_path_factory.mktemp("hf_roberta")
   tok = tokenizer_lib.train_tokenizer(CORPUS, "byte_level_bpe", vocab_size=400,
                                       lowercase=False)
-  assert convert.save_hf_tokenizer(str(d), tok) == "byte_level_bpe"
+  assert files.save_hf_tokenizer(str(d), tok) == "byte_level_bpe"
   return str(d), _fairseq_style_mlm(d, "Roberta", tok.vocab_size), tok
 
 
