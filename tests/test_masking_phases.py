@@ -11,7 +11,7 @@ import pytest
 
 from bertjax.data import pipeline
 from bertjax.errors import ConfigError
-from bertjax.train import loop
+from bertjax.train import pretrain
 from configs import bert_tiny
 from tests.helpers import tiny_config
 from tests.test_loop import train_losses
@@ -120,7 +120,7 @@ def test_loop_resume_with_stable_adamw_and_masking_phases_is_bit_exact(tmp_path)
   """A restart from the step-4 checkpoint (StableAdamW's state, the second length and
   masking phases) gives steps 5-6 bit for bit."""
   straight = str(tmp_path / "straight")
-  loop.train_and_evaluate(_modern_loop_config(), straight)
+  pretrain.run(_modern_loop_config(), straight)
   expected = train_losses(straight)
   assert sorted(expected) == list(range(1, 7)) and all(map(np.isfinite, expected.values()))
   workdir = str(tmp_path / "resumed")
@@ -129,7 +129,7 @@ def test_loop_resume_with_stable_adamw_and_masking_phases_is_bit_exact(tmp_path)
     if step != "4":
       shutil.rmtree(os.path.join(workdir, "checkpoints", step))
   os.remove(os.path.join(workdir, "metrics.jsonl"))
-  loop.train_and_evaluate(_modern_loop_config(), workdir)
+  pretrain.run(_modern_loop_config(), workdir)
   resumed = train_losses(workdir)
   assert sorted(resumed) == [5, 6]
   assert all(resumed[s] == expected[s] for s in resumed), (resumed, expected)
