@@ -111,9 +111,6 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   if t.warmup_steps >= t.num_steps:
     raise ConfigError(f"config.train.warmup_steps={t.warmup_steps} must be smaller than "
                       f"config.train.num_steps={t.num_steps}.")
-  if not isinstance(t.batch_by_tokens, bool):
-    raise ConfigError(f"config.train.batch_by_tokens={t.batch_by_tokens!r} must be True "
-                      "or False.")
   at_least("train.batch_warmup_tokens", t.batch_warmup_tokens, 0)
   if t.batch_warmup_tokens:
     at_least("train.batch_warmup_sizes", t.batch_warmup_sizes, 1)
