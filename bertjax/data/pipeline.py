@@ -471,7 +471,8 @@ def build_pretraining_data(data_cfg, tokenizer, *, batch_size: int, seed: int, n
                            process_index: int = 0, process_count: int = 1,
                            position_offset: int = 0,
                            num_steps: int | None = None,
-                           batch_schedule: phases_lib.BatchSchedule = phases_lib.BatchSchedule(),
+                           batch_schedule: phases_lib.BatchSchedule = (
+                               phases_lib.BatchSchedule()),
                            phase_inputs: Sequence[dict[str, float]] = ()
                            ) -> PretrainingData:
   """Builds the training stream and evaluation batches from `config.data`.

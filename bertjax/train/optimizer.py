@@ -51,7 +51,8 @@ def restarts(train_cfg) -> list[tuple[int, float, float]]:
   decay` (what Composer's `restart_override` resets between the ModernBERT authors'
   runs; decouple_lr's maximum stays `learning_rate`, as optimi's max_lr survives
   them). Pretraining only (a fine-tuning section has no such field): []."""
-  spec = tuple(train_cfg.learning_rate_restarts) if "learning_rate_restarts" in train_cfg else ()
+  spec = (tuple(train_cfg.learning_rate_restarts)
+          if "learning_rate_restarts" in train_cfg else ())
   out = []
   for k, r in enumerate(spec):
     ok = (isinstance(r, (tuple, list)) and len(r) == 3
