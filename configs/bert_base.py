@@ -121,12 +121,27 @@ def get_config(arg=None):
 
   c.train = ml_collections.ConfigDict()
   c.train.batch_size = 256  # Global batch (examples per optimizer step).
+  # True: every length phase trains on the tokens of batch_size rows of max_seq_length
+  # (rows = batch_size * max_seq_length / length: ModernBERT's 576 x 8,192 = 4,608 x
+  # 1,024); False: batch_size rows in every phase (BERT's 256 at 128 and at 512).
+  c.train.batch_by_tokens = False
+  # Batch-size warm-up over this many tokens (rows x length) at the start of the first
+  # length phase (0: none): batch_warmup_sizes = n smaller batches B * k / (n + 1),
+  # k = 1..n, each for the same number of steps, then B (the ModernBERT authors'
+  # packer's ramp; each size is one more compiled shape). See bertjax/data/phases.py.
+  c.train.batch_warmup_tokens = 0
+  c.train.batch_warmup_sizes = 0  # n, >= 1 with a warm-up.
   c.train.grad_accum_steps = 1  # Micro-batches accumulated per optimizer step.
   c.train.num_steps = 1_000_000  # Optimizer steps.
   # 'adamw', 'lamb' (large batches) or 'stable_adamw' (AdamW with per-tensor update
   # clipping, Wortsman et al. 2023; ModernBERT, which then clips no gradients).
   c.train.optimizer = "adamw"
   c.train.learning_rate = 1e-4  # Peak learning rate.
+  # wsd only: ((fraction of num_steps where it starts, peak, weight decay), ...),
+  # ascending, after the warm-up and before the final decay: from there the schedule
+  # holds the new peak and weight_decay is the new one (the decay then falls from the
+  # last peak). ModernBERT-base: 8e-4, then 3e-4 for its context extension. () none.
+  c.train.learning_rate_restarts = ()
   c.train.warmup_steps = 10_000  # Linear warm-up from 0 to the peak.
   # After the warm-up: 'linear' decays linearly to 0 at num_steps (BERT); 'wsd'
   # (warm-up-stable-decay, ModernBERT) holds the peak, then decays over the last

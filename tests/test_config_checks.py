@@ -80,6 +80,12 @@ PRETRAINING = [
                                          "config.model.vocab_size=4096"]),
     ("train.num_steps", -1, ["config.train.num_steps=-1"]),
     ("train.batch_size", 0, ["config.train.batch_size=0"]),
+    ("train.batch_warmup_tokens", -1, ["config.train.batch_warmup_tokens=-1"]),
+    ("train.batch_warmup_tokens", 10**6, ["config.train.batch_warmup_sizes=0"]),
+    ("train.learning_rate_restarts", ((0.5, 1e-4, 0.0),),
+     ["config.train.learning_rate_restarts", "schedule='wsd'"]),
+    ("train.learning_rate_restarts", ((1.5, 1e-4, 0.0),),
+     ["config.train.learning_rate_restarts[0]=(1.5, 0.0001, 0.0)"]),
     ("train.grad_accum_steps", 0, ["config.train.grad_accum_steps=0"]),
     ("train.warmup_steps", -1, ["config.train.warmup_steps=-1"]),
     ("train.warmup_steps", 1500, ["config.train.warmup_steps=1500",
@@ -108,6 +114,28 @@ PRETRAINING = [
     ("distributed.initialization_timeout_s", 0,
      ["config.distributed.initialization_timeout_s=0"]),
     ("distributed.heartbeat_timeout_s", -1, ["config.distributed.heartbeat_timeout_s=-1"]),
+]
+
+# The same on configs/modernbert_tiny.py: the ModernBERT family's fields and its recipe's.
+MODERNBERT = [
+    ("model.local_attention", 96, ["config.model.local_attention=96",
+                                   "config.data.length_phases[0]'s length=64"]),
+    ("model.local_attention", 7, ["config.model.local_attention=7"]),
+    ("model.global_rope_theta_phases", (1e4, 1.6e5),
+     ["config.model.global_rope_theta_phases=(10000.0, 160000.0)", "3 length phases"]),
+    ("model.global_rope_theta_phases", (1e4, 1e4, 1e4),
+     ["config.model.global_rope_theta=160000.0"]),
+    ("model.attention_output_dropout", 1.0, ["config.model.attention_output_dropout=1.0"]),
+    ("model.attention_dropout", 0.1, ["config.model.attention_dropout=0.1",
+                                      "attention_output_dropout=0.1"]),
+    ("train.batch_warmup_sizes", 4, ["config.train.batch_warmup_sizes=4", "64 rows"]),
+    ("train.batch_warmup_tokens", 10**7, ["config.train.batch_warmup_tokens=10,000,000"]),
+    ("train.learning_rate_restarts", ((0.95, 1e-3, 0.0),),
+     ["config.train.learning_rate_restarts", "before the final decay (step 450)"]),
+    ("train.learning_rate_restarts", ((0.8, 1e-3),),
+     ["config.train.learning_rate_restarts[0]=(0.8, 0.001)"]),
+    ("data.length_phases", ((0.8, 96), (0.1, 128), (0.1, 128)),
+     ["config.train.batch_by_tokens", "config.train.batch_size=32", "96 tokens"]),
 ]
 
 # The same on configs/finetune/glue.py (a random-init model: config.model is used).
@@ -182,6 +210,17 @@ def test_pretraining_field_out_of_range(field, value, names):
   _one_line_naming(e.value, names)
 
 
+@pytest.mark.parametrize("field,value,names", MODERNBERT,
+                         ids=[f"{f}={v}" for f, v, _ in MODERNBERT])
+def test_modernbert_field_out_of_range(field, value, names):
+  config = importlib.import_module("configs.modernbert_tiny").get_config()
+  pretraining(config)
+  _set(config, field, value)
+  with pytest.raises(ConfigError) as e:
+    pretraining(config)
+  _one_line_naming(e.value, names)
+
+
 @pytest.mark.parametrize("field,value,names", FINETUNING,
                          ids=[f"{f}={v}" for f, v, _ in FINETUNING])
 def test_finetuning_field_out_of_range(field, value, names):
@@ -194,7 +233,9 @@ def test_finetuning_field_out_of_range(field, value, names):
 
 
 @pytest.mark.parametrize("recipe", ["bert_base", "bert_large", "bert_tiny", "roberta_base",
-                                    "spanbert_base", "xlmr_base", "xlmr_large"])
+                                    "spanbert_base", "xlmr_base", "xlmr_large",
+                                    "modernbert_base", "modernbert_large",
+                                    "modernbert_tiny"])
 def test_every_pretraining_recipe_passes(recipe):
   pretraining(importlib.import_module(f"configs.{recipe}").get_config())
 

@@ -41,8 +41,10 @@ from absl import flags, logging
 import grain
 import numpy as np
 
-from bertjax.data import (manifest, masking, multilingual, permutation, prepare_tokens,
-                          builders, rows as rows_lib, seeds, sources as sources_lib)
+from bertjax.data import (manifest, masking, multilingual, permutation, phases as phases_lib,
+                          prepare_tokens, builders, rows as rows_lib, seeds,
+                          sources as sources_lib)
+from bertjax.data.phases import length_phases, masked_lm_prob_phases
 from bertjax.data import tokenizer as tok_lib
 from bertjax.errors import ConfigError, DataError, at_least, one_of, within
 
@@ -80,11 +82,13 @@ class MaskBatch:
   An element is g (one source) or (k, g) (source k of several): row
   permute(g mod n_k, n_k, shuffle_seeds[k], epoch=g // n_k) of source k. The rows are
   read, decoded and masked as one [b, T] batch; row r of this process's batch i is
-  element (i * process_count + process_index) * b + r of the global stream and its
-  random numbers come from `masking.RowStreams` keyed by (seed, that index), so a row's
-  mask does not depend on the process count. Batch i is masked with `cfg`, or with
-  the last of `changes` (first batch, masking config) whose first batch is <= i.
-  Picklable, so it runs in grain worker processes too.
+  element first_element + (i * process_count + process_index) * b + r of the global
+  stream and its random numbers come from `masking.RowStreams` keyed by (seed, that
+  index), so a row's mask does not depend on the process count. Batch i is masked with
+  `cfg`, or with the last of `changes` (first batch, masking config) whose first batch
+  is <= i. `inputs` (name, value) add a [b] float32 column of `value` each (a phase's
+  constant model inputs, e.g. ModernBERT's `global_rope_theta`). Picklable, so it runs
+  in grain worker processes too.
   """
 
   sources: tuple[Any, ...]  # rows_lib.MemoryRows / FileRows, all of one row dtype
@@ -97,6 +101,8 @@ class MaskBatch:
   changes: tuple[tuple[int, masking.MaskingConfig], ...] = ()
   process_index: int = 0
   process_count: int = 1
+  first_element: int = 0
+  inputs: tuple[tuple[str, float], ...] = ()
 
   def __repr__(self) -> str:  # grain logs its stages: not the rows.
     return (f"MaskBatch({[len(s) for s in self.sources]} rows, nsp={self.nsp}, "
@@ -135,10 +141,12 @@ class MaskBatch:
                           position_offset=self.position_offset,
                           word_starts=self.cfg.strategy != "token")
     b = len(out["input_ids"])
-    element = (batch_index * self.process_count + self.process_index) * b + np.arange(b)
+    element = self.first_element + (
+        batch_index * self.process_count + self.process_index) * b + np.arange(b)
     out.update(masking.mask_tokens(out["input_ids"], masking.RowStreams(self.seed, element),
                                    self.cfg_at(batch_index),
                                    word_starts=out.pop("word_starts", None)))
+    out.update({name: np.full(b, value, np.float32) for name, value in self.inputs})
     if not self.nsp:
       del out["next_sentence_labels"]
     # Start-up time at scale: when training could begin (benchmarks/data_scale.py).
@@ -149,15 +157,21 @@ class MaskBatch:
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Phase:
-  """One sequence-length phase of training.
+  """A stage of training: batches of one shape (`bertjax.data.phases.Stage`).
 
-  steps: batches in this phase (None: the last phase, which runs on).
+  steps: batches in this stage (None: the last, which runs on).
   sources: example rows per language (one entry for a monolingual corpus), all of
     length T.
   weights: [K] sampling probabilities of the sources (None: one source).
   mask_cfg: masking for this length (its max_predictions_per_seq).
-  mask_changes: (batch of the phase, masking from that batch on), ascending: the
-    masking-rate phases that start inside this length phase.
+  mask_changes: (batch of the stage, masking from that batch on), ascending: the
+    masking-rate phases that start inside this stage.
+  batch_size: this process's rows per batch (None: `make_train_dataset`'s).
+  stream: the length phase whose stream of rows (shuffle and mask seeds) it reads
+    (None: its own index in the list).
+  first_element: the global element of that stream its first batch starts at (the
+    stages of one length phase, e.g. the batch-size warm-up's, take consecutive blocks).
+  inputs: (name, value) constant per-row model inputs of its batches.
   """
 
   steps: int | None
@@ -165,6 +179,10 @@ class Phase:
   weights: tuple[float, ...] | None
   mask_cfg: masking.MaskingConfig
   mask_changes: tuple[tuple[int, masking.MaskingConfig], ...] = ()
+  batch_size: int | None = None
+  stream: int | None = None
+  first_element: int = 0
+  inputs: tuple[tuple[str, float], ...] = ()
 
 
 # The last phase is cut at this many batches (grain concatenates finite datasets only).
@@ -183,8 +201,9 @@ class _Tag:
 def _phase_batches(phase: Phase, index: int, *, batch_size: int, seed: int, nsp: bool,
                    isolate: bool, position_offset: int, process_index: int,
                    process_count: int) -> grain.MapDataset:
-  """The phase's (infinite) batches for one process: the sources' streams mixed by
-  weight into the global stream, cut into blocks of `batch_size` elements, every
+  """The stage's (infinite) batches for one process: the sources' streams mixed by
+  weight into the global stream of length phase `index`, from its element
+  `phase.first_element` on cut into blocks of `batch_size` elements, every
   `process_count`-th block (from `process_index`), then read and masked."""
   k = len(phase.sources)
   if k == 1:
@@ -192,6 +211,8 @@ def _phase_batches(phase: Phase, index: int, *, batch_size: int, seed: int, nsp:
   else:
     ds = grain.MapDataset.mix([grain.MapDataset.range(sys.maxsize).map(_Tag(i))
                                for i in range(k)], phase.weights)
+  if phase.first_element:
+    ds = ds[phase.first_element:]
   ds = ds.batch(batch_size, drop_remainder=True)[process_index::process_count]
   return ds.map_with_index(MaskBatch(
       phase.sources,
@@ -199,7 +220,7 @@ def _phase_batches(phase: Phase, index: int, *, batch_size: int, seed: int, nsp:
       phase.mask_cfg, nsp, isolate, position_offset,
       # (The 0 keeps the masks single-process runs have always had.)
       seeds.stream_seed(seed, seeds.TRAIN_MASKS, 0, index), phase.mask_changes,
-      process_index, process_count))
+      process_index, process_count, phase.first_element, phase.inputs))
 
 
 def make_train_dataset(examples: builders.Examples | list[Phase],
@@ -212,11 +233,11 @@ def make_train_dataset(examples: builders.Examples | list[Phase],
 
   `examples` with `mask_cfg`: one phase of one source built in memory (isolated when
   it has segment_ids). Or a list of `Phase`s: their batches one phase after the other
-  (the shapes change between phases). The stream is a grain `MapDataset` underneath,
-  so its state is the index of the next batch and a restore anywhere, in any phase,
-  replays exactly; batch k is this process's block of global batch k on any process
-  count, so a state saved by P processes resumes the same global stream on P' (the
-  same global batch size).
+  (the shapes change between phases: lengths, and the batch sizes of the batch-size
+  warm-up). The stream is a grain `MapDataset` underneath, so its state is the index
+  of the next batch and a restore anywhere, in any phase, replays exactly; batch k is
+  this process's block of global batch k on any process count, so a state saved by P
+  processes resumes the same global stream on P' (the same global batch sizes).
   """
   if isinstance(examples, builders.Examples):
     isolate = examples.segment_ids is not None
@@ -229,7 +250,8 @@ def make_train_dataset(examples: builders.Examples | list[Phase],
     examples = [Phase(None, (source,), None, mask_cfg)]
   parts = []
   for i, phase in enumerate(examples):
-    ds = _phase_batches(phase, i, batch_size=batch_size, seed=seed, nsp=nsp,
+    ds = _phase_batches(phase, i if phase.stream is None else phase.stream,
+                        batch_size=phase.batch_size or batch_size, seed=seed, nsp=nsp,
                         isolate=isolate, position_offset=position_offset,
                         process_index=process_index, process_count=process_count)
     parts.append(ds[:_LAST_PHASE_BATCHES if phase.steps is None else phase.steps])
@@ -291,62 +313,6 @@ def check_config(data_cfg, model, num_steps: int) -> None:
           f"config.data.tokenizer.vocab_size={tok.vocab_size} is smaller than "
           f"config.model.vocab_size={model.vocab_size}: the trained tokenizer cannot "
           "fill the model's vocabulary; set both to the same size.")
-
-
-def length_phases(data_cfg, num_steps: int | None) -> list[tuple[int | None, int, int]]:
-  """`config.data.length_phases` -> [(steps or None for the last, length, P)].
-
-  Each phase is (fraction of num_steps, length) or (fraction, length, P); without P,
-  max_predictions_per_seq scales with the length (BERT: 20 at 128, 80 at 512). No
-  phases: one phase at max_seq_length.
-  """
-  spec = tuple(data_cfg.length_phases)
-  T, P = data_cfg.max_seq_length, data_cfg.max_predictions_per_seq
-  if not spec:
-    return [(None, T, P)]
-  if num_steps is None or num_steps < len(spec):
-    raise ConfigError(f"config.data.length_phases={spec} needs config.train.num_steps >= "
-                      f"{len(spec)} to split the steps")
-  out, fractions = [], []
-  for k, phase in enumerate(spec):
-    if len(phase) not in (2, 3) or not 0 < phase[0] <= 1 or not 8 <= phase[1] <= T:
-      raise ConfigError(f"config.data.length_phases[{k}]={tuple(phase)}: write (fraction "
-                        f"in (0, 1], length in [8, max_seq_length={T}][, predictions])")
-    fractions.append(float(phase[0]))
-    p = int(phase[2]) if len(phase) == 3 else max(1, int(math.ceil(P * phase[1] / T)))
-    out.append((int(round(sum(fractions) * num_steps)) - sum(s for s, _, _ in out),
-                int(phase[1]), min(p, int(phase[1]))))
-  if abs(sum(fractions) - 1.0) > 1e-6:
-    raise ConfigError(f"config.data.length_phases fractions sum to {sum(fractions)}: "
-                      "they must sum to 1 (e.g. ((0.9, 128), (0.1, 512)))")
-  out[-1] = (None, *out[-1][1:])
-  return out
-
-
-def masked_lm_prob_phases(data_cfg, num_steps: int | None) -> list[tuple[int, float]]:
-  """`config.data.masked_lm_prob_phases` -> [(first step, masking rate)], ascending:
-  the rate from that step on (phase k starts at round(sum of the fractions before it *
-  num_steps), as `length_phases` splits the steps). No phases: [(0, masked_lm_prob)]."""
-  spec = tuple(data_cfg.masked_lm_prob_phases)
-  if not spec:
-    return [(0, float(data_cfg.masked_lm_prob))]
-  number = lambda x: isinstance(x, (int, float)) and not isinstance(x, bool)
-  for k, phase in enumerate(spec):
-    if not (isinstance(phase, (tuple, list)) and len(phase) == 2 and all(map(number, phase))
-            and 0 < phase[0] <= 1 and 0 < phase[1] <= 1):
-      raise ConfigError(f"config.data.masked_lm_prob_phases[{k}]={phase!r}: write "
-                        "(fraction of the steps in (0, 1], masking rate in (0, 1])")
-  if num_steps is None or num_steps < len(spec):
-    raise ConfigError(f"config.data.masked_lm_prob_phases={spec} needs "
-                      f"config.train.num_steps >= {len(spec)} to split the steps")
-  out, done = [], 0.0
-  for fraction, rate in spec:
-    out.append((int(round(done * num_steps)), float(rate)))
-    done += float(fraction)
-  if abs(done - 1.0) > 1e-6:
-    raise ConfigError(f"config.data.masked_lm_prob_phases fractions sum to {done}: they "
-                      "must sum to 1 (e.g. ((0.7, 0.3), (0.2, 0.15), (0.1, 0.05)))")
-  return out
 
 
 def _mask_schedule(cfg: masking.MaskingConfig, length: int, first: int,
@@ -504,10 +470,18 @@ def _memory_corpus(spec: str, data_cfg, tokenizer, *, seed: int, k: int, nsp: bo
 def build_pretraining_data(data_cfg, tokenizer, *, batch_size: int, seed: int, nsp: bool,
                            process_index: int = 0, process_count: int = 1,
                            position_offset: int = 0,
-                           num_steps: int | None = None) -> PretrainingData:
+                           num_steps: int | None = None,
+                           batch_schedule: phases_lib.BatchSchedule = (
+                               phases_lib.BatchSchedule()),
+                           phase_inputs: Sequence[dict[str, float]] = ()
+                           ) -> PretrainingData:
   """Builds the training stream and evaluation batches from `config.data`.
 
-  `batch_size` is the per-process batch; with `nsp` the examples are BERT's sentence
+  `batch_size` is the per-process batch (at max_seq_length: the evaluation batches';
+  `batch_schedule` sizes each length phase's from it, by tokens and with a batch-size
+  warm-up, `bertjax.data.phases.stages`); `phase_inputs` gives each length phase's
+  constant per-row model inputs (ModernBERT's `global_rope_theta`; () none). With `nsp`
+  the examples are BERT's sentence
   pairs, otherwise packed rows (`config.data.packing`: RoBERTa's FULL-SENTENCES or
   DOC-SENTENCES; `config.data.isolate_documents` adds segment_ids and position_ids
   starting at `position_offset`, the model's). `config.data.length_phases` splits
@@ -526,6 +500,10 @@ def build_pretraining_data(data_cfg, tokenizer, *, batch_size: int, seed: int, n
   isolate = bool(data_cfg.isolate_documents)
   masking.MaskingConfig.create(data_cfg, tokenizer, np.ones(tokenizer.vocab_size))
   phases = length_phases(data_cfg, num_steps)
+  stages = phases_lib.stages(data_cfg, num_steps, batch_size * process_count,
+                             batch_schedule)
+  if phase_inputs and len(phase_inputs) != len(phases):
+    raise ConfigError(f"{len(phase_inputs)} phase inputs for {len(phases)} length phases")
   rates = masked_lm_prob_phases(data_cfg, num_steps)
   lengths = sorted({t for _, t, _ in phases})
   languages = multilingual.parse_languages(data_cfg.languages) or [
@@ -553,22 +531,32 @@ def build_pretraining_data(data_cfg, tokenizer, *, batch_size: int, seed: int, n
                       f"has no {counts_unit} count ({sizes}): prepare it again")
     weights = tuple(multilingual.sampling_probabilities(
         sizes, data_cfg.language_alpha).tolist())
-  train_phases, masking_phases, first_step = [], [], 0
-  for steps, length, predictions in phases:
+  train_phases, masking_phases = [], []
+  for stage in stages:
+    length, rows = stage.length, stage.rows // process_count
+    if stage.rows % process_count:
+      raise ConfigError(f"the global batch of {stage.rows} rows (from step "
+                        f"{stage.first_step + 1}) does not split over {process_count} "
+                        "processes; make every batch size a multiple of the process count")
     sources = tuple(c.train[length] for c in corpora)
     for (name, spec), source in zip(languages, sources):
-      if len(source) // process_count < batch_size:
+      if len(source) // process_count < rows:
         raise DataError(f"corpus {spec!r} gives {len(source)} training examples of length "
-                        f"{length}, fewer than one batch of {batch_size} on each of "
+                        f"{length}, fewer than one batch of {rows} on each of "
                         f"{process_count} processes: use a smaller batch or a bigger "
                         "corpus")
     schedule = _mask_schedule(
-        dataclasses.replace(mask_cfg, max_predictions_per_seq=predictions), length,
-        first_step, steps, rates, mask_cfg.masked_lm_prob)
-    train_phases.append(Phase(steps, sources, weights, schedule[0][1], tuple(schedule[1:])))
-    masking_phases += [(first_step + b, length, c.masked_lm_prob, c.max_predictions_per_seq)
-                       for b, c in schedule]
-    first_step += steps or 0
+        dataclasses.replace(mask_cfg, max_predictions_per_seq=stage.predictions), length,
+        stage.first_step, stage.steps, rates, mask_cfg.masked_lm_prob)
+    inputs = tuple(sorted(phase_inputs[stage.phase].items())) if phase_inputs else ()
+    train_phases.append(Phase(stage.steps, sources, weights, schedule[0][1],
+                              tuple(schedule[1:]), rows, stage.phase, stage.first_element,
+                              inputs))
+    for b, c in schedule:  # (a stage of the batch-size warm-up changes no masking)
+      if not masking_phases or masking_phases[-1][1:] != (
+          length, c.masked_lm_prob, c.max_predictions_per_seq):
+        masking_phases.append((stage.first_step + b, length, c.masked_lm_prob,
+                               c.max_predictions_per_seq))
   held_out = rows_lib.concatenate([c.held_out for c in corpora])
   first = train_phases[0].sources
   first_length = first[0].dtype["ids"].shape[0]
@@ -596,8 +584,12 @@ def build_pretraining_data(data_cfg, tokenizer, *, batch_size: int, seed: int, n
                                     4),
           "eval_examples": len(held_out),
           "tokens": int(sum(c.counts.sum() for c in corpora)),
-          "phases": [(p.steps, p.sources[0].dtype["ids"].shape[0],
-                      p.mask_cfg.max_predictions_per_seq) for p in train_phases],
+          "phases": [(steps, length, next(p for p, s in zip(train_phases, stages)
+                                          if s.phase == k).mask_cfg.max_predictions_per_seq)
+                     for k, (steps, length, _) in enumerate(phases)],
+          # (first step, length, global rows) of each batch shape, when they vary.
+          **({"batches": [(s.first_step, s.length, s.rows) for s in stages]}
+             if len(stages) > len(phases) or batch_schedule.by_tokens else {}),
           **({"language_weights": dict(zip([n for n, _ in languages],
                                            np.round(weights, 4).tolist()))}
              if weights else {}),

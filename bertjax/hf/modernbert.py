@@ -37,6 +37,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple, Sequence
 
+from absl import logging
 import numpy as np
 
 from bertjax.errors import CheckpointError
@@ -144,7 +145,14 @@ def hf_config(config: ModernBertConfig, architecture: str = "ModernBertForMasked
   """config.json of the Hugging Face model holding `config`: transformers 5's keys
   (layer_types, rope_parameters) and the 4.x ones (global_attn_every_n_layers,
   global/local_rope_theta), which both versions read. `extra` adds keys (token ids,
-  id2label / label2id); bos/eos/cls/sep ids are null unless given."""
+  id2label / label2id); bos/eos/cls/sep ids are null unless given. Training-only
+  fields Hugging Face lacks are left out: `attention_output_dropout` (with a warning
+  when set) and `global_rope_theta_phases` (the model holds its final theta)."""
+  if config.attention_output_dropout:
+    logging.warning(
+        "config.model.attention_output_dropout=%s has no Hugging Face field: config.json "
+        "leaves it out (dropout only trains; the released ModernBERT checkpoints have "
+        "attention_dropout 0).", config.attention_output_dropout)
   rope = lambda theta: {"rope_type": "default", "rope_theta": theta}
   out = {
       "architectures": [architecture], "model_type": MODEL_TYPE,

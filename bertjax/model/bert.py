@@ -234,4 +234,5 @@ FAMILY = Family(
     train_flops=train_flops,
     sequence_features=sequence_features, token_features=token_features,
     output_layer=output_layer, head_dropout=lambda config: config.dropout_rate,
-    slot_features=slot_features)
+    slot_features=slot_features,
+    phase_inputs=lambda config, lengths: [{} for _ in lengths])  # trains at any length

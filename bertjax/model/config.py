@@ -70,6 +70,7 @@ class FamilyConfig:
     unknown = set(d) - fields
     if unknown:
       raise ConfigError(f"Unknown config.model fields {sorted(unknown)}; known: {sorted(fields)}.")
+    d = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}  # JSON lists
     for key in ("dtype", "param_dtype"):
       if isinstance(d.get(key), str):
         d[key] = dtype_of(d[key], f"config.model.{key}")

@@ -10,7 +10,7 @@ Shapes: B batch, T length, E hidden, K slots of a packed row.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import flax.linen as nn
 import jax
@@ -30,9 +30,9 @@ class Family:
   pretraining: the encoder with its pretraining heads, an `nn.Module` class built from
     the config: `__call__(input_ids, attention_mask, token_type_ids,
     masked_lm_positions, position_ids, segment_ids, span_left_positions,
-    span_right_positions, span_relative_positions, deterministic)` -> {'mlm_logits'
-    [B, P, V], 'nsp_logits' [B, 2] with NSP, 'sbo_logits' with SBO}; `encode(...)`;
-    `init_params(rng)`; its encoder's parameters under 'encoder'.
+    span_right_positions, span_relative_positions, deterministic, **phase inputs)` ->
+    {'mlm_logits' [B, P, V], 'nsp_logits' [B, 2] with NSP, 'sbo_logits' with SBO};
+    `encode(...)`; `init_params(rng)`; its encoder's parameters under 'encoder'.
   encoder: the encoder alone (the fine-tuning trunk): `__call__(input_ids,
     attention_mask, token_type_ids, position_ids, segment_ids, deterministic,
     output_hidden_states)` -> {'last_hidden_state' [B, T, E], 'hidden_states'
@@ -54,6 +54,10 @@ class Family:
     packed in each row, one row each: {'last_hidden_state' [B*K, 1, E],
     'attention_mask' [B*K, 1], ...} (`batch['cls_positions']` [B, K], 'segment_ids'),
     for heads that predict one thing per example.
+  phase_inputs: (config, lengths) -> for each pretraining length phase (its row
+    length, in order) the constant per-row inputs its batches carry to the model
+    ({name: value}, e.g. ModernBERT's `global_rope_theta`; {} none), after a one-line
+    ConfigError if the model cannot train at a length.
   """
 
   name: str
@@ -68,3 +72,4 @@ class Family:
   output_layer: Callable[[Any, int, str], nn.Dense]
   head_dropout: Callable[[Any], float]
   slot_features: Callable[[Any, nn.Module, dict, dict], dict]
+  phase_inputs: Callable[[Any, Sequence[int]], list[dict[str, float]]]

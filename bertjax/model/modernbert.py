@@ -26,6 +26,15 @@ mmBERT), exact to Hugging Face's `transformers.ModernBertForMaskedLM` (v5.24).
 - Packed rows: `segment_ids` [B, T] isolate documents and, without explicit
   `position_ids`, restart the rotary positions at 0 in each document, as the authors'
   unpadded training does (flash-attention varlen with `cu_seqlens`).
+- The authors' pretraining, beyond Hugging Face's config: `attention_output_dropout`
+  drops Wo's output only (their `attn_out_dropout_prob` 0.1; Hugging Face's
+  `attention_dropout` drops the probabilities too, and with them the fast kernels);
+  `global_rope_theta_phases` gives the global layers' theta in each pretraining length
+  phase (10k at 1,024 tokens, 160k from the 8,192-token context extension on). The
+  phase's batches carry it per row as `global_rope_theta` [B] (`phase_inputs`), as they
+  carry positions and document ids: the theta is a function of the step through the
+  data position, restores with it, and evaluation, fine-tuning, inference and export,
+  which pass none, use the config's `global_rope_theta`, the final one.
 
 Parameters are Hugging Face's names (see `bertjax.hf.modernbert`). With
 `scan_layers`, block 0 (which has no attention norm) stays `encoder/layer_0` and blocks
@@ -38,7 +47,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Sequence
 
 import flax.linen as nn
 import jax
@@ -90,10 +99,18 @@ class ModernBertConfig(FamilyConfig):
   decoder_bias: bool = True  # the MLM vocabulary bias
   global_attn_every_n_layers: int = 3  # block i is global iff i % n == 0
   local_attention: int = 128  # the local window, even: local_attention // 2 each side
-  global_rope_theta: float = 160_000.0
+  global_rope_theta: float = 160_000.0  # the final one: inference and export use it
   local_rope_theta: float = 10_000.0
+  # Training only: the global layers' theta in each pretraining length phase
+  # (config.data.length_phases; ModernBERT: 10k at 1,024, then 160k), carried by the
+  # phase's batches as `global_rope_theta`; the last must be `global_rope_theta`.
+  # (): global_rope_theta throughout.
+  global_rope_theta_phases: tuple[float, ...] = ()
   embedding_dropout: float = 0.0
   attention_dropout: float = 0.0  # attention probabilities and the Wo output
+  # Dropout on the Wo output only (the authors' attn_out_dropout_prob, 0.1 in
+  # pretraining); Hugging Face has no such field (export drops it with a warning).
+  attention_output_dropout: float = 0.0
   mlp_dropout: float = 0.0
   classifier_dropout: float = 0.0
   hidden_activation: str = "gelu"  # a key of ACTIVATIONS (GeGLU's)
@@ -124,10 +141,23 @@ class ModernBertConfig(FamilyConfig):
     if self.local_attention < 2 or self.local_attention % 2:
       raise ConfigError(f"config.model.local_attention={self.local_attention} must be even "
                         "and >= 2 (it spans local_attention // 2 tokens each side).")
-    for name in ("embedding_dropout", "attention_dropout", "mlp_dropout",
-                 "classifier_dropout"):
+    for name in ("embedding_dropout", "attention_dropout", "attention_output_dropout",
+                 "mlp_dropout", "classifier_dropout"):
       if not 0 <= getattr(self, name) < 1:
         raise ConfigError(f"config.model.{name}={getattr(self, name)} must lie in [0, 1).")
+    if self.attention_dropout and self.attention_output_dropout:
+      raise ConfigError(
+          f"config.model.attention_dropout={self.attention_dropout} and "
+          f"attention_output_dropout={self.attention_output_dropout}: set one (the first "
+          "drops probabilities and the Wo output, Hugging Face's; the second the output "
+          "only, the authors' pretraining).")
+    phases = self.global_rope_theta_phases
+    if phases and not (all(isinstance(t, (int, float)) and t > 0 for t in phases)
+                       and phases[-1] == self.global_rope_theta):
+      raise ConfigError(
+          f"config.model.global_rope_theta_phases={phases}: positive thetas, one per "
+          f"length phase, the last equal to config.model.global_rope_theta="
+          f"{self.global_rope_theta} (what inference and export use).")
     for name in ("norm_eps", "initializer_range", "initializer_cutoff_factor",
                  "global_rope_theta", "local_rope_theta"):
       if not getattr(self, name) > 0:
@@ -175,6 +205,25 @@ def check_window(cfg: ModernBertConfig, length: int,
     raise ConfigError(f"config.model.local_attention={cfg.local_attention} exceeds "
                       f"{field}={length}: the local layers would see whole rows; lower "
                       "config.model.local_attention (even, >= 2) or use longer rows.")
+
+
+def phase_inputs(cfg: ModernBertConfig, lengths: Sequence[int]) -> list[dict[str, float]]:
+  """Pretraining's length phases (their row lengths, in order) -> each phase's constant
+  per-row model inputs: {'global_rope_theta': theta} from `global_rope_theta_phases`
+  (the authors raise it from 10k to 160k with the 8,192-token context), else {}.
+  One-line ConfigErrors: a local window longer than a phase's rows (`check_window`), a
+  theta count that is not the phase count."""
+  for k, length in enumerate(lengths):
+    check_window(cfg, length, f"config.data.length_phases[{k}]'s length"
+                 if len(lengths) > 1 else "config.data.max_seq_length")
+  thetas = cfg.global_rope_theta_phases
+  if not thetas:
+    return [{} for _ in lengths]
+  if len(thetas) != len(lengths):
+    raise ConfigError(f"config.model.global_rope_theta_phases={thetas} has {len(thetas)} "
+                      f"thetas for {len(lengths)} length phases (config.data."
+                      "length_phases): give one per phase, or () for one theta.")
+  return [{"global_rope_theta": float(t)} for t in thetas]
 
 
 # ---- Initialisers (Hugging Face's `ModernBertPreTrainedModel._init_weights`) ------
@@ -234,11 +283,18 @@ def document_positions(segment_ids: jax.Array) -> jax.Array:
   return idx - jax.lax.cummax(jnp.where(starts, idx, 0), axis=1)
 
 
-def rotary_tables(position_ids: jax.Array, head_dim: int, theta: float, dtype
+def rotary_tables(position_ids: jax.Array, head_dim: int, theta, dtype
                   ) -> tuple[jax.Array, jax.Array]:
-  """[B, T] positions -> (cos, sin), each [B, T, D] in `dtype` (angles in float32)."""
-  inv_freq = 1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.float32) / head_dim))
-  angles = position_ids.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq, jnp.float32)
+  """[B, T] positions -> (cos, sin), each [B, T, D] in `dtype` (angles in float32).
+  `theta`: a float (the config's: Hugging Face's numerics), or [B] per row (a length
+  phase's `global_rope_theta` in pretraining)."""
+  exponents = np.arange(0, head_dim, 2, dtype=np.float32) / head_dim
+  if isinstance(theta, (int, float)):
+    inv_freq = jnp.asarray(1.0 / (theta ** exponents), jnp.float32)  # [D/2]
+  else:
+    inv_freq = 1.0 / jnp.power(jnp.asarray(theta, jnp.float32)[:, None, None],
+                               exponents)  # [B, 1, D/2]
+  angles = position_ids.astype(jnp.float32)[..., None] * inv_freq
   angles = jnp.concatenate([angles, angles], axis=-1)
   return jnp.cos(angles).astype(dtype), jnp.sin(angles).astype(dtype)
 
@@ -320,7 +376,8 @@ class Attention(nn.Module):
     shape = (cfg.num_heads, cfg.head_dim, cfg.hidden_size)
     out = _einsum(cfg, shape, ("heads", "kv", "embed"), cfg.attention_bias, "out",
                   "Wo")(out, "BTND,NDE->BTE")
-    return nn.Dropout(cfg.attention_dropout)(out, deterministic=deterministic)
+    rate = cfg.attention_output_dropout or cfg.attention_dropout
+    return nn.Dropout(rate)(out, deterministic=deterministic)
 
 
 class GeGLU(nn.Module):
@@ -399,11 +456,13 @@ class ModernBertEncoder(nn.Module):
 
   def __call__(self, input_ids, attention_mask=None, token_type_ids=None,
                position_ids=None, segment_ids=None, deterministic: bool = True,
-               output_hidden_states: bool = False):
+               output_hidden_states: bool = False, global_rope_theta=None):
     """input_ids [B, T] int; attention_mask [B, T] (1 real, 0 pad; default: ids !=
     pad_token_id); token_type_ids: ignored (ModernBERT has no segment embeddings);
     position_ids [B, T] rotary positions (default: 0..T-1, or restarting in each
-    document of `segment_ids`); segment_ids [B, T] document ids of a packed row.
+    document of `segment_ids`); segment_ids [B, T] document ids of a packed row;
+    global_rope_theta [B] float: the global layers' rotary theta per row (a pretraining
+    length phase's, `phase_inputs`; default the config's `global_rope_theta`).
 
     Returns {'last_hidden_state': [B, T, E]} (after the final norm) and, with
     `output_hidden_states`, 'hidden_states' [L+1, B, T, E]: the embedding output and
@@ -417,7 +476,8 @@ class ModernBertEncoder(nn.Module):
       position_ids = (jnp.broadcast_to(jnp.arange(input_ids.shape[1]), input_ids.shape)
                       if segment_ids is None else document_positions(segment_ids))
     tables = tuple(rotary_tables(position_ids, cfg.head_dim, theta, cfg.dtype)
-                   for theta in (cfg.global_rope_theta, cfg.local_rope_theta))
+                   for theta in (cfg.global_rope_theta if global_rope_theta is None
+                                 else global_rope_theta, cfg.local_rope_theta))
     context = (attention_mask, segment_ids, tables)
     x = self.embeddings(input_ids, deterministic)
     hidden = [x[None]]
@@ -481,17 +541,19 @@ class ModernBertForPreTraining(nn.Module):
   def __call__(self, input_ids, attention_mask=None, token_type_ids=None,
                masked_lm_positions=None, position_ids=None, segment_ids=None,
                span_left_positions=None, span_right_positions=None,
-               span_relative_positions=None, deterministic: bool = True):
-    """masked_lm_positions: [B, P] indices into T (None: every position, P = T). The
-    span inputs belong to SpanBERT's SBO head, which ModernBERT lacks: passing them is
-    a ConfigError. Returns {'mlm_logits': [B, P, V] float32}."""
+               span_relative_positions=None, deterministic: bool = True,
+               global_rope_theta=None):
+    """masked_lm_positions: [B, P] indices into T (None: every position, P = T);
+    global_rope_theta [B]: see `ModernBertEncoder`. The span inputs belong to
+    SpanBERT's SBO head, which ModernBERT lacks: passing them is a ConfigError. Returns
+    {'mlm_logits': [B, P, V] float32}."""
     if any(s is not None for s in (span_left_positions, span_right_positions,
                                    span_relative_positions)):
       raise ConfigError("config.model.family='modernbert' has no span-boundary (SBO) "
                         "head; set config.model.sbo=False (and the data's span masking "
                         "without SBO targets).")
     out = self.encoder(input_ids, attention_mask, token_type_ids, position_ids,
-                       segment_ids, deterministic)
+                       segment_ids, deterministic, global_rope_theta=global_rope_theta)
     x = out["last_hidden_state"]
     if masked_lm_positions is not None:
       x = jnp.take_along_axis(x, masked_lm_positions[..., None].astype(jnp.int32), axis=1)
@@ -634,4 +696,4 @@ FAMILY = Family(
     train_flops=train_flops,
     sequence_features=sequence_features, token_features=token_features,
     output_layer=classifier, head_dropout=lambda cfg: cfg.classifier_dropout,
-    slot_features=slot_features)
+    slot_features=slot_features, phase_inputs=phase_inputs)

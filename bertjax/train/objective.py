@@ -4,7 +4,8 @@ Batch keys (global arrays, leading dim B): input_ids, attention_mask, token_type
 [B, T]; masked_lm_positions, masked_lm_ids, masked_lm_weights [B, P];
 next_sentence_labels [B] (NSP only); optionally position_ids, segment_ids [B, T];
 span_left_positions, span_right_positions, span_relative_positions [B, P] (SBO only:
-the SBO loss is the mean cross-entropy of the same targets as the MLM loss).
+the SBO loss is the mean cross-entropy of the same targets as the MLM loss);
+global_rope_theta [B] (a length phase's input, `Family.phase_inputs`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from bertjax.train.step import Objective
 
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids", "masked_lm_positions",
                 "position_ids", "segment_ids", "span_left_positions",
-                "span_right_positions", "span_relative_positions")
+                "span_right_positions", "span_relative_positions",
+                "global_rope_theta")  # [B]: a length phase's (ModernBERT)
 
 
 def objective(model: nn.Module) -> Objective:

@@ -19,7 +19,7 @@ from jax.experimental import multihost_utils
 
 from bertjax.checkpoint import files, workdir as workdir_lib
 from bertjax.console import progress
-from bertjax.data import multilingual, pipeline
+from bertjax.data import multilingual, phases, pipeline
 from bertjax.data import tokenizer as tok_lib
 from bertjax.errors import ConfigError, at_least
 from bertjax import model as model_lib
@@ -111,10 +111,23 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   if t.warmup_steps >= t.num_steps:
     raise ConfigError(f"config.train.warmup_steps={t.warmup_steps} must be smaller than "
                       f"config.train.num_steps={t.num_steps}.")
+  at_least("train.batch_warmup_tokens", t.batch_warmup_tokens, 0)
+  if t.batch_warmup_tokens:
+    at_least("train.batch_warmup_sizes", t.batch_warmup_sizes, 1)
   trainer_lib.check_config(config)
   at_least("train.eval_every", t.eval_every, 1)
   at_least("train.eval_batches", t.eval_batches, 0)
   pipeline.check_config(config.data, model, t.num_steps)
+  phases.stages(config.data, t.num_steps, t.batch_size, phases.BatchSchedule.from_config(t))
+  phase_inputs(config)
+
+
+def phase_inputs(config: ml_collections.ConfigDict) -> list[dict[str, float]]:
+  """Each length phase's constant per-row model inputs (`Family.phase_inputs`: a
+  one-line ConfigError when the model cannot train at a phase's length)."""
+  lengths = [t for _, t, _ in phases.length_phases(config.data, config.train.num_steps)]
+  model = model_lib.config_from(config.model)
+  return model_lib.family_of(config.model).phase_inputs(model, lengths)
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
@@ -125,12 +138,17 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   workdir_lib.save_config(workdir, config)
   setup = state_lib.build_trainer(config)
   model = setup.model.config
+  batches = phases.BatchSchedule.from_config(config.train)
+  phases.check_divisible(
+      phases.stages(config.data, config.train.num_steps, config.train.batch_size, batches),
+      mesh_lib.data_parallel_size(setup.mesh, setup.rules), config.train.grad_accum_steps)
   tokenizer = get_tokenizer(config, workdir)
   data = pipeline.build_pretraining_data(
       config.data, tokenizer, batch_size=config.train.batch_size // jax.process_count(),
       seed=config.seed, nsp=model.nsp, process_index=jax.process_index(),
       process_count=jax.process_count(), position_offset=model.position_offset,
-      num_steps=config.train.num_steps)
+      num_steps=config.train.num_steps, batch_schedule=batches,
+      phase_inputs=phase_inputs(config))
   trainer = Trainer(setup, config, workdir)
   trainer.info("Data: %s", data.stats)
   trainer.info("Model: %s parameters; mesh %s.",
