@@ -78,3 +78,20 @@ def test_byte_level_bpe(tmp_path):
   assert tok.mask_id in ids and tok.unk_id not in ids  # Bytes spell anything.
   assert tok.decode(ids) == text.replace(" <mask>", "<mask>")
   assert tok.tokenize("Python") != tok.tokenize("python")  # Cased.
+
+
+@pytest.mark.parametrize("kind", ["wordpiece", "byte_level_bpe"])
+def test_training_gives_the_same_vocabulary_in_every_process(kind):
+  """tokenizers numbers WordPiece's '##' pieces in hash-map order, which differs from
+  process to process (huggingface/tokenizers#1794): `train_tokenizer` numbers them first,
+  so three processes train the same vocabulary on the embedded corpus."""
+  code = ("import hashlib; from bertjax.data import sources; "
+          "from bertjax.data.tokenizer import train_tokenizer; "
+          "docs = sources.load_documents('embedded'); "
+          f"tok = train_tokenizer([s for d in docs for s in d], kind={kind!r}, "
+          "vocab_size=2048, lowercase=True); "
+          "print(hashlib.sha1(' '.join(tok.id_to_token(i) for i in range(tok.vocab_size))"
+          ".encode()).hexdigest())")
+  digests = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            check=True).stdout.strip() for _ in range(3)}
+  assert len(digests) == 1, digests

@@ -466,6 +466,16 @@ def load_tokenizer(path: str) -> Tokenizer:
 KINDS = ("wordpiece", "sentencepiece", "byte_level_bpe")  # what train_tokenizer trains
 
 
+def _continuing_pieces(tok: tokenizers.Tokenizer, texts: list[str]) -> list[str]:
+  """'##c' for every character c that continues a word of `texts` as `tok` normalises
+  and pre-tokenises them (the pieces WordPiece's trainer starts from), sorted."""
+  chars = set()
+  for text in texts:
+    for word, _ in tok.pre_tokenizer.pre_tokenize_str(tok.normalizer.normalize_str(text)):
+      chars.update(word[1:])
+  return ["##" + c for c in sorted(chars)]
+
+
 def train_tokenizer(texts: Iterable[str], kind: str = "wordpiece", vocab_size: int = 30522,
                     lowercase: bool = True, model_type: str = "unigram",
                     character_coverage: float = 0.9995) -> Tokenizer:
@@ -494,10 +504,18 @@ def train_tokenizer(texts: Iterable[str], kind: str = "wordpiece", vocab_size: i
                                                   normalized=False)])
     return Tokenizer(_HFBackend(tok), "roberta")
   if kind == "wordpiece":
+    texts = list(texts)
     tok = _bert_pipeline(tokenizers.Tokenizer(models.WordPiece(unk_token="[UNK]")), lowercase)
-    trainer = trainers.WordPieceTrainer(vocab_size=vocab_size,
-                                        special_tokens=list(_BERT_SPECIALS))
+    # The trainer numbers the '##' pieces it creates in hash-map order, and ties between
+    # merges are broken by those numbers: the vocabulary changed from run to run
+    # (huggingface/tokenizers#1794). Given first, sorted, every '##' piece has its number
+    # before training starts, and the training is deterministic.
+    trainer = trainers.WordPieceTrainer(
+        vocab_size=vocab_size, special_tokens=[*_BERT_SPECIALS, *_continuing_pieces(tok, texts)])
     tok.train_from_iterator(texts, trainer)
+    # The pieces were given as special tokens: rebuild them as ordinary vocabulary.
+    tok = _bert_pipeline(tokenizers.Tokenizer(models.WordPiece(
+        tok.get_vocab(), unk_token="[UNK]")), lowercase)
     _add_specials(tok, _BERT_SPECIALS)
     return Tokenizer(_HFBackend(tok), "bert")
   if kind == "sentencepiece":
