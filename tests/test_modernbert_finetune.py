@@ -118,6 +118,29 @@ def test_task_heads_equal_transformers_on_the_same_weights(case, tmp_path):
   assert np.abs(ours - ref).max() < 1e-5
 
 
+def test_head_dropout_is_classifier_dropout():
+  """In training the head drops out its transformed features at `classifier_dropout`
+  (Hugging Face's `drop` after `head`), and nothing else drops out when the encoder's
+  rates are 0."""
+  task = get_task("classification")(glue.get_config("sst2").task, None, T)
+  task.labels = ["0", "1"]
+  ids = np.random.default_rng(0).integers(0, 600, (4, T)).astype(np.int32)
+  batch = {"input_ids": ids, "attention_mask": np.ones_like(ids),
+           "token_type_ids": np.zeros_like(ids)}
+
+  def logits(dropout, deterministic):
+    cfg = hf_modernbert_table.model_config_from_hf(
+        hf_config(classifier_dropout=dropout).to_dict())
+    model = base.FinetuneModel(cfg, task.head(cfg))
+    params = model.init(jax.random.key(0), batch)["params"]
+    return np.asarray(model.apply({"params": params}, batch, deterministic=deterministic,
+                                  rngs={"dropout": jax.random.key(1)})["logits"])
+
+  np.testing.assert_array_equal(logits(0.0, False), logits(0.0, True))
+  assert np.abs(logits(0.5, False) - logits(0.5, True)).max() > 1e-3
+  np.testing.assert_array_equal(logits(0.5, True), logits(0.0, True))
+
+
 # ---- Packed rows -------------------------------------------------------------------
 
 @pytest.mark.parametrize("case", ["sst2_cls", "sst2_mean", "ner"])
