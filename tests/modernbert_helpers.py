@@ -14,9 +14,11 @@ from __future__ import annotations
 import json
 import os
 
+import jax.numpy as jnp
+import ml_collections
 import numpy as np
 
-from configs import modernbert_base
+from bertjax.model import modernbert as mb
 from tests.helpers import tiny_config
 from tests.tasks_helpers import fixture
 
@@ -104,10 +106,12 @@ def hf_outputs(model, ids: np.ndarray, mask: np.ndarray, **kwargs):
 
 
 def model_section(**overrides):
-  """config.model of the tiny encoder (configs/modernbert_base.py's fields), float32."""
-  m = modernbert_base.model_config()
-  m.update(dict(SIZES, vocab_size=VOCAB, pad_token_id=PAD, dtype="float32", **overrides))
-  return m
+  """config.model of the tiny encoder, float32: every field of the family's dataclass
+  at its default (Hugging Face's ModernBertConfig's; the recipes' training-only
+  settings off), the sizes and the tokenizer's padding id set."""
+  return ml_collections.ConfigDict(mb.ModernBertConfig(
+      **{**SIZES, "vocab_size": VOCAB, "pad_token_id": PAD, "dtype": jnp.float32,
+         **overrides}).to_dict())
 
 
 def pretrain_config(tokenizer_dir: str, **train):
