@@ -9,9 +9,17 @@ import argparse
 
 from bertjax.checkpoint import pretrained as pretrained_lib, workdir
 from bertjax.console import cli
+from bertjax.errors import CheckpointError
 from bertjax.hf import convert
-from bertjax import model
 from bertjax.tasks import finetuned
+
+
+def _is_workdir(path: str) -> bool:
+  """Whether `path` is a bertjax workdir (its config.json has a model section)."""
+  try:
+    return "model" in workdir.load_config(path)
+  except CheckpointError:  # no config.json: load_pretrained names what it is not
+    return False
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -25,9 +33,12 @@ def main(argv: list[str] | None = None) -> None:
   parser.add_argument("--dst", required=True)
   args = parser.parse_args(argv)
   with cli.one_line_errors():
-    if args.to == "hf" and workdir.is_finetuned(args.src):  # checked before the weights
-      family = model.family_of(workdir.load_config(args.src).model).name
-      convert.check_exportable(workdir.task_info(args.src)["name"], family)
+    if args.to == "hf" and _is_workdir(args.src):
+      family = workdir.saved_model(args.src).family  # checked before the weights
+      convert.family_table(family)
+      if workdir.is_finetuned(args.src):
+        convert.check_exportable(workdir.task_info(args.src)["name"], family)
+    if args.to == "hf" and workdir.is_finetuned(args.src):
       kind = convert.save_hf_finetuned(args.dst, finetuned.load_finetuned(args.src))
     elif args.to == "hf":
       pretrained = pretrained_lib.load_pretrained(args.src)

@@ -1,4 +1,5 @@
-"""Contextual embeddings from any bertjax workdir or Hugging Face BERT/RoBERTa/XLM-R dir.
+"""Contextual embeddings from any bertjax workdir or Hugging Face encoder dir (BERT,
+RoBERTa, XLM-R, ModernBERT).
 
     python -m bertjax.embed --checkpoint=DIR --input=texts.txt --out=vectors.npz \
         [--level=word|token|sentence] [--layers=last|mean4|sum4|concat4|K] [--pool=...]

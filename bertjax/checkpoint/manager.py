@@ -107,7 +107,9 @@ class Checkpointer:
     for the fields present: one the step lacks (a state written before the field
     existed, or by `bertjax.hf.convert`, which saves parameters only) is left out, for the
     caller to initialise; a step without the `params` the target asks for is
-    unreadable (a CheckpointError, never a silent fresh start)."""
+    unreadable (a CheckpointError, never a silent fresh start). A parameters-only step
+    (no optimizer state: `save_workdir`'s) has no data position either: the iterator
+    then stays at its start; any other step without one is unreadable."""
     try:
       saved = set(self.manager.item_metadata(step)["state"].tree)
       if "params" in target and "params" not in saved:  # Never a silent fresh start.
@@ -116,8 +118,11 @@ class Checkpointer:
       items = {"state": ocp.args.PyTreeRestore(
           item=present, restore_args=ocp.checkpoint_utils.construct_restore_args(present),
           partial_restore=True)}
-      other_count = data_iterator is not None and self._data_files(step)
-      if data_iterator is not None and not other_count:
+      has_data = (self.directory / str(step) / "data").exists()
+      if data_iterator is not None and not has_data and "opt_state" in saved:
+        raise ValueError("it has an optimizer state but no data-iterator position")
+      other_count = data_iterator is not None and has_data and self._data_files(step)
+      if data_iterator is not None and has_data and not other_count:
         items["data"] = grain.checkpoint.CheckpointRestore(data_iterator)
       restored = self.manager.restore(step, args=ocp.args.Composite(**items))
     except Exception as e:  # orbax raises many types for unreadable files.

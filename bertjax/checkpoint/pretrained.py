@@ -130,13 +130,37 @@ class Pretrained:
 def _finetuned_encoder(path: str) -> tuple[Any, dict, TaskHead]:
   run = workdir.open_finetuned(path)
   head = TaskHead(run.task["name"], list(run.task["labels"]), run.params["head"])
-  return (model_lib.config_from(run.config.model), {"encoder": run.params["encoder"]},
+  return (run.model, {"encoder": run.params["encoder"]},
           head)
 
 
 def _pretraining_workdir(path: str) -> tuple[Any, Any]:
-  return (model_lib.config_from(workdir.load_config(path).model),
-          workdir.restore_params(path))
+  return workdir.saved_model(path), workdir.restore_params(path)
+
+
+def _config_json(path: str) -> dict:
+  """The config.json of a Hugging Face model dir (with its model_type) or of a bertjax
+  workdir (with a model section), else a one-line CheckpointError."""
+  config_path = os.path.join(path, files.CONFIG_FILE)
+  if not os.path.isfile(config_path):
+    what = "does not exist" if not os.path.exists(path) else "has no config.json"
+    raise CheckpointError(f"{path} {what}: give a Hugging Face model dir or a bertjax "
+                          "workdir.")
+  with open(config_path) as f:
+    raw = json.load(f)
+  if "model_type" not in raw and not isinstance(raw.get("model"), dict):
+    raise CheckpointError(f"{config_path} is neither a Hugging Face config (model_type) "
+                          "nor a bertjax config (a model section).")
+  return raw
+
+
+def checkpoint_family(path: str) -> str:
+  """The model family (`bertjax.model.FAMILIES`) of what `load_pretrained(path)` reads,
+  from its config.json alone (no weights are read)."""
+  raw = _config_json(os.fspath(path))
+  if "model_type" in raw:
+    return convert.table_of(raw).FAMILY
+  return workdir.saved_model(os.fspath(path)).family
 
 
 def load_pretrained(path: str, dtype: str = "float32") -> Pretrained:
@@ -147,22 +171,13 @@ def load_pretrained(path: str, dtype: str = "float32") -> Pretrained:
   `dtype`."""
   path = os.fspath(path)
   dtype = dtype_of(dtype, "dtype")
-  config_path = os.path.join(path, files.CONFIG_FILE)
-  if not os.path.isfile(config_path):
-    what = "does not exist" if not os.path.exists(path) else "has no config.json"
-    raise CheckpointError(f"{path} {what}: give a Hugging Face model dir or a bertjax "
-                          "workdir.")
-  with open(config_path) as f:
-    raw = json.load(f)
+  raw = _config_json(path)
   if "model_type" in raw:
     convert.check_supported(raw)
     tokenizer, vocab_size, load = load_tokenizer(path), raw["vocab_size"], convert.load_hf
-  elif isinstance(raw.get("model"), dict):
+  else:
     tokenizer, vocab_size = workdir.load_tokenizer(path), raw["model"]["vocab_size"]
     load = _finetuned_encoder if workdir.is_finetuned(path) else _pretraining_workdir
-  else:
-    raise CheckpointError(f"{config_path} is neither a Hugging Face config (model_type) "
-                          "nor a bertjax config (a model section).")
   if tokenizer.vocab_size > vocab_size:  # before the weights
     raise CheckpointError(
         f"{path}: the tokenizer has {tokenizer.vocab_size} ids but the checkpoint's "

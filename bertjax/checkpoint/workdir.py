@@ -33,6 +33,11 @@ def save_config(workdir: str, config: ml_collections.ConfigDict) -> None:
     new = json.loads(config.to_json())
     old_model, new_model = saved.get("model", {}), new["model"]
     old_model.setdefault("family", "bert")  # written before bertjax had model families
+    if model_lib.family_of(new_model).name != old_model["family"]:
+      raise CheckpointError(
+          f"{workdir} holds a run of the {old_model['family']!r} model family but "
+          f"config.model.family={model_lib.family_of(new_model).name!r}: resume with "
+          "the run's config (its config.json) or use a new --workdir.")
     # A model field added to bertjax after the run started counts at its default value.
     defaults = model_lib.family_of(old_model).config().to_dict()
     old = lambda k: old_model.get(k, defaults.get(k))
@@ -74,6 +79,20 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
     raise CheckpointError(f"{workdir} has no {files.CONFIG_FILE}: it is not a bertjax "
                           "workdir.")
   return ml_collections.ConfigDict(json.loads(path.read_text()))
+
+
+def saved_model(workdir: str, config: ml_collections.ConfigDict | None = None) -> Any:
+  """The model config dataclass of a workdir (its config.json, or `config` when already
+  read), or a one-line CheckpointError when the workdir's model family is not one of
+  this bertjax's (`bertjax.model.FAMILIES`)."""
+  config = load_config(workdir) if config is None else config
+  name = config.model["family"] if "family" in config.model else "bert"  # pre-families
+  if name not in model_lib.FAMILIES:
+    raise CheckpointError(
+        f"{workdir} holds a model of family {name!r}, which this bertjax does not have "
+        f"({', '.join(sorted(model_lib.FAMILIES))}): use the bertjax version that wrote "
+        "it.")
+  return model_lib.config_from(config.model)
 
 
 def load_tokenizer(workdir: str) -> tok_lib.Tokenizer:
@@ -121,12 +140,14 @@ def restore_params(workdir: str, step: int | None = None, shardings: Any = None)
 
 @dataclasses.dataclass
 class FinetunedRun:
-  """What a fine-tuning workdir holds: its run `config` (config.json), `task`
-  (task.json: name, labels, num_steps), `tokenizer` and, when read, `params`
-  ({'encoder', 'head'} of the newest checkpoint, on the default device)."""
+  """What a fine-tuning workdir holds: its run `config` (config.json), the encoder's
+  `model` config (`saved_model`), `task` (task.json: name, labels, num_steps),
+  `tokenizer` and, when read, `params` ({'encoder', 'head'} of the newest checkpoint,
+  on the default device)."""
 
   path: str
   config: ml_collections.ConfigDict
+  model: Any
   task: dict[str, Any]
   tokenizer: tok_lib.Tokenizer
   params: Any = None
@@ -138,5 +159,6 @@ def open_finetuned(path: str, read_params: bool = True) -> FinetunedRun:
   and `load_pretrained` of a fine-tuned encoder (init_from, embed, fill_mask)."""
   path = os.fspath(path)
   task = task_info(path)
-  return FinetunedRun(path, load_config(path), task, load_tokenizer(path),
+  config = load_config(path)
+  return FinetunedRun(path, config, saved_model(path, config), task, load_tokenizer(path),
                       restore_params(path) if read_params else None)

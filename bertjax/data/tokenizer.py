@@ -67,6 +67,7 @@ class _HFBackend:
     tok.no_padding()
     self.tok = tok
     self.vocab_size = tok.get_vocab_size(with_added_tokens=True)
+    self.wordpiece = isinstance(tok.model, models.WordPiece)  # '##' continuations
     self._words: dict[str, tuple[int, ...]] | None = (
         {} if _splits_at_whitespace(tok) else None)
 
@@ -111,6 +112,7 @@ class _SentencePieceBackend:
   """
 
   FAIRSEQ = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3}
+  wordpiece = False  # words start at '▁'
 
   def __init__(self, proto: bytes):
     self.proto = proto
@@ -271,10 +273,11 @@ class Tokenizer:
     """[vocab] bool: True where a token begins a word (whole-word and span masking).
 
     WordPiece: every token except `##` continuations; SentencePiece: pieces starting
-    with '▁'; byte-level BPE: tokens starting with 'Ġ'. Special tokens start words.
+    with '▁'; byte-level BPE: tokens starting with 'Ġ' (whatever the special tokens'
+    style: ModernBERT's BPE has BERT's [CLS] / [SEP]). Special tokens start words.
     """
     tokens = [self._backend.id_to_token(i) or "" for i in range(self.vocab_size)]
-    if self.style == "bert":
+    if self._backend.wordpiece:
       starts = np.array([not t.startswith("##") for t in tokens])
     else:
       starts = np.array([t.startswith(("▁", "Ġ")) for t in tokens])

@@ -23,6 +23,7 @@ from bertjax.model.config import ModelConfig
 
 FAMILY = "bert"  # bertjax.model.FAMILIES
 MODEL_TYPES = ("bert", "roberta", "xlm-roberta")  # config.json model_type
+TOKENIZER_JSON = False  # vocab.txt, vocab.json + merges.txt or a SentencePiece model serve
 _WORD_EMBEDDINGS = "embeddings.word_embeddings.weight"
 
 

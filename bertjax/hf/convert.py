@@ -4,6 +4,8 @@ names its `model_type`, which picks the family's table (`TABLES`: `bert.py`,
 `save_hf_finetuned`) through `files.py`.
 
 A family's table module holds FAMILY (its `bertjax.model.FAMILIES` name), MODEL_TYPES,
+TASK_CLASSES (the bertjax tasks it exports), TOKENIZER_JSON (whether transformers'
+AutoTokenizer reads that model type's tokenizer from tokenizer.json only),
 `check_supported(config.json)`, `load(config.json, state dict) -> (config, params,
 task or None)`, `export_pretrained(params, config, tokenizer, tokenizer kind)` and
 `export_finetuned(finetuned, tokenizer kind)`, both -> (config.json, state dict).
@@ -33,8 +35,14 @@ def table_of(hf_config: dict[str, Any]):
 
 
 def family_table(family: str):
-  """The table of a bertjax model family."""
-  return next(table for table in TABLES if table.FAMILY == family)
+  """The table of a bertjax model family, or a one-line CheckpointError when the family
+  has none (a family of `bertjax.model.FAMILIES` without its file in bertjax/hf/)."""
+  for table in TABLES:
+    if table.FAMILY == family:
+      return table
+  raise CheckpointError(f"a {family!r} model has no Hugging Face conversion table "
+                        f"(bertjax/hf/ converts {[t.FAMILY for t in TABLES]}): it stays a "
+                        "bertjax workdir, which every bertjax tool reads.")
 
 
 def check_supported(hf_config: dict[str, Any]) -> None:
@@ -53,13 +61,19 @@ def load_hf(directory: str) -> tuple[Any, dict]:
   return config, {k: v for k, v in params.items() if k != "head"}
 
 
+def _max_length(config) -> int:
+  """The tokens a row of the model may hold (tokenizer_config.json's model_max_length)."""
+  return config.max_position_embeddings - config.position_offset
+
+
 def save_hf(directory: str, params: dict, config, tokenizer) -> str:
   """Writes config.json, model.safetensors and the tokenizer files of a Hugging Face
   model dir that `transformers.AutoModel*.from_pretrained` loads. Returns its
   model_type."""
-  kind = files.save_hf_tokenizer(directory, tokenizer)
-  hf_config, state = family_table(config.family).export_pretrained(
-      params, config, tokenizer, kind)
+  table = family_table(config.family)
+  kind = files.save_hf_tokenizer(directory, tokenizer, _max_length(config),
+                                 table.TOKENIZER_JSON)
+  hf_config, state = table.export_pretrained(params, config, tokenizer, kind)
   files.write(directory, hf_config, state)
   return hf_config["model_type"]
 
@@ -83,7 +97,9 @@ def save_hf_finetuned(directory: str, finetuned) -> str:
   if task.feature_based:
     raise CheckpointError("a feature-based tagger (config.task.features) has no Hugging "
                           "Face class: use python -m bertjax.predict on it.")
-  kind = files.save_hf_tokenizer(directory, finetuned.tokenizer)
-  hf_config, state = family_table(finetuned.model.family).export_finetuned(finetuned, kind)
+  table = family_table(finetuned.model.family)
+  kind = files.save_hf_tokenizer(directory, finetuned.tokenizer, _max_length(finetuned.model),
+                                 table.TOKENIZER_JSON)
+  hf_config, state = table.export_finetuned(finetuned, kind)
   files.write(directory, hf_config, state)
   return hf_config["architectures"][0]

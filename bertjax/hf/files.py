@@ -54,17 +54,54 @@ def _save_byte_level_bpe(directory: str, state: dict) -> None:
     f.write("#version: 0.2\n" + "".join(m + "\n" for m in merges))
 
 
-def save_hf_tokenizer(directory: str, tokenizer) -> str:
-  """Writes the tokenizer as Hugging Face reads it: a WordPiece vocabulary as vocab.txt
-  (+ do_lower_case), a SentencePiece model as sentencepiece.bpe.model (XLM-R), a
-  byte-level BPE as vocab.json + merges.txt (RoBERTa), any other `tokenizers` model as
-  tokenizer.json. Returns 'wordpiece', 'sentencepiece', 'byte_level_bpe' or 'json'."""
+def _post_processor(tokenizer):
+  """The `tokenizers` post-processor that adds `tokenizer`'s special tokens as
+  `Tokenizer.build_inputs` does: [CLS] a [SEP] b [SEP] (token types 0 / 1) or
+  <s> a </s></s> b </s>."""
+  from tokenizers import processors  # pylint: disable=g-import-not-at-top
+  cls = (tokenizer.id_to_token(tokenizer.cls_id), tokenizer.cls_id)
+  sep = (tokenizer.id_to_token(tokenizer.sep_id), tokenizer.sep_id)
+  if tokenizer.style == "roberta":
+    return processors.RobertaProcessing(sep, cls, trim_offsets=False,
+                                        add_prefix_space=False)
+  return processors.TemplateProcessing(
+      single=f"{cls[0]} $A {sep[0]}", pair=f"{cls[0]} $A {sep[0]} $B:1 {sep[0]}:1",
+      special_tokens=[cls, sep])
+
+
+def _special_tokens(tokenizer) -> dict[str, str]:
+  """tokenizer_config.json's names of the special tokens (bos / eos: [CLS] / [SEP])."""
+  name = lambda i: tokenizer.id_to_token(i)
+  return {"cls_token": name(tokenizer.cls_id), "sep_token": name(tokenizer.sep_id),
+          "bos_token": name(tokenizer.cls_id), "eos_token": name(tokenizer.sep_id),
+          "unk_token": name(tokenizer.unk_id)}
+
+
+def save_hf_tokenizer(directory: str, tokenizer, max_length: int = 512,
+                      tokenizer_json: bool = False) -> str:
+  """Writes the tokenizer as Hugging Face reads it, for a model of `max_length`
+  positions (tokenizer_config.json's model_max_length; BERT's 512 when not given): a WordPiece vocabulary as vocab.txt (+ do_lower_case), a SentencePiece
+  model as sentencepiece.bpe.model (XLM-R), a byte-level BPE as vocab.json +
+  merges.txt (RoBERTa), any other `tokenizers` model as tokenizer.json — or, with
+  `tokenizer_json` (a model type whose AutoTokenizer reads tokenizer.json only, e.g.
+  ModernBERT's), every `tokenizers` model as tokenizer.json with a post-processor
+  adding the special tokens as bertjax does (when it has none) and their names in
+  tokenizer_config.json. Returns 'wordpiece', 'sentencepiece', 'byte_level_bpe' or
+  'json'."""
   tokenizer.save(directory)
   json_path = os.path.join(directory, "tokenizer.json")
   state = None if os.path.isfile(os.path.join(directory, SENTENCEPIECE_FILE)) else _json(
       json_path)
   if state is None:
     kind, settings = "sentencepiece", {"tokenizer_class": "XLMRobertaTokenizer"}
+  elif tokenizer_json:
+    if not state.get("post_processor"):
+      import tokenizers  # pylint: disable=g-import-not-at-top
+      written = tokenizers.Tokenizer.from_file(json_path)
+      written.post_processor = _post_processor(tokenizer)
+      written.save(json_path)
+    kind, settings = "json", {"tokenizer_class": "PreTrainedTokenizerFast",
+                              **_special_tokens(tokenizer)}
   elif (tokenizer.style == "roberta" and state["model"]["type"] == "BPE"
         and (state.get("pre_tokenizer") or {}).get("type") == "ByteLevel"
         and not state.get("normalizer")):
@@ -88,7 +125,7 @@ def save_hf_tokenizer(directory: str, tokenizer) -> str:
     kind, settings = "json", {}
   pad, mask = tokenizer.id_to_token(tokenizer.pad_id), tokenizer.id_to_token(tokenizer.mask_id)
   settings.setdefault("mask_token", mask)
-  settings.update(pad_token=pad, model_max_length=512)
+  settings.update(pad_token=pad, model_max_length=max_length)
   with open(os.path.join(directory, "tokenizer_config.json"), "w") as f:
     json.dump(settings, f, indent=2)
   return kind

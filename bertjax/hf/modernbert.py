@@ -46,6 +46,9 @@ from bertjax.model.modernbert import ACTIVATIONS, ModernBertConfig
 FAMILY = "modernbert"  # bertjax.model.FAMILIES
 MODEL_TYPE = "modernbert"
 MODEL_TYPES = (MODEL_TYPE,)  # config.json model_type
+# transformers 5's AutoTokenizer gives model_type 'modernbert' its TokenizersBackend,
+# whatever tokenizer_class says: the tokenizer is written as tokenizer.json.
+TOKENIZER_JSON = True
 _EMBEDDINGS = "embeddings.tok_embeddings.weight"
 # bertjax task -> (Hugging Face class, bertjax head name).
 TASK_CLASSES = {

@@ -5,6 +5,7 @@ builds models through; `config_from(config.model)` its hyperparameter dataclass.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from bertjax.errors import ConfigError
@@ -32,9 +33,36 @@ def family_of(model: Any) -> Family:
   return FAMILIES[name]
 
 
+# A head or input a family may lack: its `config.model` field -> what it is.
+_HEADS = {"nsp": "next-sentence-prediction (NSP) head",
+          "sbo": "span-boundary objective (SBO) head (SpanBERT's)",
+          "pooler": "pooler", "position_offset": "position offset (positions count from 0)"}
+
+
 def config_from(model_cfg) -> Any:
-  """The hyperparameter dataclass of `config.model` (its family's `from_config`)."""
-  return family_of(model_cfg).config.from_config(model_cfg)
+  """The hyperparameter dataclass of `config.model` (its family's `from_config`). A
+  field the family fixes (`nsp`, `sbo`, `pooler`, `position_offset`: class constants
+  of its dataclass) is accepted at the family's value and is a one-line ConfigError at
+  another; fields of another family's dataclass name that family."""
+  family = family_of(model_cfg)
+  fields = dict(model_cfg)
+  known = {f.name for f in dataclasses.fields(family.config)} | {"family"}
+  foreign = sorted(set(fields) - known)
+  for other in FAMILIES.values():
+    theirs = {f.name for f in dataclasses.fields(other.config)}
+    if other is not family and set(foreign) - set(_HEADS) and set(foreign) <= theirs:
+      shown = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
+      raise ConfigError(f"config.model.family={family.name!r} but config.model has the "
+                        f"{other.name!r} family's fields ({shown}): set "
+                        f"--config.model.family={other.name} or use a {family.name} "
+                        "config.")
+  for name in [k for k in foreign if k in _HEADS]:
+    fixed = getattr(family.config, name)
+    if fields.pop(name) != fixed:
+      raise ConfigError(f"config.model.{name}={model_cfg[name]!r}: the {family.name!r} "
+                        f"family has no {_HEADS[name]}; remove the field (or set it to "
+                        f"{fixed!r}).")
+  return family.config.from_config(fields)
 
 
 __all__ = ["BertForPreTraining", "Encoder", "FAMILIES", "Family", "MLMHead",

@@ -28,10 +28,11 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+from absl import logging
 from jax.experimental import multihost_utils
 
 from bertjax.checkpoint import files, workdir as workdir_lib
-from bertjax.checkpoint.pretrained import load_pretrained
+from bertjax.checkpoint.pretrained import checkpoint_family, load_pretrained
 from bertjax.console import progress
 from bertjax.data import tokenizer as tok_lib
 from bertjax.data.pipeline import MIN_SEQ_LENGTH
@@ -81,6 +82,10 @@ def load_start(config: ml_collections.ConfigDict) -> Start:
   if config.init_from:
     pretrained = load_pretrained(config.init_from)
     _refuse_other_tokenizer(config, pretrained.tokenizer, f"config.init_from={config.init_from}")
+    if pretrained.config.family != model_lib.family_of(config.model).name:
+      logging.info("config.init_from=%s holds a %r model: its own config is the encoder's "
+                   "(config.model, of family %r, gives only the dtype).", config.init_from,
+                   pretrained.config.family, model_lib.family_of(config.model).name)
     model = dataclasses.replace(pretrained.config, dtype=dtype_of(dtype))
     return Start(model, pretrained.params["encoder"], pretrained.tokenizer, finetuned.start_head(
         pretrained, config.init_from, config.init_keep_head, config.task.name))
@@ -105,6 +110,18 @@ def _refuse_other_tokenizer(config, tokenizer: tok_lib.Tokenizer, source: str) -
         "config.tokenizer to it or leave it empty, or use a new --workdir")
 
 
+def _refuse_other_family(config, family: str, workdir: str) -> None:
+  """CheckpointError when `config.init_from` is a checkpoint of another model family
+  than `family`, the one of the run being resumed in `workdir`."""
+  if config.init_from:
+    theirs = checkpoint_family(config.init_from)
+    if theirs != family:
+      raise CheckpointError(
+          f"{workdir} holds a fine-tuning run of a {family!r} model but config.init_from="
+          f"{config.init_from} is a {theirs!r} checkpoint: use a new --workdir to "
+          "fine-tune it, or the run's own init_from to resume.")
+
+
 def _with_model(config, model: Any) -> ml_collections.ConfigDict:
   """A copy of `config` whose model section is `model` (written to config.json)."""
   c = ml_collections.ConfigDict(config.to_dict())
@@ -116,11 +133,9 @@ def _with_model(config, model: Any) -> ml_collections.ConfigDict:
 def freeze_labels(params, model: Any, freeze_cfg):
   """'frozen' / 'train' per parameter: embeddings when `freeze.embeddings`; with
   `freeze.top_k_layers=k >= 0` everything below the top k blocks (embeddings
-  included); the pooler and the head always train."""
+  included; an encoder's final norm, above the blocks, trains with k >= 1); the pooler
+  and the head always train. The blocks are unscanned (`_check`)."""
   k = freeze_cfg.top_k_layers
-  if k > model.num_layers:
-    raise ConfigError(f"config.freeze.top_k_layers={k} exceeds the model's "
-                      f"{model.num_layers} layers.")
 
   def label(path):
     names = [getattr(p, "key", None) for p in path]
@@ -128,10 +143,10 @@ def freeze_labels(params, model: Any, freeze_cfg):
       return "train"
     if names[1] == "embeddings":
       return "frozen" if freeze_cfg.embeddings or k >= 0 else "train"
-    if names[1] == "layers" and k >= 0:
-      raise ConfigError("config.freeze.top_k_layers needs config.model.scan_layers=False.")
     if names[1].startswith("layer_") and k >= 0:
       return "frozen" if int(names[1][len("layer_"):]) < model.num_layers - k else "train"
+    if names[1] == "final_norm" and k == 0:  # ModernBERT's
+      return "frozen"
     return "train"
 
   return jax.tree_util.tree_map_with_path(lambda p, _: label(p), params)
@@ -353,11 +368,26 @@ def read_split(task: base.Task, config, split: str) -> list[dict]:
 
 
 def _check(config, model: Any) -> None:
-  """The checks that need the encoder (the rest: `check_config`)."""
+  """The checks that need the encoder (the rest: `check_config`). A ModernBERT local
+  window longer than `task.max_seq_length` is no error here, unlike in pretraining
+  (`modernbert.check_window`): the window is the pretrained model's, and rows shorter
+  than it (short tasks, small buckets) are attended whole, as Hugging Face does."""
   if config.task.max_seq_length + model.position_offset > model.max_position_embeddings:
     raise ConfigError(f"config.task.max_seq_length={config.task.max_seq_length} exceeds "
                       f"the model's {model.max_position_embeddings - model.position_offset} "
                       "positions.")
+  k = config.freeze.top_k_layers
+  if k > model.num_layers:
+    raise ConfigError(f"config.freeze.top_k_layers={k} exceeds the model's "
+                      f"{model.num_layers} layers.")
+  if k >= 0 and model.scan_layers:
+    raise ConfigError(
+        f"config.freeze.top_k_layers={k} freezes whole blocks, but the encoder's are "
+        "scanned (one stacked parameter): " + (
+            f"config.init_from={config.init_from} has scan_layers=True; start from an "
+            "unscanned export of it (python -m bertjax.convert --to=hf)"
+            if config.init_from else "set config.model.scan_layers=False")
+        + " or config.freeze.top_k_layers=-1.")
 
 
 def initial_params(setup: state_lib.Setup, config, encoder_params, head, labels) -> Any:
@@ -399,7 +429,8 @@ def train(config: ml_collections.ConfigDict, workdir: str, start: Start | None =
   if resuming:
     saved = workdir_lib.open_finetuned(workdir, read_params=False)
     _refuse_other_tokenizer(config, saved.tokenizer, f"the run being resumed in {workdir}")
-    start = Start(model_lib.config_from(saved.config.model), None, saved.tokenizer)
+    _refuse_other_family(config, saved.model.family, workdir)
+    start = Start(saved.model, None, saved.tokenizer)
   elif start is None:
     start = load_start(config)
   _check(config, start.model)

@@ -14,7 +14,6 @@ from bertjax.checkpoint import workdir
 from bertjax.checkpoint.pretrained import Pretrained, TaskHead
 from bertjax.data.tokenizer import Tokenizer
 from bertjax.errors import CheckpointError
-from bertjax import model as model_lib
 from bertjax.tasks import base, get_task
 
 
@@ -41,7 +40,7 @@ def task_of(run: workdir.FinetunedRun) -> base.Task:
 def load_finetuned(path: str) -> Finetuned:
   """The fine-tuned model of a fine-tuning workdir (`python -m bertjax.finetune`)."""
   run = workdir.open_finetuned(path)
-  return Finetuned(run.config, task_of(run), model_lib.config_from(run.config.model),
+  return Finetuned(run.config, task_of(run), run.model,
                    run.params, run.tokenizer)
 
 

@@ -16,7 +16,6 @@ from typing import Any
 
 from bertjax.checkpoint import files, workdir
 from bertjax.errors import CheckpointError, DataError
-from bertjax import model as model_lib
 from bertjax.tasks import finetune, finetuned
 
 # Gold fields of the readers' examples: not echoed next to the prediction.
@@ -42,7 +41,7 @@ def predict(checkpoint: str, input_path: str, split: str = "test") -> list[dict[
   if not examples:
     raise DataError(f"{input_path} holds no examples.")
   features = task.featurize(examples, train=False)
-  model = finetune.inference(run.config, task, model_lib.config_from(run.config.model),
+  model = finetune.inference(run.config, task, run.model,
                              finetune.example_batch(features))
   params = workdir.restore_params(checkpoint, shardings=model.params)
   outputs, _ = finetune.predictor(model, task)(params, features,

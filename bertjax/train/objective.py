@@ -40,8 +40,11 @@ def objective(model: nn.Module) -> Objective:
 
 
 def _loss_sums(model: nn.Module, params, batch, rng):
-  """Summed (not averaged) losses and correct counts over the batch's predictions."""
-  inputs = {k: batch[k] for k in MODEL_INPUTS if k in batch}
+  """Summed (not averaged) losses and correct counts over the batch's predictions. The
+  span inputs of span masking go to the model only when it has an SBO head (a model
+  without one, e.g. ModernBERT, trains on span-masked rows as on any others)."""
+  inputs = {k: batch[k] for k in MODEL_INPUTS
+            if k in batch and (model.config.sbo or not k.startswith("span_"))}
   out = model.apply({"params": params}, **inputs, deterministic=rng is None,
                     rngs=None if rng is None else {"dropout": rng})
   logits, labels = out["mlm_logits"], batch["masked_lm_ids"]  # [B, P, V], [B, P]
