@@ -550,8 +550,8 @@ class ModernBertForPreTraining(nn.Module):
     if any(s is not None for s in (span_left_positions, span_right_positions,
                                    span_relative_positions)):
       raise ConfigError("config.model.family='modernbert' has no span-boundary (SBO) "
-                        "head; set config.model.sbo=False (and the data's span masking "
-                        "without SBO targets).")
+                        "head: pass no span_* inputs (span masking trains it without "
+                        "them), or use config.model.family='bert' with sbo=True.")
     out = self.encoder(input_ids, attention_mask, token_type_ids, position_ids,
                        segment_ids, deterministic, global_rope_theta=global_rope_theta)
     x = out["last_hidden_state"]
