@@ -6,7 +6,9 @@ names its `model_type`, which picks the family's table (`TABLES`: `bert.py`,
 A family's table module holds FAMILY (its `bertjax.model.FAMILIES` name), MODEL_TYPES,
 `check_supported(config.json)`, `load(config.json, state dict) -> (config, params,
 task or None)`, `export_pretrained(params, config, tokenizer, tokenizer kind)` and
-`export_finetuned(finetuned, tokenizer kind)`, both -> (config.json, state dict).
+`export_finetuned(finetuned, tokenizer kind)`, both -> (config.json, state dict), and
+`pretraining_model(config) -> (config.json, config)`: the transformers class that
+pretrains it (`benchmark train --compare=hf`) and the heads that class computes.
 """
 
 from __future__ import annotations
