@@ -1,21 +1,28 @@
 """`benchmark train`'s parts for the GPU comparison, on the CPU: token types and packed
 rows per family, the Hugging Face class and FLOPs per family (RoBERTa / XLM-R: one
-token type, finite losses on both sides), the largest-batch search, the command of a
-try in its own process, and the GPU peaks per exact device kind."""
+token type, finite losses on both sides; ModernBERT: the whole CLI against
+ModernBertForMaskedLM), the largest-batch search, the command of a try in its own
+process, and the GPU peaks per exact device kind."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
+import subprocess
 import sys
 
 import jax
 import numpy as np
 import pytest
 
-from bertjax import flops
+from bertjax.benchmarks import flops
 from bertjax.benchmarks import train as bench
+from bertjax import model as model_lib
 from bertjax.model import ModelConfig
-from configs import bert_tiny, roberta_base
+from configs import bert_tiny, modernbert_tiny, roberta_base
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _tiny(module):
@@ -35,6 +42,9 @@ def test_token_types_and_packed_rows_follow_the_family():
   offset = roberta.model.position_offset  # Positions restart past the padding index.
   assert r["position_ids"][0].tolist() == [offset + i for i in range(4)] * 3
   assert "segment_ids" not in b and r["input_ids"].min() >= 5  # No padding id.
+  m = bench.synthetic_batch(_tiny(modernbert_tiny), 2, 12, 3, nsp=False, docs_per_row=2)
+  assert not m["token_type_ids"].any()  # ModernBERT has none (its model ignores them).
+  assert m["position_ids"][0].tolist() == list(range(6)) * 2  # Rotary: from 0.
 
 
 def test_hugging_face_class_and_flops_per_family():
@@ -44,9 +54,13 @@ def test_hugging_face_class_and_flops_per_family():
   bert.model.nsp = False
   assert bench.hf_model_class(bert) == "BertForMaskedLM"
   cfg = ModelConfig.from_config(roberta.model)
-  hf = bench.hf_flops(cfg, roberta, 4, 16)  # MLM logits everywhere, no pooler.
+  hf = bench.hf_flops(roberta, 4, 16)  # MLM logits everywhere, no pooler.
   no_pooler = dataclasses.replace(cfg, pooler=False, nsp=False)
   assert hf == flops.train_flops(no_pooler, 4, 16, 16) and hf["pooler_nsp"] == 0
+  modern = _tiny(modernbert_tiny)
+  assert bench.hf_model_class(modern) == "ModernBertForMaskedLM"
+  assert bench.hf_flops(modern, 4, 16) == flops.train_flops(
+      model_lib.config_from(modern.model), 4, 16, 16)
 
 
 def test_roberta_steps_are_finite_on_both_sides():
@@ -111,3 +125,32 @@ def test_gpu_peaks_per_exact_device_kind(kind, name, peak):
   assert (chip and chip.name) == name and flops.device_peak_tflops(device) == peak
   if chip:
     assert "datasheet" in chip.source and chip.hbm_bytes >= 40e9
+
+
+def test_modernbert_cli_against_hugging_face(tmp_path):
+  """`benchmark train --compare=hf` on a tiny ModernBERT (4 blocks: 0 and 3 global, a
+  16-token half-window in 1 and 2, T=64): ModernBertForMaskedLM with our parameters'
+  shapes, finite losses, ModernBERT's FLOPs (Hugging Face's with the MLM logits at every
+  position), the recipe's 30% masked positions, a speed-up."""
+  out = tmp_path / "bench.json"
+  cmd = [sys.executable, "-m", "bertjax.benchmark", "train",
+         "--config=configs/modernbert_tiny.py", "--config.model.hidden_size=32",
+         "--config.model.num_heads=2", "--config.model.intermediate_size=48",
+         "--config.model.vocab_size=128", "--batch=4", "--seq=64", "--steps=2",
+         "--warmup=1", "--compare=hf", f"--json={out}"]
+  proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO,
+                        env={**os.environ, "JAX_NUM_CPU_DEVICES": "1"})
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert "speed-up vs Hugging Face" in proc.stdout
+  result = json.loads(out.read_text())
+  c = modernbert_tiny.get_config()
+  c.model.update(hidden_size=32, num_heads=2, intermediate_size=48, vocab_size=128)
+  cfg = model_lib.config_from(c.model)
+  assert result["config"]["family"] == "modernbert" and result["masked_positions"] == 19
+  assert result["flops_per_step"] == flops.train_flops(cfg, 4, 64, 19)
+  assert result["hf_flops_per_step"] == flops.train_flops(cfg, 4, 64, 64)
+  assert result["hf"]["model_class"] == "ModernBertForMaskedLM"
+  assert result["hf"]["params"] == result["bertjax"]["params"]
+  for name in ("bertjax", "hf"):
+    assert np.isfinite(result[name]["loss"]) and 0 < result[name]["mfu"] <= 1
+  assert result["speedup_vs_hf"] > 0

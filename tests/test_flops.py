@@ -101,3 +101,70 @@ def test_benchmark_cli_with_hf_comparison(tmp_path):
     assert r["mfu"] == pytest.approx(achieved / 1e12 / result["peak_tflops"])
   assert result["speedup_vs_hf"] > 0 and result["bertjax"]["compile_s"] > 0
   assert result["speedup_basis"] == "same CPU cores"
+
+
+# ---- ModernBERT: GeGLU, global and windowed layers ---------------------------------
+
+def _modernbert_tiny(seq: int, **model):
+  from configs import modernbert_tiny  # pylint: disable=g-import-not-at-top
+  config = modernbert_tiny.get_config()
+  config.model.update(hidden_size=128, num_heads=2, intermediate_size=256, vocab_size=512,
+                      num_layers=4, local_attention=32, max_position_embeddings=seq,
+                      dtype="float32", **model)
+  config.data.max_seq_length, config.data.max_predictions_per_seq = seq, seq // 8
+  return config
+
+
+@pytest.mark.parametrize("seq,window", [(7, 2), (7, 3), (7, 6), (7, 9), (128, 16), (5, 0)])
+def test_modernbert_attention_pairs_are_the_masks_pairs(seq, window):
+  """The pairs a windowed layer scores are the ones attention's reference mask keeps
+  (|i - j| <= w, both ends, rows cut at the edges), whatever T against w."""
+  from bertjax.model import attention, modernbert  # pylint: disable=g-import-not-at-top
+  mask = attention.xla_mask(jnp.ones((1, seq), jnp.int32), None, window)
+  assert modernbert.attention_pairs(seq, window) == int(jnp.sum(mask))
+  assert modernbert.attention_pairs(seq, None) == seq * seq
+
+
+def test_modernbert_hand_count():
+  """L=3 (block 0 global, 1 and 2 windowed: every 3rd global) E=4 N=2 M=6 V=10,
+  B=2 T=7 P=3, window 2 each side: every matmul written out, 2*m*k*n forward, x3."""
+  from bertjax.model import modernbert  # pylint: disable=g-import-not-at-top
+  cfg = modernbert.ModernBertConfig(vocab_size=10, hidden_size=4, num_layers=3,
+                                    num_heads=2, intermediate_size=6, local_attention=4,
+                                    pad_token_id=0)
+  B, T, P, E, M, V, D = 2, 7, 3, 4, 6, 10, 2
+  local_pairs = sum(min(i + 2, T - 1) - max(i - 2, 0) + 1 for i in range(T))  # 29
+  forward = 0
+  for layer in range(3):
+    forward += 2 * (B * T) * E * (3 * E) + 2 * (B * T) * E * E  # Wqkv, Wo
+    forward += 2 * (B * T) * E * (2 * M) + 2 * (B * T) * M * E  # GeGLU Wi (input, gate), Wo
+    pairs = T * T if layer == 0 else local_pairs
+    forward += 2 * B * 2 * (2 * D * pairs)  # QK^T and PV: B rows x 2 heads, 2D a pair
+  forward += 2 * (B * P) * E * E + 2 * (B * P) * E * V  # MLM transform, tied decoder
+  assert local_pairs == 29 and forward == 15520
+  assert flops.train_flops(cfg, B, T, P)["total"] == 3 * forward
+
+
+@pytest.mark.parametrize("seq", [64, 128])
+def test_modernbert_agrees_with_xla_cost_analysis(seq):
+  """A tiny ModernBERT (blocks 0 and 3 global, 1 and 2 within a 16-token half-window,
+  T longer than the window), its jitted train step (StableAdamW) as XLA counts it: on
+  the CPU the XLA path scores all T x T pairs and masks them, so XLA's count is within
+  10% of ours with every layer global, and ours (the pairs the model keeps) is lower
+  by exactly the masked pairs' 12 * B * E FLOPs each."""
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  from bertjax.model import modernbert  # pylint: disable=g-import-not-at-top
+  config = _modernbert_tiny(seq)
+  model, tx = state_lib.build_model(config), optimizer.create_optimizer(config.train)
+  state = state_lib.abstract_state(config)[0]
+  batch = jax.tree.map(jnp.asarray, synthetic_batch(config, 8))
+  train_step = step_lib.make_train_step(
+      objective.objective(model), tx, optimizer.learning_rate_schedule(config.train), seed=0)
+  xla = jax.jit(train_step).lower(state, batch).compile().cost_analysis()["flops"]
+  cfg = model.config
+  ours = flops.train_flops(cfg, 8, seq, seq // 8)["total"]
+  dense = flops.train_flops(dataclasses.replace(cfg, global_attn_every_n_layers=1), 8, seq,
+                            seq // 8)["total"]
+  assert abs(xla - dense) / dense < 0.10, (xla, dense)
+  masked = 2 * (seq * seq - modernbert.attention_pairs(seq, cfg.window))  # blocks 1, 2
+  assert dense - ours == 12 * 8 * cfg.hidden_size * masked

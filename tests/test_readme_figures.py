@@ -17,7 +17,7 @@ import pytest
 
 from bertjax import model as model_lib
 from bertjax.benchmarks import flops
-from bertjax.model import BertForPreTraining, ModelConfig
+from bertjax.model import BertForPreTraining, ModelConfig, config_from
 from tests.tasks_helpers import fixture
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -66,15 +66,18 @@ def test_recipe_table_parameter_counts():
 
 
 def _benchmark_flops(model_cell: str, batch_seq: str) -> dict[str, float]:
-  """The benchmark's model FLOPs per step: bert_tiny with the sizes the cell names
-  (L=4 H=512 A=8 M=2048), P = 15% of the length (bertjax/benchmarks/train.py)."""
-  from configs import bert_tiny  # pylint: disable=g-import-not-at-top
-  model = ModelConfig.from_config(bert_tiny.get_config().model)
+  """The benchmark's model FLOPs per step: the recipe the cell starts with
+  (modernbert_tiny, else bert_tiny) with the sizes it names (L=4 H=512 A=8 M=2048),
+  P = the recipe's masked_lm_prob of the length (bertjax/benchmarks/train.py)."""
+  recipe = "modernbert_tiny" if model_cell.startswith("modernbert_tiny") else "bert_tiny"
+  config = importlib.import_module(f"configs.{recipe}").get_config()
+  model = config_from(config.model)
   sizes = dict(re.findall(r"\b([LHAM])=(\d+)", model_cell))
   fields = {"L": "num_layers", "H": "hidden_size", "A": "num_heads", "M": "intermediate_size"}
   model = dataclasses.replace(model, **{fields[k]: int(v) for k, v in sizes.items()})
   batch, seq = map(int, batch_seq.split("x"))
-  return flops.train_flops(model, batch, seq, max(1, round(0.15 * seq)))
+  return flops.train_flops(model, batch, seq,
+                           max(1, round(config.data.masked_lm_prob * seq)))
 
 
 def test_benchmark_tables_model_flops():
@@ -93,7 +96,7 @@ def test_benchmark_tables_model_flops():
       if shown.group(2):  # The attention term.
         assert float(shown.group(2)) == round(f["attention"] / 1e9, 2), row
       rows += 1
-  assert rows == 9
+  assert rows == 11
   total = _benchmark_flops("bert_tiny", "32x128")["total"]
   assert f"e.g. {total:.3e}".replace("e+", "e") in README  # 1.325e10
 

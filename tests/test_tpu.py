@@ -223,3 +223,25 @@ def test_cpu_only_runs_stay_on_the_cpu_with_libtpu_installed():
                         capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
   assert proc.returncode == 0 and proc.stdout.strip() == "cpu", proc.stderr
   assert "TPU" not in proc.stderr and "libtpu" not in proc.stderr, proc.stderr
+
+
+@needs_libtpu
+@splash_here
+def test_modernbert_scanned_splash_compiles_for_tpu(v5e_4):
+  """ModernBERT's scanned blocks pick global / windowed attention with `lax.cond`: the
+  TPU compiler gets splash kernels in both branches (block 0: forward, dq, dkv; the
+  scanned body: those of the global and of the windowed branch) with packed rows'
+  segment ids, and no [T, T] buffer at a length 4x the window."""
+  from configs import modernbert_tiny  # pylint: disable=g-import-not-at-top
+  config = modernbert_tiny.get_config()
+  config.model.update(hidden_size=128, num_heads=2, intermediate_size=192, vocab_size=512,
+                      num_layers=4, local_attention=128, max_position_embeddings=512,
+                      dtype="bfloat16", attention_impl="splash", scan_layers=True)
+  config.data.max_seq_length, config.data.max_predictions_per_seq = 512, 64
+  config.mesh.data, config.mesh.fsdp, config.mesh.tensor = -1, 1, 1
+  assert plan_lib.batch_spec(config, 4)["segment_ids"][0] == (4, 512)  # Packed rows.
+  _, compiled, _ = plan_lib.compile_step(config, v5e_4.devices, 4)
+  text = compiled.as_text()
+  assert text.count(" conditional(") == 2  # The scanned body's forward and backward.
+  assert text.count('custom_call_target="tpu_custom_call"') == 3 + 2 * 3
+  assert not re.search(r"\b512,512\]", text)

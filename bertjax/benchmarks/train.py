@@ -1,38 +1,46 @@
 """Train-step benchmark: `python -m bertjax.benchmark train --config=CONFIG [--batch=N
 --seq=L --steps=K --dtype=bf16 --docs_per_row=D --compare=hf --max_batch]`.
 
-Times the real jitted train step (forward, backward, clipping, AdamW; donated state)
-on synthetic full-length rows after warm-up and reports: step time (median, min, max),
+Times the real jitted train step (forward, backward, the recipe's clipping and
+optimizer; donated state) on synthetic full-length rows, with the recipe's share of
+masked positions (`config.data.masked_lm_prob`: 15% BERT, 30% ModernBERT), after
+warm-up and reports: step time (median, min, max),
 sequences/s, tokens/s, model FLOPs per step (`bertjax.benchmarks.flops`, next to XLA's own
 count), MFU: the global step's FLOPs over the bf16 peak of all the devices it ran on
-(the table of `bertjax.flops.CHIPS` by exact device kind; on a CPU the matmul
+(the table of `bertjax.benchmarks.flops.CHIPS` by exact device kind; on a CPU the matmul
 throughput of all of them at once, measured in this run, in the same dtype), peak
 memory, compile time, and the attention path and dtype the step resolved to.
 `--dtype`: '' keeps config.model.dtype (the recipes: bf16 on GPUs and TPUs, fp32 on the
-CPU). Token types follow the family: segments A/B for BERT (type_vocab_size 2), all 0
-for RoBERTa / XLM-R (type_vocab_size 1). `--docs_per_row=D` packs D equal documents a
-row (segment ids and restarting positions: isolated attention; with
+CPU). Any model family (`config.model.family`). Token types follow the model:
+segments A/B for BERT (type_vocab_size 2), all 0 for RoBERTa / XLM-R (type_vocab_size
+1) and ModernBERT (none: ignored). `--docs_per_row=D` packs D equal documents a row
+(segment ids and restarting positions: isolated attention; with
 `--config.model.attention_impl=cudnn` / `xla` and `--config.model.attention_dropout_rate=0`
 it compares the attention paths' peak memory on packed rows, on a GPU).
 
 `--compare=hf` also times Hugging Face (PyTorch, SDPA attention, AdamW + clipping, the
 same global batch, length and masked positions, bf16 autocast when our dtype is bf16):
-`BertForPreTraining` with NSP, else `BertForMaskedLM`, or `RobertaForMaskedLM` for
-RoBERTa / XLM-R (no documents isolation on its side). Both run in this process, one
+the class the family's Hugging Face table names (`pretraining_model` in
+bertjax/hf/<family>.py), built from the same config (our parameters' shapes):
+`BertForPreTraining` with NSP, else `BertForMaskedLM`, `RobertaForMaskedLM` for
+RoBERTa / XLM-R, `ModernBertForMaskedLM` (no documents isolation on its side; our
+optimizer, theirs AdamW: the same per-step work). Both run in this process, one
 step of each in turn (the same load on a shared CPU), JAX told not to preallocate on an
 accelerator; ours on the devices Hugging Face has: the same CPU cores, or one GPU. Its
-MFU counts the FLOPs it does (MLM logits at every position). `--max_batch` finds the
+MFU counts the FLOPs it does (MLM logits at every position; attention over the pairs
+the model scores on both sides: a sliding window's, though on a CPU both compute the
+masked [T, T] scores). `--max_batch` finds the
 largest global batch each framework fits at this length (doubling, then bisecting to
 `--batch_tolerance`), every try a fresh process of its own (`--only`), so neither
 holds memory the other needs. Any config field can be overridden
 (`--config.model.scan_layers=True`). Results go to --json.
 
   python -m bertjax.benchmark train --config=configs/bert_tiny.py --compare=hf
+  python -m bertjax.benchmark train --config=configs/modernbert_tiny.py --compare=hf
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import resource
@@ -50,8 +58,10 @@ import numpy as np
 from absl import flags
 from ml_collections import config_flags
 
+from bertjax import model as model_lib
 from bertjax.benchmarks import flops as flops_lib
 from bertjax.errors import ConfigError
+from bertjax.hf import convert as hf_convert
 from bertjax.parallel import mesh as mesh_lib
 from bertjax.train import state as state_lib
 
@@ -84,15 +94,16 @@ _OUT_OF_MEMORY = ("RESOURCE_EXHAUSTED", "Out of memory", "out of memory", "OutOf
 def synthetic_batch(config, batch: int, seq: int, predictions: int, nsp: bool,
                     docs_per_row: int = 0, seed: int = 0) -> dict[str, np.ndarray]:
   """Full-length rows (as packing gives): ids [B, T], `predictions` masked positions;
-  token types A/B halves when the model has two (BERT), else 0 (RoBERTa / XLM-R);
-  with `docs_per_row` > 1 also segment_ids (1 + the document) and positions restarting
-  at each document [B, T]."""
+  token types A/B halves when the model has two (BERT), else 0 (RoBERTa / XLM-R, and
+  ModernBERT, which has none); with `docs_per_row` > 1 also segment_ids (1 + the
+  document) and positions restarting at each document [B, T]."""
+  cfg = model_lib.config_from(config.model)
   rng = np.random.default_rng(seed)
-  ids = rng.integers(5, config.model.vocab_size, size=(batch, seq)).astype(np.int32)
+  ids = rng.integers(5, cfg.vocab_size, size=(batch, seq)).astype(np.int32)
   positions = np.sort(np.stack([rng.choice(np.arange(1, seq), predictions, replace=False)
                                 for _ in range(batch)]), axis=1).astype(np.int32)
   pos = np.arange(seq)[None].repeat(batch, 0)
-  two_types = config.model.type_vocab_size >= 2
+  two_types = cfg.type_vocab_size >= 2
   out = {
       "input_ids": ids, "attention_mask": np.ones_like(ids),
       "token_type_ids": ((pos >= seq // 2) & two_types).astype(np.int32),
@@ -104,7 +115,7 @@ def synthetic_batch(config, batch: int, seq: int, predictions: int, nsp: bool,
     doc = pos * docs_per_row // seq  # Equal documents, the last one taking the rest.
     starts = (np.arange(docs_per_row) * seq + docs_per_row - 1) // docs_per_row
     out["segment_ids"] = (doc + 1).astype(np.int32)
-    out["position_ids"] = (pos - starts[doc] + config.model.position_offset).astype(np.int32)
+    out["position_ids"] = (pos - starts[doc] + cfg.position_offset).astype(np.int32)
   if nsp:
     out["next_sentence_labels"] = rng.integers(0, 2, size=batch).astype(np.int32)
   return out
@@ -146,9 +157,11 @@ def bench_bertjax(config, batch: int, seq: int, predictions: int, devices,
   `step()` runs one step to completion; `finish()` the compile, FLOP and memory
   figures."""
   trainer = state_lib.build_trainer(config, mesh_lib.create_mesh(config.mesh, devices))
-  host = synthetic_batch(config, batch, seq, predictions, config.model.nsp, docs_per_row)
+  host = synthetic_batch(config, batch, seq, predictions, trainer.model.config.nsp,
+                        docs_per_row)
   with jax.set_mesh(trainer.mesh), nn.logical_axis_rules(trainer.rules):
     state = trainer.init_state(config)
+    params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(state.params))
     data = mesh_lib.put_batch(host, trainer.batch_sharding)
     start = time.perf_counter()
     lowered = trainer.train_step.lower(state, data)
@@ -170,7 +183,7 @@ def bench_bertjax(config, batch: int, seq: int, predictions: int, devices,
     stats = devices[0].memory_stats() or {}
     mem, cost = compiled.memory_analysis(), compiled.cost_analysis()
     return {
-      "loss": loss, "trace_s": trace_s, "compile_s": compile_s,
+      "loss": loss, "params": params, "trace_s": trace_s, "compile_s": compile_s,
       # The partitioned program's count is one device's: times the devices.
       "xla_flops": (float(cost["flops"]) * len(trainer.mesh.devices.flat)
                     if cost and "flops" in cost else None),
@@ -183,52 +196,48 @@ def bench_bertjax(config, batch: int, seq: int, predictions: int, devices,
   return step, finish
 
 
+def hf_model(config) -> tuple[str, dict, object]:
+  """The Hugging Face model that pretrains `config.model` as we do (its family's table,
+  `bertjax.hf.<family>.pretraining_model`): (class name, config.json, our model config
+  with the heads that class computes)."""
+  cfg = model_lib.config_from(config.model)
+  hf_json, computed = hf_convert.family_table(cfg.family).pretraining_model(cfg)
+  return hf_json["architectures"][0], hf_json, computed
+
+
 def hf_model_class(config) -> str:
-  """The Hugging Face class with our heads: RobertaForMaskedLM for RoBERTa / XLM-R
-  (positions past the padding index), BertForPreTraining with NSP, else BertForMaskedLM."""
-  if config.model.position_offset > 0:
-    return "RobertaForMaskedLM"
-  return "BertForPreTraining" if config.model.nsp else "BertForMaskedLM"
+  """The Hugging Face class with our heads (`hf_model`)."""
+  return hf_model(config)[0]
 
 
-def hf_flops(cfg, config, batch: int, seq: int) -> dict[str, float]:
-  """What Hugging Face computes: MLM logits at every position, pooler + NSP only in
-  BertForPreTraining."""
-  nsp = hf_model_class(config) == "BertForPreTraining"
-  return flops_lib.train_flops(dataclasses.replace(cfg, pooler=nsp, nsp=nsp), batch, seq,
-                               seq)
+def hf_flops(config, batch: int, seq: int) -> dict[str, float]:
+  """What Hugging Face computes: its heads (`hf_model`), the MLM logits at every
+  position."""
+  return flops_lib.train_flops(hf_model(config)[2], batch, seq, seq)
 
 
 def bench_hf(config, batch: int, seq: int, predictions: int, bf16: bool):
-  """Hugging Face (`hf_model_class`, SDPA) + AdamW + clipping on the same batch.
+  """Hugging Face (`hf_model`, SDPA) + AdamW + clipping on the same batch.
   Returns (step, finish) as `bench_bertjax` does."""
   import torch  # pylint: disable=g-import-not-at-top
   import transformers  # pylint: disable=g-import-not-at-top
 
-  m = config.model
-  name = hf_model_class(config)
-  config_class = transformers.RobertaConfig if name.startswith("Roberta") else (
-      transformers.BertConfig)
-  hf_config = config_class(
-      vocab_size=m.vocab_size, hidden_size=m.hidden_size, num_hidden_layers=m.num_layers,
-      num_attention_heads=m.num_heads, intermediate_size=m.intermediate_size,
-      max_position_embeddings=m.max_position_embeddings, type_vocab_size=m.type_vocab_size,
-      pad_token_id=m.pad_token_id, layer_norm_eps=m.layer_norm_eps,
-      hidden_dropout_prob=m.dropout_rate,
-      attention_probs_dropout_prob=m.attention_dropout_rate, hidden_act="gelu")
-  hf_config._attn_implementation = "sdpa"  # pylint: disable=protected-access
+  name, hf_json, cfg = hf_model(config)
+  model_class = getattr(transformers, name)
+  hf_config = model_class.config_class(**hf_json, attn_implementation="sdpa")
   device = "cuda" if torch.cuda.is_available() else "cpu"
-  model = getattr(transformers, name)(hf_config).to(device).train()
+  model = model_class(hf_config).to(device).train()
   t = config.train
   opt = torch.optim.AdamW(model.parameters(), lr=t.learning_rate, betas=(t.b1, t.b2),
                           eps=t.eps, weight_decay=t.weight_decay)
-  nsp = name == "BertForPreTraining"
-  host = synthetic_batch(config, batch, seq, predictions, nsp=nsp)
+  host = synthetic_batch(config, batch, seq, predictions, nsp=cfg.nsp)
   labels = np.full_like(host["input_ids"], -100)
   np.put_along_axis(labels, host["masked_lm_positions"], host["masked_lm_ids"], 1)
   inputs = {"input_ids": host["input_ids"], "attention_mask": host["attention_mask"],
-            "token_type_ids": host["token_type_ids"], "labels": labels}
-  if nsp:
+            "labels": labels}
+  if cfg.type_vocab_size:
+    inputs["token_type_ids"] = host["token_type_ids"]
+  if cfg.nsp:
     inputs["next_sentence_label"] = host["next_sentence_labels"]
   inputs = {k: torch.as_tensor(v, dtype=torch.long, device=device) for k, v in inputs.items()}
   autocast = torch.autocast(device, dtype=torch.bfloat16, enabled=bf16)
@@ -253,6 +262,7 @@ def bench_hf(config, batch: int, seq: int, predictions: int, bf16: bool):
       raise ConfigError(f"Hugging Face's {name} step gave a non-finite loss.")
     return {
         "loss": loss, "model_class": name, "torch": torch.__version__,
+        "params": sum(p.numel() for p in model.parameters()),  # Tied: counted once.
         "threads": torch.get_num_threads(),
         "peak_device_memory_mb": (torch.cuda.max_memory_allocated() / 2**20
                                   if device == "cuda" else None),
@@ -340,20 +350,21 @@ def main(argv):
   batch = _BATCH.value or config.train.batch_size
   seq = _SEQ.value or config.data.max_seq_length
   config.train.batch_size, config.data.max_seq_length = batch, seq
-  if seq + config.model.position_offset > config.model.max_position_embeddings:
-    config.model.max_position_embeddings = seq + config.model.position_offset
-  predictions = max(1, round(0.15 * seq))
+  offset = model_lib.config_from(config.model).position_offset
+  if seq + offset > config.model.max_position_embeddings:
+    config.model.max_position_embeddings = seq + offset
+  predictions = max(1, round(config.data.masked_lm_prob * seq))  # The recipe's rate.
   if _STEPS.value < 2:
     raise ConfigError("--steps must be at least 2 (a median and a spread).")
   frameworks = [_ONLY.value] if _ONLY.value else ["bertjax"] + (
       ["hf"] if _COMPARE.value == "hf" else [])
   if "hf" in frameworks and len(frameworks) > 1:
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # Before JAX starts.
-  from bertjax.model import ModelConfig, attention  # pylint: disable=g-import-not-at-top
-  cfg = ModelConfig.from_config(config.model)
+  from bertjax.model import attention  # pylint: disable=g-import-not-at-top
+  cfg = model_lib.config_from(config.model)
   bf16 = jnp.dtype(cfg.dtype) == jnp.bfloat16
   step_flops = flops_lib.train_flops(cfg, batch, seq, predictions)
-  hf_step_flops = hf_flops(cfg, config, batch, seq)
+  hf_step_flops = hf_flops(config, batch, seq)
   devices = jax.devices()
   cpu = devices[0].platform == "cpu"
   if "hf" in frameworks and not cpu:
@@ -409,9 +420,10 @@ def main(argv):
     lines[-1] += (f"; XLA counts {_fmt(ours['xla_flops'], '.4g')}"
                   + (" (XLA counts a scanned loop body once)" if cfg.scan_layers else ""))
   if "hf" in runs:
-    lines.append(f"Hugging Face {runs['hf']['model_class']} FLOPs/step "
-                 f"{hf_step_flops['total']:.4g} (MLM head at all {seq} positions: "
-                 f"{hf_step_flops['mlm_head']:.3g}) on "
+    lines.append(f"Hugging Face {runs['hf']['model_class']} ({runs['hf']['params']:,} "
+                 "parameters" + (f", ours {ours['params']:,}" if ours else "")
+                 + f") FLOPs/step {hf_step_flops['total']:.4g} (MLM head at all {seq} "
+                 f"positions: {hf_step_flops['mlm_head']:.3g}) on "
                  + ("the same CPU cores" if cpu else "the same GPU")
                  + (", attending across documents" if _DOCS.value > 1 else ""))
   lines.append(f"{'':9} {'step ms median [min, max]':>27} {'seq/s':>9} {'tokens/s':>10} "
@@ -433,8 +445,8 @@ def main(argv):
                  f"{result['speedup_basis']}): {result['speedup_vs_hf']:.2f}x")
   print("\n".join(lines))
   path = _JSON.value or os.path.join(
-      "/tmp", f"bertjax_benchmark_train_L{cfg.num_layers}_H{cfg.hidden_size}_b{batch}"
-      f"_t{seq}_{dtype_name}.json")
+      "/tmp", f"bertjax_benchmark_train_{cfg.family}_L{cfg.num_layers}_H{cfg.hidden_size}"
+      f"_b{batch}_t{seq}_{dtype_name}.json")
   with open(path, "w") as f:
     json.dump(result, f, indent=1, default=str)
   print(f"wrote {path}")

@@ -364,3 +364,15 @@ def export_finetuned(finetuned, tokenizer_kind: str
       node = node[name]
     state[entry.key] = np.ascontiguousarray(_to_hf(entry.kind, np.asarray(node, np.float32)))
   return finetuned_hf_config(config, model_type, task, task.regression), state
+
+
+def pretraining_model(config: ModelConfig) -> tuple[dict[str, Any], ModelConfig]:
+  """The Hugging Face model that pretrains `config` as bertjax does (`benchmark train
+  --compare=hf`): its config.json (the class is `architectures[0]`: BertForPreTraining
+  with NSP, else BertForMaskedLM; RobertaForMaskedLM when positions start past the
+  padding id, RoBERTa / XLM-R) and `config` with the heads that class computes (pooler
+  and NSP only in BertForPreTraining; the MLM logits at every position)."""
+  model_type = "bert" if config.position_offset == 0 else "roberta"
+  nsp = model_type == "bert" and config.nsp
+  return (hf_config(config, model_type, has_mlm=True),
+          dataclasses.replace(config, pooler=nsp, nsp=nsp))

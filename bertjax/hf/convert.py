@@ -8,7 +8,9 @@ TASK_CLASSES (the bertjax tasks it exports), TOKENIZER_JSON (whether transformer
 AutoTokenizer reads that model type's tokenizer from tokenizer.json only),
 `check_supported(config.json)`, `load(config.json, state dict) -> (config, params,
 task or None)`, `export_pretrained(params, config, tokenizer, tokenizer kind)` and
-`export_finetuned(finetuned, tokenizer kind)`, both -> (config.json, state dict).
+`export_finetuned(finetuned, tokenizer kind)`, both -> (config.json, state dict), and
+`pretraining_model(config) -> (config.json, config)`: the transformers class that
+pretrains it (`benchmark train --compare=hf`) and the heads that class computes.
 """
 
 from __future__ import annotations

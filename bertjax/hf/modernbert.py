@@ -412,3 +412,12 @@ def export_finetuned(finetuned, tokenizer_kind: str
   labels = (["LABEL_0"] if task.regression else list(task.labels)
             if task.name in ("classification", "tagging") else None)
   return export(finetuned.params, finetuned.model, task.name, labels, extra)
+
+
+def pretraining_model(config: ModernBertConfig) -> tuple[dict[str, Any], ModernBertConfig]:
+  """The Hugging Face model that pretrains `config` as bertjax does (`benchmark train
+  --compare=hf`): its config.json (the class is `architectures[0]`:
+  ModernBertForMaskedLM) and `config` as that class computes it (the same heads; it
+  computes the MLM logits at every position: transformers' default
+  `sparse_prediction=False`)."""
+  return hf_config(config), config

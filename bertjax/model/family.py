@@ -24,8 +24,10 @@ class Family:
     `to_dict()`), whose instances also answer what the data and the trainer ask of any
     model: `family`, `vocab_size`, `hidden_size`, `num_layers`, `num_heads`,
     `intermediate_size`, `max_position_embeddings`, `pad_token_id`, `position_offset`
-    (0 unless positions start past the padding id), `nsp`, `sbo`, `pooler`,
-    `scan_layers`, `remat_policy`, `attention_impl`, `dtype`, `param_dtype`,
+    (0 unless positions start past the padding id), `type_vocab_size` (token types
+    the model embeds: 0 for none), `nsp`, `sbo`, `pooler`,
+    `scan_layers`, `remat_policy`, `attention_impl`, `attention_dropout_rate` (on the
+    attention probabilities: it picks the attention path), `dtype`, `param_dtype`,
     `initializer_range`.
   pretraining: the encoder with its pretraining heads, an `nn.Module` class built from
     the config: `__call__(input_ids, attention_mask, token_type_ids,

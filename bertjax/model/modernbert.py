@@ -78,8 +78,9 @@ class ModernBertConfig(FamilyConfig):
 
   family: ClassVar[str] = "modernbert"  # config.model.family (bertjax.model.FAMILIES)
   # What the data and the trainer ask of every family (bertjax.model.family.Family):
-  # rotary positions count from 0; no NSP, no SBO head, no pooler.
+  # rotary positions count from 0; no token-type embedding, no NSP, no SBO head, no pooler.
   position_offset: ClassVar[int] = 0
+  type_vocab_size: ClassVar[int] = 0
   nsp: ClassVar[bool] = False
   sbo: ClassVar[bool] = False
   pooler: ClassVar[bool] = False
@@ -179,6 +180,12 @@ class ModernBertConfig(FamilyConfig):
   @property
   def head_dim(self) -> int:
     return self.hidden_size // self.num_heads
+
+  @property
+  def attention_dropout_rate(self) -> float:
+    """What every family's config answers (`Family`): the attention dropout, which
+    picks the attention path (`attention.resolve_impl`)."""
+    return self.attention_dropout
 
   @property
   def window(self) -> int:
