@@ -17,6 +17,7 @@ import pytest
 
 from bertjax import model as model_lib
 from bertjax.benchmarks import flops
+from bertjax.benchmarks import train as benchmark_train
 from bertjax.model import BertForPreTraining, ModelConfig, config_from
 from tests.tasks_helpers import fixture
 
@@ -68,7 +69,7 @@ def test_recipe_table_parameter_counts():
 def _benchmark_flops(model_cell: str, batch_seq: str) -> dict[str, float]:
   """The benchmark's model FLOPs per step: the recipe the cell starts with
   (modernbert_tiny, else bert_tiny) with the sizes it names (L=4 H=512 A=8 M=2048),
-  P = the recipe's masked_lm_prob of the length (bertjax/benchmarks/train.py)."""
+  P = the recipe's training masking rate of the length (benchmark_train.masked_positions)."""
   recipe = "modernbert_tiny" if model_cell.startswith("modernbert_tiny") else "bert_tiny"
   config = importlib.import_module(f"configs.{recipe}").get_config()
   model = config_from(config.model)
@@ -76,8 +77,7 @@ def _benchmark_flops(model_cell: str, batch_seq: str) -> dict[str, float]:
   fields = {"L": "num_layers", "H": "hidden_size", "A": "num_heads", "M": "intermediate_size"}
   model = dataclasses.replace(model, **{fields[k]: int(v) for k, v in sizes.items()})
   batch, seq = map(int, batch_seq.split("x"))
-  return flops.train_flops(model, batch, seq,
-                           max(1, round(config.data.masked_lm_prob * seq)))
+  return flops.train_flops(model, batch, seq, benchmark_train.masked_positions(config, seq))
 
 
 def test_benchmark_tables_model_flops():

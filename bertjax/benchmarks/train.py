@@ -3,7 +3,7 @@
 
 Times the real jitted train step (forward, backward, the recipe's clipping and
 optimizer; donated state) on synthetic full-length rows, with the recipe's share of
-masked positions (`config.data.masked_lm_prob`: 15% BERT, 30% ModernBERT), after
+masked positions (the recipe's training rate: 15% BERT, 30% ModernBERT), after
 warm-up and reports: step time (median, min, max),
 sequences/s, tokens/s, model FLOPs per step (`bertjax.benchmarks.flops`, next to XLA's own
 count), MFU: the global step's FLOPs over the bf16 peak of all the devices it ran on
@@ -342,6 +342,14 @@ def _fmt(x, spec=".3g"):
   return "-" if x is None else format(x, spec)
 
 
+def masked_positions(config, seq: int) -> int:
+  """Masked positions per row at the recipe's training rate: its first masking
+  phase's (ModernBERT's 30%), else `config.data.masked_lm_prob` (BERT's 15%)."""
+  rate = (config.data.masked_lm_prob_phases[0][1] if config.data.masked_lm_prob_phases
+          else config.data.masked_lm_prob)
+  return max(1, round(rate * seq))
+
+
 def main(argv):
   del argv
   config = _CONFIG.value
@@ -353,7 +361,7 @@ def main(argv):
   offset = model_lib.config_from(config.model).position_offset
   if seq + offset > config.model.max_position_embeddings:
     config.model.max_position_embeddings = seq + offset
-  predictions = max(1, round(config.data.masked_lm_prob * seq))  # The recipe's rate.
+  predictions = masked_positions(config, seq)
   if _STEPS.value < 2:
     raise ConfigError("--steps must be at least 2 (a median and a spread).")
   frameworks = [_ONLY.value] if _ONLY.value else ["bertjax"] + (
