@@ -237,13 +237,13 @@ def inference(config, task: base.Task, model_cfg: Any, sample: dict
   return state_lib.inference(config, model, lambda rng: model.init(rng, sample)["params"])
 
 
-def build(config, task: base.Task, model_cfg: Any, sample: dict, num_steps: int
-          ) -> state_lib.Setup:
+def build(config, task: base.Task, model_cfg: Any, sample: dict, num_steps: int,
+          mesh=None) -> state_lib.Setup:
   """The task's model (encoder + head), objective, optimizer, shardings and jitted
-  step on `config.mesh`."""
+  step on `mesh` (default: `config.mesh`'s)."""
   model = base.FinetuneModel(model_cfg, task.head(model_cfg))
   tx, schedule = make_optimizer(config, model_cfg, num_steps, task.feature_based)
-  return state_lib.setup(config, model, objective(task, model, sample), tx, schedule)
+  return state_lib.setup(config, model, objective(task, model, sample), tx, schedule, mesh)
 
 
 @functools.lru_cache(maxsize=2)  # The epochs a stream's prefetching spans.

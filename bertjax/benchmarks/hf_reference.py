@@ -1,0 +1,168 @@
+"""The Hugging Face reference: the plain PyTorch fine-tuning loop of transformers'
+examples, the one loop every comparison of bertjax with Hugging Face runs
+(`benchmark fidelity`, `benchmark finetune --compare=hf`), and the one
+`tests/test_finetune_lockstep.py` checks against bertjax's train step, step by step.
+
+  python -m bertjax.benchmark hf_reference --model=DIR --train=train.jsonl \
+      --dev=dev.jsonl --labels=a,b,c --seed=0
+  # One classification run ({'sentence', 'label'} JSON lines); prints {"accuracy": ...}.
+
+The recipe (`Recipe`; its fields are those of bertjax's `configs/finetune/base.py`):
+- the model: transformers' `AutoModelFor<Task>` from the checkpoint, its new head
+  drawn by transformers (normal(0.02) weights, zero bias);
+- torch AdamW (b1, b2, eps) with weight decay on every parameter but biases and
+  LayerNorm (the Trainer's grouping), `get_linear_schedule_with_warmup` with
+  int(warmup_fraction x steps) warm-up steps, `clip_grad_norm_`;
+- a step: the model's own loss (the mean over the batch's labelled rows or tokens),
+  backward, clipping, the optimizer's and the schedule's step;
+- batches: a new order every epoch (`torch.randperm` from a generator seeded with the
+  run's seed; the last batch of an epoch smaller), each padded to its longest row
+  (transformers' `DataCollatorWithPadding`); dev batches of 64, the argmax of the logits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from typing import Any, Callable, Sequence
+
+from absl import flags
+
+# bertjax task name -> transformers' Auto class of its head.
+MODEL_CLASSES = {"classification": "AutoModelForSequenceClassification",
+                 "tagging": "AutoModelForTokenClassification",
+                 "squad": "AutoModelForQuestionAnswering"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+  """The fine-tuning recipe (the paper's; bertjax's config fields of the same names)."""
+
+  batch_size: int = 32
+  learning_rate: float = 5e-5
+  num_epochs: int = 3
+  warmup_fraction: float = 0.1
+  weight_decay: float = 0.01
+  b1: float = 0.9
+  b2: float = 0.999
+  eps: float = 1e-8
+  max_grad_norm: float = 1.0
+  max_seq_length: int = 128
+
+
+def load_model(task: str, path: str, num_labels: int = 2, **config_overrides):
+  """transformers' model of `task` (a key of MODEL_CLASSES) from the checkpoint `path`,
+  its head new; `config_overrides` (e.g. hidden_dropout_prob=0.0) change its config."""
+  import transformers  # pylint: disable=g-import-not-at-top
+  cls = getattr(transformers, MODEL_CLASSES[task])
+  kwargs = {} if task == "squad" else {"num_labels": num_labels}
+  return cls.from_pretrained(path, **kwargs, **config_overrides)
+
+
+def make_optimizer(model, recipe: Recipe, num_steps: int):
+  """(torch AdamW with the Trainer's decay grouping, its linear warm-up + decay
+  schedule) over `num_steps` steps."""
+  import torch  # pylint: disable=g-import-not-at-top
+  import transformers  # pylint: disable=g-import-not-at-top
+  decay = set(transformers.Trainer.get_decay_parameter_names(None, model))
+  named = list(model.named_parameters())
+  groups = [{"params": [p for n, p in named if n in decay],
+             "weight_decay": recipe.weight_decay},
+            {"params": [p for n, p in named if n not in decay], "weight_decay": 0.0}]
+  opt = torch.optim.AdamW(groups, lr=recipe.learning_rate, betas=(recipe.b1, recipe.b2),
+                          eps=recipe.eps)
+  warmup = int(recipe.warmup_fraction * num_steps)
+  return opt, transformers.get_linear_schedule_with_warmup(opt, warmup, num_steps)
+
+
+def train_step(model, batch: dict, opt, schedule, max_grad_norm: float,
+               loss_fn: Callable[[Any, dict], Any] | None = None) -> float:
+  """One step on `batch` (torch tensors, `labels` or start/end positions included):
+  the loss (the model's own, or `loss_fn(outputs, batch)`), backward, clipping, the
+  optimizer's and the schedule's step. Returns the loss."""
+  import torch  # pylint: disable=g-import-not-at-top
+  model.train()
+  outputs = model(**batch)
+  loss = outputs.loss if loss_fn is None else loss_fn(outputs, batch)
+  loss.backward()
+  if max_grad_norm > 0:
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+  opt.step()
+  schedule.step()
+  opt.zero_grad()
+  return float(loss.detach())
+
+
+def classify(model_dir: str, train: Sequence[tuple], dev: Sequence[tuple],
+             labels: Sequence[str], seed: int, recipe: Recipe = Recipe()) -> dict:
+  """Fine-tunes `model_dir` on (text, label) or (text_a, text_b, label) rows and
+  scores dev. Returns {'accuracy', 'predictions' (dev labels), 'steps', 'train_s'}."""
+  import torch  # pylint: disable=g-import-not-at-top
+  import transformers  # pylint: disable=g-import-not-at-top
+  torch.manual_seed(seed)  # The head's initialisation and dropout.
+  tok = transformers.AutoTokenizer.from_pretrained(model_dir)
+  model = load_model("classification", model_dir, len(labels))
+  collate = transformers.DataCollatorWithPadding(tok)
+  index = {y: i for i, y in enumerate(labels)}
+
+  def encode(rows):
+    texts = [r[:-1] for r in rows]
+    enc = tok([t[0] for t in texts], [t[1] for t in texts] if len(texts[0]) > 1 else None,
+              truncation=True, max_length=recipe.max_seq_length)
+    return [dict({k: v[i] for k, v in enc.items()}, labels=index.get(r[-1], -1))
+            for i, r in enumerate(rows)]
+
+  train_items, dev_items = encode(train), encode(dev)
+  per_epoch = -(-len(train_items) // recipe.batch_size)
+  steps = per_epoch * recipe.num_epochs
+  opt, schedule = make_optimizer(model, recipe, steps)
+  order = torch.Generator().manual_seed(seed)
+  t0 = time.perf_counter()
+  for _ in range(recipe.num_epochs):
+    perm = torch.randperm(len(train_items), generator=order).tolist()
+    for i in range(0, len(perm), recipe.batch_size):
+      batch = collate([train_items[j] for j in perm[i:i + recipe.batch_size]])
+      train_step(model, batch, opt, schedule, recipe.max_grad_norm)
+  train_s = time.perf_counter() - t0
+  model.eval()
+  predicted = []
+  with torch.no_grad():
+    for i in range(0, len(dev_items), 64):
+      batch = collate(dev_items[i:i + 64])
+      batch.pop("labels")
+      predicted += model(**batch).logits.argmax(-1).tolist()
+  gold = [index.get(r[-1], -1) for r in dev]
+  return {"accuracy": sum(p == g for p, g in zip(predicted, gold)) / len(dev),
+          "predictions": [labels[p] for p in predicted], "steps": steps, "train_s": train_s}
+
+
+def read_jsonl(path: str, fields: Sequence[str]) -> list[tuple]:
+  """The `fields` of each JSON line of `path`, as tuples."""
+  with open(path) as f:
+    return [tuple(str(row[k]) for k in fields) for row in map(json.loads, f) if row]
+
+
+def define_flags() -> None:
+  flags.DEFINE_string("model", "", "Pretrained Hugging Face BERT directory.")
+  flags.DEFINE_string("train", "", "Training JSON lines.")
+  flags.DEFINE_string("dev", "", "Dev JSON lines.")
+  flags.DEFINE_list("fields", ["sentence", "label"], "The text field(s), then the label's.")
+  flags.DEFINE_list("labels", [], "Label names in order (default: the sorted training "
+                    "labels).")
+  flags.DEFINE_integer("seed", 0, "Seed (head init, dropout, data order).")
+  for field in dataclasses.fields(Recipe):
+    define = flags.DEFINE_float if field.type == "float" else flags.DEFINE_integer
+    define(field.name, field.default, f"Recipe.{field.name}.")
+
+
+def main(argv) -> None:
+  del argv
+  f = flags.FLAGS
+  if not (f.model and f.train and f.dev):
+    raise SystemExit("--model, --train and --dev are required.")
+  train, dev = read_jsonl(f.train, f.fields), read_jsonl(f.dev, f.fields)
+  labels = list(f.labels) or sorted({r[-1] for r in train})
+  recipe = Recipe(**{x.name: getattr(f, x.name) for x in dataclasses.fields(Recipe)})
+  result = classify(f.model, train, dev, labels, f.seed, recipe)
+  print(json.dumps({k: v for k, v in result.items() if k != "predictions"}))
