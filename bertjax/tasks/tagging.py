@@ -1,7 +1,9 @@
 """Sequence labelling (BIO NER, POS): a linear layer over every token's last hidden
 state, or with `config.task.features` the feature-based approach (a frozen encoder, a
-BiLSTM or linear tagger over its layers: `bertjax/tasks/features.py`). Training gives every subword its word's gold tag; decoding reads each word's
-tag off its first subword. Scored by seqeval-style entity precision / recall / F1
+BiLSTM or linear tagger over its layers: `bertjax/tasks/features.py`). Training labels
+each word's first subword with its gold tag (the BERT paper's and `run_ner.py`'s
+choice; `config.task.label_all_subwords` labels every subword); decoding reads each
+word's tag off its first subword. Scored by seqeval-style entity precision / recall / F1
 and word accuracy. Examples: {'words': [...], 'tags': [...]} (CoNLL columns or JSONL).
 """
 
@@ -42,6 +44,9 @@ class Tagging(base.Task):
   def __init__(self, task_cfg, tokenizer, max_seq_length):
     super().__init__(task_cfg, tokenizer, max_seq_length)
     self.feature_based = bool(task_cfg.features)
+    # Workdirs written before the field existed trained every subword.
+    self.all_subwords = bool(task_cfg.label_all_subwords
+                             if "label_all_subwords" in task_cfg else True)
     if self.feature_based:
       features.check(task_cfg)
 
@@ -63,8 +68,9 @@ class Tagging(base.Task):
     return base.label_vocab(self.cfg.labels, [t for e in train for t in e["tags"]], "tags")
 
   def featurize(self, examples: Sequence[dict], train: bool) -> base.Features:
-    """Per row: input_ids ... [T]; labels [T] (the word's tag on each of its subwords,
-    -1 elsewhere); meta: the word index of each token (-1 for specials / padding)."""
+    """Per row: input_ids ... [T]; labels [T] (the word's tag on its first subword, or
+    on each with `label_all_subwords`; -1 elsewhere); meta: the word index of each
+    token (-1 for specials / padding)."""
     del train
     T, budget = self.max_seq_length, self.max_seq_length - 2
     index = {t: i for i, t in enumerate(self.labels)}
@@ -76,7 +82,7 @@ class Tagging(base.Task):
           break  # Words past the length limit are predicted 'O'.
         tag = index.get(e["tags"][w], -1) if "tags" in e else -1
         ids += pieces
-        tags += [tag] * len(pieces)
+        tags += [tag] + [tag if self.all_subwords else -1] * (len(pieces) - 1)
         words += [w] * len(pieces)
       rows.append((ids, None))
       labels.append([-1] + tags)

@@ -1,6 +1,6 @@
 """Sequence labelling: CoNLL-2003 NER (BIO tags, entity F1) or, with `:pos`, POS
-tagging (word accuracy); `:features` is NER by the feature-based approach. Every
-subword trains on its word's tag; words are decoded from their first subword.
+tagging (word accuracy); `:features` is NER by the feature-based approach. Each word's
+first subword trains on its tag, and words are decoded from it.
 
   python -m bertjax.finetune --config=configs/finetune/ner.py --workdir=/tmp/ner \
       --config.init_from=/path/to/bert-base-cased \
@@ -22,6 +22,9 @@ def get_config(arg="ner"):
   c.task.tag_column = -1 if ner else 1  # CoNLL-2003: NER last, POS second.
   # Words and tags features of a tfds: input (tfds:conll2003: tokens, pos, chunks, ner).
   c.task.tfds_fields = ("tokens", "ner" if ner else "pos")
+  # Train every subword of a word on its tag, not only the first (the BERT paper and
+  # Hugging Face's run_ner.py label the first; decoding reads the first either way).
+  c.task.label_all_subwords = False
   c.task.metrics = ("f1", "precision", "recall", "accuracy") if ner else (
       "accuracy",)  # The first selects the best sweep run.
   c.train.learning_rate = 5e-5
