@@ -1,5 +1,6 @@
 """`python -m bertjax.benchmark finetune`: the generated task, and the whole benchmark
-(bertjax.finetune next to the Hugging Face loop, one seed) on a tiny BERT."""
+(bertjax.finetune, bucketed and by default, next to the Hugging Face reference, one
+seed) on a tiny BERT."""
 
 import json
 import os
@@ -45,17 +46,20 @@ def test_benchmark_cli_on_a_tiny_bert(tmp_path):
   shutil.copy(os.path.join(minilm, "vocab.txt"), model / "vocab.txt")
   out = tmp_path / "bench.json"
   cmd = [sys.executable, "-m", "bertjax.benchmark", "finetune", "--compare=hf",
-         f"--model={model}", "--seeds=0", "--batching=bucket", "--labels=2",
+         f"--model={model}", "--seeds=0", "--batching=bucket,auto", "--labels=2",
          "--train_per_label=8", "--dev_per_label=4", "--epochs=1", "--batch=8",
          "--max_seq_length=32", "--cache=cold", f"--json={out}"]
   proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=REPO,
                         env={**os.environ, "JAX_NUM_CPU_DEVICES": "1"})
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert "| bertjax_bucket |" in proc.stdout and "| hf |" in proc.stdout
+  assert "| bertjax_auto |" in proc.stdout
   result = json.loads(out.read_text())
   assert result["config"]["train"] == 16 and result["config"]["dev"] == 8
-  for name in ("bertjax_bucket", "hf"):
+  for name in ("bertjax_bucket", "bertjax_auto", "hf"):
     run = result["runs"][name][0]
     assert run["wall_s"] > 0 and 0 <= run["accuracy"] <= 1 and len(run["load"]) == 2
+    # Compilation timed apart (cold cache: every program compiled; none for PyTorch).
+    assert (0 < run["compile_s"] < run["wall_s"] and run["programs"] > 0) == (name != "hf")
   ratio = result["bertjax_bucket"]["wall_ratio_vs_hf"]["mean"]
   assert ratio == result["runs"]["bertjax_bucket"][0]["wall_s"] / result["runs"]["hf"][0]["wall_s"]

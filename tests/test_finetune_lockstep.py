@@ -218,6 +218,8 @@ def lockstep(name: str, dropout: bool, steps: int = STEPS) -> dict:
   from bertjax.tasks import get_task, loop  # pylint: disable=g-import-not-at-top
 
   c = task_setup(name)
+  if dropout:  # Bertjax's masks must have the shapes of Hugging Face's rows.
+    c.task.batching = "bucket"
   start = loop.load_start(c)
   rate = start.model.dropout_rate if dropout else 0.0
   model_cfg = dataclasses.replace(start.model, dropout_rate=rate, attention_dropout_rate=rate)

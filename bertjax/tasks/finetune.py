@@ -15,12 +15,13 @@ tokenizer/, task.json (labels and the step count) and checkpoints/ (`bertjax.che
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
 import math
 import os
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import flax.linen as nn
 import grain
@@ -190,14 +191,18 @@ def rows(features: base.Features, idx: np.ndarray, valid: np.ndarray) -> dict:
 
 def batcher(task: base.Task, features: base.Features, model: Any, groups: int = 1,
             row_multiple: int = 1) -> batching.Batcher:
-  """The batches of `features` as `config.task.batching` says (default 'bucket'; for
-  packing, `groups`: the data-parallel size, `row_multiple`: grad_accum_steps)."""
+  """The batches of `features` as `config.task.batching` says ('auto': 'pack' where the
+  task packs, else 'bucket'; for packing, `groups`: the data-parallel size,
+  `row_multiple`: grad_accum_steps)."""
   mode = task.cfg.batching
+  if mode == "auto":
+    mode = "pack" if task.packing else "bucket"
   if mode not in batching.BATCHING:
-    raise ConfigError(f"config.task.batching={mode!r}: use one of {batching.BATCHING}.")
+    raise ConfigError(f"config.task.batching={mode!r}: use 'auto' or one of "
+                      f"{batching.BATCHING}.")
   if mode == "pack" and not task.packing:
     raise ConfigError(f"config.task.batching='pack' does not apply to task {task.name!r} "
-                      "(only classification and tagging); use 'bucket'.")
+                      "(only classification and fine-tuned tagging); use 'bucket'.")
   return batching.Batcher(
       features.arrays, mode, batching.bucket_lengths(task.cfg.bucket_lengths,
                                                      task.max_seq_length),
@@ -413,6 +418,38 @@ def initial_params(setup: state_lib.Setup, config, encoder_params, head, labels)
       may_alias=False))
 
 
+# JAX's compilation events (jax.monitoring) -> the part of compilation each times.
+COMPILE_EVENTS = {"/jax/core/compile/jaxpr_trace_duration": "tracing",
+                  "/jax/core/compile/jaxpr_to_mlir_module_duration": "lowering",
+                  "/jax/core/compile/backend_compile_duration": "compiling"}
+
+
+@contextlib.contextmanager
+def compilation_clock() -> Iterator[dict[str, float]]:
+  """Inside: JAX's compilation time summed by part ('tracing', 'lowering',
+  'compiling': XLA's, or reading the persistent cache), with 'programs' (XLA programs
+  compiled or loaded) and 'cache_hits' (loaded from the persistent cache)."""
+  totals = dict.fromkeys([*COMPILE_EVENTS.values(), "programs", "cache_hits"], 0.0)
+
+  def on_duration(event, seconds, **kwargs):
+    del kwargs
+    if event in COMPILE_EVENTS:
+      totals[COMPILE_EVENTS[event]] += seconds
+      totals["programs"] += COMPILE_EVENTS[event] == "compiling"
+
+  def on_event(event, **kwargs):
+    del kwargs
+    totals["cache_hits"] += event == "/jax/compilation_cache/cache_hits"
+
+  jax.monitoring.register_event_duration_secs_listener(on_duration)
+  jax.monitoring.register_event_listener(on_event)
+  try:
+    yield totals
+  finally:
+    jax.monitoring.unregister_event_duration_listener(on_duration)
+    jax.monitoring.unregister_event_listener(on_event)
+
+
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   """Checks `config` (`check_config`), then runs (or resumes) one fine-tuning run in
   `workdir`; returns the dev metrics ({} when stopped by SIGTERM)."""
@@ -460,4 +497,10 @@ def train(config: ml_collections.ConfigDict, workdir: str, start: Start | None =
   trainer.info("Batching: %s%s.", batches.mode, "" if batches.mode == "max" else
                f", bucket lengths {batches.buckets}")
   data = train_stream(batches, config.train.batch_size, config.seed, num_steps)
-  return trainer.fit(data, [evaluate], init_params).get("dev", {})
+  with compilation_clock() as clock:
+    results = trainer.fit(data, [evaluate], init_params).get("dev", {})
+  trainer.info("Compilation: %.1f s (%d programs, %d from the persistent cache; tracing "
+               "%.1f s, lowering %.1f s, compiling %.1f s).", clock["tracing"]
+               + clock["lowering"] + clock["compiling"], clock["programs"],
+               clock["cache_hits"], clock["tracing"], clock["lowering"], clock["compiling"])
+  return results

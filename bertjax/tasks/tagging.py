@@ -49,6 +49,7 @@ class Tagging(base.Task):
                              if "label_all_subwords" in task_cfg else True)
     if self.feature_based:
       features.check(task_cfg)
+      self.packing = ""  # A BiLSTM over a packed row would read across its examples.
 
   def read(self, path: str, split: str) -> list[dict]:
     examples = readers.read(path, split,

@@ -32,8 +32,9 @@ def get_config():
   # How batches are cut (bertjax/tasks/batching.py): 'bucket' pads each batch to its
   # longest row rounded up to a bucket length (few shapes, each compiled once), 'max'
   # every row to max_seq_length, 'pack' (classification, tagging) several examples to
-  # a row of max_seq_length in training, each isolated (evaluation: bucketed).
-  c.task.batching = "bucket"
+  # a row of max_seq_length in training, each isolated (evaluation: bucketed); 'auto'
+  # packs where the task can (classification, fine-tuned tagging), else buckets.
+  c.task.batching = "auto"
   c.task.bucket_lengths = ()  # () = powers of two from 16, then max_seq_length.
   c.task.metrics = ()  # Dev metrics reported first; [0] selects (() = the task's own).
   c.task.glue = ""  # The GLUE task it is (glue.py): names predict --glue_dir's file.
