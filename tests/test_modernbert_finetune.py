@@ -167,11 +167,10 @@ def test_packed_rows_predict_as_full_rows(case, tmp_path):
   idx, valid = np.arange(n), np.ones(n, bool)
   full = np.asarray(apply(params, finetune.rows(features, idx, valid)))
   c.task.batching = "bucket"
-  bucketed = finetune.batcher(task, features, start.model).batch(idx, valid, slice(0, n),
-                                                                 False)
+  bucketed = finetune.batcher(task, features, start.model).batch(idx, valid, slice(0, n))
   got = np.asarray(apply(params, bucketed))
   c.task.batching = "pack"
-  packed = finetune.batcher(task, features, start.model).batch(idx, valid, slice(0, n), True)
+  packed = finetune.batcher(task, features, start.model).batch(idx, valid, slice(0, n))
   assert packed["input_ids"].shape[0] < n
   out = np.asarray(apply(params, packed))
   ids, lengths = features.arrays["input_ids"], features.arrays["attention_mask"].sum(-1)

@@ -1,7 +1,8 @@
 """Bucketed and packed fine-tuning batches (`bertjax.tasks.batching`): their layout, the
 same predictions as full-length rows (packed examples isolated, positions restarting,
-each read off its own [CLS]), one compilation per shape, a stream that resumes from
-its checkpointed position, and gradient accumulation exact on packed rows."""
+each read off its own [CLS]), packed evaluation back in example order with one shape,
+one compilation per shape, a stream that resumes from its checkpointed position, and
+gradient accumulation exact on packed rows."""
 
 import grain
 import jax
@@ -38,17 +39,17 @@ def _arrays(lengths, T=8):
 def test_bucketed_batches_cut_to_the_global_batchs_bucket():
   b = batching.Batcher(_arrays([3, 5, 2, 7]), "bucket", (4, 8),
                        ("input_ids", "attention_mask", "token_type_ids"))
-  whole = b.batch(np.arange(4), np.ones(4, bool), slice(0, 4), train=True)
+  whole = b.batch(np.arange(4), np.ones(4, bool), slice(0, 4))
   assert whole["input_ids"].shape == (4, 8) and whole["labels"].shape == (4,)
   # Process 0 of 2 holds rows 0-1 (at most 5 tokens) but the global batch's longest
   # (7) sets the length, as on process 1: the global batch has one shape.
-  assert b.batch(np.arange(4), np.ones(4, bool), slice(0, 2), train=True)[
+  assert b.batch(np.arange(4), np.ones(4, bool), slice(0, 2))[
       "input_ids"].shape == (2, 8)
-  first = b.batch(np.array([0, 2]), np.ones(2, bool), slice(0, 2), train=True)
+  first = b.batch(np.array([0, 2]), np.ones(2, bool), slice(0, 2))
   assert first["input_ids"].shape == (2, 4)
   np.testing.assert_array_equal(first["input_ids"], whole["input_ids"][[0, 2], :4])
   # Padding rows (valid False) count for nothing, not even their length.
-  assert b.batch(np.array([0, 3]), np.array([True, False]), slice(0, 2), train=True)[
+  assert b.batch(np.array([0, 3]), np.array([True, False]), slice(0, 2))[
       "input_ids"].shape == (2, 4)
 
 
@@ -58,7 +59,7 @@ def test_packed_layout_classification():
                                                "token_type_ids"), "cls", groups=2,
                        position_offset=2, pad_id=0)
   valid = np.array([True] * 7 + [False])
-  out = b.batch(np.arange(8), valid, slice(0, 8), train=True)
+  out = b.batch(np.arange(8), valid, slice(0, 8))
   # Group 0 (rows 0-3, lengths 3 5 2 4): first fit into rows of 8 -> [0, 1], [2, 3];
   # group 1 (lengths 6 1 2, row 7 invalid) -> [4, 5], [6]. R = 2 rows per group.
   # Slots per row: a group's 4 examples.
@@ -72,9 +73,31 @@ def test_packed_layout_classification():
   np.testing.assert_array_equal(out["example_weights"], [[1, 1, 0, 0], [1, 1, 0, 0],
                                                          [1, 1, 0, 0], [1, 0, 0, 0]])
   np.testing.assert_array_equal(out["attention_mask"][3], [1, 1, 0, 0, 0, 0, 0, 0])
+  np.testing.assert_array_equal(out["slot_rows"], [[0, 1, -1, -1], [2, 3, -1, -1],
+                                                   [4, 5, -1, -1], [6, -1, -1, -1]])
   # Process 1 of 2 gets group 1's rows alone.
-  theirs = b.batch(np.arange(8), valid, slice(4, 8), train=True)
+  theirs = b.batch(np.arange(8), valid, slice(4, 8))
   np.testing.assert_array_equal(theirs["input_ids"], out["input_ids"][2:])
+  # At least `min_rows` rows per group (a power of two), the extra rows empty.
+  wide = b.batch(np.arange(8), valid, slice(0, 8), min_rows=3)
+  assert wide["input_ids"].shape == (8, 8) and not wide["example_weights"][2:4].any()
+  # Outputs per slot back in batch order (the invalid row 7 left at 0).
+  logits = out["labels"][..., None] * np.ones(3, np.float32)
+  back = batching.unpack({"logits": logits}, {"slot_rows": out["slot_rows"]}, 8, 8, {})
+  np.testing.assert_array_equal(back["logits"][:, 0], [0, 1, 2, 3, 4, 5, 6, 0])
+
+
+def test_packed_tokens_unpack_to_their_rows():
+  arrays = _arrays([3, 5, 2, 4])
+  arrays["labels"] = arrays["input_ids"].copy()
+  keys = ("input_ids", "attention_mask", "token_type_ids", "labels")
+  b = batching.Batcher(arrays, "pack", (8,), keys, "tokens")
+  out = b.batch(np.arange(4), np.ones(4, bool), slice(0, 4))
+  assert out["input_ids"].shape == (2, 8)  # [0, 1], [2, 3]
+  back = batching.unpack({"tags": out["labels"]}, {k: out[k] for k in (
+      "token_rows", "token_cols")}, 4, 8, {"tags": -7})
+  expected = np.where(arrays["attention_mask"] > 0, arrays["labels"], -7)
+  np.testing.assert_array_equal(back["tags"], expected)
 
 
 @pytest.fixture(scope="module")
@@ -112,11 +135,11 @@ def test_packed_and_bucketed_rows_predict_as_full_rows(vocab, name):
   idx, valid = np.arange(n), np.ones(n, bool)
   full = np.asarray(apply(params, finetune.rows(features, idx, valid)))
   c.task.batching = "bucket"
-  bucketed = finetune.batcher(task, features, model).batch(idx, valid, slice(0, n), False)
+  bucketed = finetune.batcher(task, features, model).batch(idx, valid, slice(0, n))
   assert bucketed["input_ids"].shape[1] < c.task.max_seq_length
   got = np.asarray(apply(params, bucketed))
   c.task.batching = "pack"
-  packed = finetune.batcher(task, features, model).batch(idx, valid, slice(0, n), True)
+  packed = finetune.batcher(task, features, model).batch(idx, valid, slice(0, n))
   assert packed["input_ids"].shape[0] < n  # Several examples share a row.
   out = np.asarray(apply(params, packed))
   if name == "sst2":
@@ -155,6 +178,7 @@ def test_one_compilation_per_shape_and_the_stream_resumes(vocab):
   buckets 9, 12, 32): the jitted step compiles once per distinct batch shape; the
   stream restored from its state continues exactly."""
   c = tiny_finetune(glue.get_config("sst2"), vocab)
+  c.task.batching = "bucket"
   c.task.bucket_lengths = (9, 12)
   task, features, model, setup = _setup(c, fixture("sst2_train.tsv"), 48)
   batches = finetune.batcher(task, features, model)
@@ -178,3 +202,28 @@ def test_one_compilation_per_shape_and_the_stream_resumes(vocab):
     for k in got:
       np.testing.assert_array_equal(got[k], want[k])
   assert isinstance(again, grain.DatasetIterator)
+
+
+@pytest.mark.parametrize("name", ["sst2", "ner"])
+def test_packed_evaluation_predicts_as_bucketed_with_one_shape(vocab, name):
+  """The predictor's outputs and dev loss from packed batches (every batch padded to
+  the same rows: one compiled shape) equal those from bucketed ones."""
+  c = tiny_finetune(glue.get_config("sst2") if name == "sst2" else ner.get_config(), vocab)
+  c.model.position_offset = 0
+  train = fixture("sst2_train.tsv" if name == "sst2" else "conll_train.txt")
+  task, features, _, setup = _setup(c, train, 48)
+  params = setup.init_params(c)
+  got = {}
+  for mode in ("bucket", "pack"):
+    c.task.batching = mode
+    with finetune.compilation_clock() as clock:
+      got[mode] = finetune.predictor(setup.inference, task)(params, features, 8)
+    got[mode] += (clock["programs"],)
+  (bucket, bucket_loss, _), (pack, pack_loss, programs) = got["bucket"], got["pack"]
+  assert programs == 1 and pack_loss == pytest.approx(bucket_loss, rel=1e-5)
+  real = features.arrays["attention_mask"] > 0  # Tags past a row's end mean nothing.
+  for k in bucket:
+    if k in task.token_outputs:
+      np.testing.assert_array_equal(pack[k][real], bucket[k][real])
+    else:
+      np.testing.assert_allclose(pack[k], bucket[k], atol=2e-5)

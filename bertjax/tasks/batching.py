@@ -8,12 +8,14 @@ them on the host:
   the next of `bucket_lengths` (default: powers of two from 16, then T): at most a
   handful of shapes, each compiled once, and short texts cost what they hold, as
   Hugging Face's padding to the longest row of a batch. Evaluation is cut the same way.
-- 'pack' (classification and tagging, training only; evaluation is bucketed): the
-  batch's examples placed several to a row of T tokens (first fit, in batch order),
-  each with its own [CLS], positions restarting and `segment_ids` keeping attention
-  inside each example (the encoder's packed-row mask, as in pretraining). The row
-  count is rounded up to a power of two (few shapes);
-  classification reads each example's pooled [CLS] from `cls_positions`.
+- 'pack' (classification and tagging): the batch's examples placed several to a row of
+  T tokens (first fit, in batch order), each with its own [CLS], positions restarting
+  and `segment_ids` keeping attention inside each example (the encoder's packed-row
+  mask, as in pretraining). The row count is rounded up to a power of two (few
+  shapes; evaluation pads every batch to the most rows any needs: one shape);
+  classification reads each example's pooled [CLS] from `cls_positions`. Maps back to
+  the batch's rows come along (`slot_rows`; `token_rows`, `token_cols`), and
+  `unpack` puts a packed batch's outputs back in batch order.
 
 A batch depends only on the features and the rows chosen, so a training stream of
 such batches stays a pure function of (seed, step) and resumes exactly.
@@ -98,21 +100,24 @@ def _first_fit(lengths: Sequence[int], capacity: int) -> list[list[int]]:
 def packed(arrays: dict[str, np.ndarray], idx: np.ndarray, valid: np.ndarray,
            lengths: np.ndarray, groups: int, mine: slice, mode: str,
            token_arrays: Sequence[str], position_offset: int, pad_id: int,
-           row_multiple: int = 1) -> dict[str, np.ndarray]:
+           row_multiple: int = 1, min_rows: int = 0) -> dict[str, np.ndarray]:
   """The packed batch of the global batch's feature rows `idx` [B] (`valid`: False
   for rows that only fill the last batch, which are left out).
 
   The batch is split into `groups` equal parts (one per data-parallel device), each
   packed into its own R rows (R the same for all: the most any group needs, rounded
   up to a power of two, then to a multiple of `row_multiple`: the micro-batches of
-  gradient accumulation split rows), so that a device's examples sit in its own rows. `mine`:
-  this process's groups. Token arrays ([R*groups, T] over `mine`'s groups) with
-  `segment_ids` (1 + the example's slot in its row, 0 on padding) and `position_ids`
-  (restarting at `position_offset` for each example). mode 'tokens' (tagging): every
-  other array is per row; `example_weights` [rows]. mode 'cls' (classification): each
-  row has K slots (K = B / groups, as many as a row could hold);
-  `cls_positions` [rows, K] (each example's first token), the feature's other arrays
-  [rows, K] per slot and `example_weights` [rows, K] (0 on empty slots).
+  gradient accumulation split rows; at least `min_rows`), so that a device's examples
+  sit in its own rows. `mine`: this process's groups. Token arrays ([R*groups, T]
+  over `mine`'s groups) with `segment_ids` (1 + the example's slot in its row, 0 on
+  padding) and `position_ids` (restarting at `position_offset` for each example).
+  mode 'tokens' (tagging): every other array is per row; `example_weights` [rows];
+  `token_rows` / `token_cols` [rows, T]: each token's example (its position in the
+  batch, -1 on padding) and its position in the example's own row. mode 'cls'
+  (classification): each row has K slots (K = B / groups, as many as a row could
+  hold); `cls_positions` [rows, K] (each example's first token), the feature's other
+  arrays [rows, K] per slot, `example_weights` [rows, K] (0 on empty slots) and
+  `slot_rows` [rows, K] (each slot's example's position in the batch, -1 if empty).
   """
   T = arrays["input_ids"].shape[-1]
   per_group = len(idx) // groups
@@ -121,7 +126,8 @@ def packed(arrays: dict[str, np.ndarray], idx: np.ndarray, valid: np.ndarray,
     members = [i for i in range(g * per_group, (g + 1) * per_group) if valid[i]]
     layouts.append([[members[j] for j in row]
                     for row in _first_fit([int(lengths[i]) for i in members], T)])
-  R = -(-_pow2(max(len(rows) for rows in layouts)) // row_multiple) * row_multiple
+  R = -(-_pow2(max(min_rows, *(len(rows) for rows in layouts))) // row_multiple
+       ) * row_multiple
   K = per_group  # Slots per row: as many as a row could hold, one shape fewer to compile.
   rows = [row for rows in layouts[mine] for row in (rows + [[]] * (R - len(rows)))]
   out = {k: np.full((len(rows), T), pad_id if k == "input_ids" else
@@ -134,10 +140,13 @@ def packed(arrays: dict[str, np.ndarray], idx: np.ndarray, valid: np.ndarray,
     out.update({k: np.zeros((len(rows), K, *arrays[k].shape[1:]), arrays[k].dtype)
                 for k in others})
     out["example_weights"] = np.zeros((len(rows), K), np.float32)
+    out["slot_rows"] = np.full((len(rows), K), -1, np.int32)
   elif others:
     raise ValueError(f"packing mode 'tokens' cannot place per-example arrays {others}")
   else:
     out["example_weights"] = np.array([bool(row) for row in rows], np.float32)
+    out["token_rows"] = np.full((len(rows), T), -1, np.int32)
+    out["token_cols"] = np.zeros((len(rows), T), np.int32)
   for r, row in enumerate(rows):
     at = 0
     for slot, i in enumerate(row):
@@ -149,8 +158,12 @@ def packed(arrays: dict[str, np.ndarray], idx: np.ndarray, valid: np.ndarray,
       if mode == "cls":
         out["cls_positions"][r, slot] = at
         out["example_weights"][r, slot] = 1.0
+        out["slot_rows"][r, slot] = i
         for k in others:
           out[k][r, slot] = arrays[k][f]
+      else:
+        out["token_rows"][r, at:at + n] = i
+        out["token_cols"][r, at:at + n] = np.arange(n)
       at += n
   return out
 
@@ -177,18 +190,43 @@ class Batcher:
   def __post_init__(self):
     self.lengths = row_lengths(self.arrays)
 
-  def batch(self, idx: np.ndarray, valid: np.ndarray, mine: slice, train: bool
+  def batch(self, idx: np.ndarray, valid: np.ndarray, mine: slice, min_rows: int = 0
             ) -> dict[str, np.ndarray]:
     """This process's part (`mine`: its rows of the global batch, as a slice of
-    `idx`) of the global batch of feature rows `idx` [B] (`valid` as in `rows`).
-    Packing applies to training batches only."""
-    if self.mode == "pack" and train:
+    `idx`) of the global batch of feature rows `idx` [B] (`valid` as in `rows`);
+    packed, at least `min_rows` rows per data-parallel group."""
+    if self.mode == "pack":
       B, G = len(idx), self.groups
       groups = slice(mine.start * G // B, mine.stop * G // B)
       return packed(self.arrays, idx, valid, self.lengths[idx], self.groups, groups,
                     self.packing, self.token_arrays, self.position_offset, self.pad_id,
-                    self.row_multiple)
+                    self.row_multiple, min_rows)
     batch = rows(self.arrays, idx[mine], valid[mine])
     if self.mode == "max":
       return batch
     return bucketed(batch, self.lengths[idx][valid], self.buckets, self.token_arrays)
+
+
+# The maps of a packed batch back to its rows (`packed`).
+PACKING_MAPS = ("slot_rows", "token_rows", "token_cols")
+
+
+def unpack(outputs: dict[str, np.ndarray], maps: dict[str, np.ndarray], size: int,
+           length: int, fill: dict[str, float]) -> dict[str, np.ndarray]:
+  """The outputs of a packed batch ([rows, K, ...] per slot, or [rows, T, ...] per
+  token for the keys of `fill`) in the order of its `size` batch rows ([size, ...];
+  per token [size, length, ...], `fill` where no token is): `maps` holds the batch's
+  `slot_rows` or `token_rows` and `token_cols`. Rows of no example stay 0 / `fill`."""
+  out = {}
+  for k, v in outputs.items():
+    if "slot_rows" in maps:
+      where = maps["slot_rows"] >= 0
+      out[k] = np.zeros((size, *v.shape[2:]), v.dtype)
+      out[k][maps["slot_rows"][where]] = v[where]
+    elif k in fill:
+      where = maps["token_rows"] >= 0
+      out[k] = np.full((size, length, *v.shape[2:]), fill[k], v.dtype)
+      out[k][maps["token_rows"][where], maps["token_cols"][where]] = v[where]
+    else:
+      raise ValueError(f"a packed batch's output {k!r} is neither per slot nor per token")
+  return out

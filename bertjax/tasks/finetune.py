@@ -278,7 +278,7 @@ def train_stream(batches: batching.Batcher, batch_size: int, seed: int, num_step
   def batch(step: int) -> dict[str, np.ndarray]:
     epoch, i = divmod(step, per_epoch)
     order = epoch_order(seed, epoch, n, batch_size)[i * batch_size:(i + 1) * batch_size]
-    return batches.batch(np.maximum(order, 0), order >= 0, mine, train=True)
+    return batches.batch(np.maximum(order, 0), order >= 0, mine)
 
   return iter(grain.MapDataset.range(num_steps).map(batch).to_iter_dataset(
       grain.ReadOptions(num_threads=1, prefetch_buffer_size=4)))
@@ -294,7 +294,8 @@ def predictor(inference: state_lib.Inference, task: base.Task
   def eval_step(params, batch):
     out = inference.model.apply({"params": params}, batch, deterministic=True)
     total, count = task.loss(out, batch)
-    return dict(task.predict_outputs(out), loss_sum=total, loss_count=count)
+    maps = {k: batch[k] for k in batching.PACKING_MAPS if k in batch}  # Gathered alike.
+    return dict(task.predict_outputs(out), loss_sum=total, loss_count=count, **maps)
 
   step = jax.jit(eval_step, in_shardings=(inference.params, inference.batch_sharding))
   dp = mesh_lib.data_parallel_size(inference.mesh, inference.rules)
@@ -305,16 +306,27 @@ def predictor(inference: state_lib.Inference, task: base.Task
     share = batch_size // jax.process_count()
     mine = slice(jax.process_index() * share, (jax.process_index() + 1) * share)
     batches = batcher(task, features, inference.model.config, dp)
-    parts, loss, count = [], 0.0, 0.0
     starts = range(0, n, batch_size)
+    cut = lambda lo, min_rows=0: batches.batch(
+        np.minimum(np.arange(lo, lo + batch_size), n - 1), np.arange(lo, lo + batch_size) < n,
+        mine, min_rows)
+    most = 0
+    if batches.mode == "pack":  # One shape: every batch with the most rows any needs.
+      groups = dp // jax.process_count()
+      most = max(len(cut(lo)["input_ids"]) // groups for lo in starts)
+    parts, loss, count = [], 0.0, 0.0
     with jax.set_mesh(inference.mesh), nn.logical_axis_rules(inference.rules):
       for lo in progress.Progress("eval", len(starts), "batches").wrap(starts):
-        idx = np.arange(lo, lo + batch_size)
-        batch = batches.batch(np.minimum(idx, n - 1), idx < n, mine, train=False)
+        batch = cut(lo, most)
         out = step(params, mesh_lib.put_batch(batch, inference.batch_sharding))
         out = (multihost_utils.process_allgather(out, tiled=True)
                if jax.process_count() > 1 else jax.device_get(out))
         loss, count = loss + float(out.pop("loss_sum")), count + float(out.pop("loss_count"))
+        maps = {k: out.pop(k) for k in batching.PACKING_MAPS if k in out}
+        if maps:
+          parts.append(batching.unpack(out, maps, batch_size, task.max_seq_length,
+                                       task.token_outputs))
+          continue
         T = batch["input_ids"].shape[-1]
         parts.append({k: np.pad(v, [(0, 0), (0, task.max_seq_length - T)]
                                 + [(0, 0)] * (v.ndim - 2), constant_values=task.token_outputs[k])
