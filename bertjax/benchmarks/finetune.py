@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import resource
 import statistics
 import subprocess
 import sys
@@ -102,19 +103,26 @@ def make_task(out_dir: str, train_per_label: int = 150, dev_per_label: int = 50,
   return paths
 
 
-def _timed(cmd: list[str], cwd: str, env: dict | None = None
-           ) -> tuple[float, str, str, list[float]]:
-  """(wall seconds, stdout, stderr, [1-min load average before, after]) of a
-  subprocess; a failure raises with its stderr's tail."""
+def _cpu_seconds() -> float:
+  """User + system CPU seconds of this process's finished children."""
+  usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+  return usage.ru_utime + usage.ru_stime
+
+
+def _timed(cmd: list[str], cwd: str, env: dict | None = None) -> dict:
+  """{'wall_s', 'cpu_s' (user + system CPU seconds), 'load' ([1-min load average
+  before, after]), 'stdout', 'stderr'} of a subprocess; a failure raises with its
+  stderr's tail."""
   load = [os.getloadavg()[0]]
-  t0 = time.perf_counter()
+  t0, cpu0 = time.perf_counter(), _cpu_seconds()
   proc = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd,
                         env=None if env is None else {**os.environ, **env})
-  wall = time.perf_counter() - t0
+  wall, cpu = time.perf_counter() - t0, _cpu_seconds() - cpu0
   load.append(os.getloadavg()[0])
   if proc.returncode:
     raise RuntimeError(f"{' '.join(cmd[:4])} ... failed:\n{proc.stderr[-3000:]}")
-  return wall, proc.stdout, proc.stderr, load
+  return {"wall_s": wall, "cpu_s": cpu, "load": load, "stdout": proc.stdout,
+          "stderr": proc.stderr}
 
 
 def run_bertjax(paths, labels, model, seed, batching, workdir, cache, args) -> dict:
@@ -130,12 +138,12 @@ def run_bertjax(paths, labels, model, seed, batching, workdir, cache, args) -> d
          f"--config.train.batch_size={args['batch']}",
          f"--config.train.learning_rate={args['lr']}",
          f"--config.train.num_epochs={args['epochs']}", *args["bertjax_flags"]]
-  wall, _, log, load = _timed(cmd, _REPO, {"JAX_COMPILATION_CACHE_DIR": cache})
-  compiled = re.search(r"Compilation: ([0-9.]+) s \((\d+) programs", log)
+  run = _timed(cmd, _REPO, {"JAX_COMPILATION_CACHE_DIR": cache})
+  compiled = re.search(r"Compilation: ([0-9.]+) s \((\d+) programs", run["stderr"])
   with open(os.path.join(workdir, "dev_results.json")) as f:
-    return {"wall_s": wall, "compile_s": float(compiled.group(1)),
-            "programs": int(compiled.group(2)), "accuracy": json.load(f)["accuracy"],
-            "load": load}
+    return {"wall_s": run["wall_s"], "cpu_s": run["cpu_s"],
+            "compile_s": float(compiled.group(1)), "programs": int(compiled.group(2)),
+            "accuracy": json.load(f)["accuracy"], "load": run["load"]}
 
 
 def run_hf(paths, labels, model, seed, args) -> dict:
@@ -145,10 +153,10 @@ def run_hf(paths, labels, model, seed, args) -> dict:
          f"--train={paths['train']}", f"--dev={paths['dev']}", f"--labels={','.join(labels)}",
          f"--seed={seed}", f"--batch_size={args['batch']}", f"--learning_rate={args['lr']}",
          f"--num_epochs={args['epochs']}", f"--max_seq_length={args['max_seq_length']}"]
-  wall, out, _, load = _timed(cmd, _REPO)
-  result = json.loads(out.strip().splitlines()[-1])
-  return {"wall_s": wall, "compile_s": 0.0, "programs": 0, "accuracy": result["accuracy"],
-          "load": load}
+  run = _timed(cmd, _REPO)
+  result = json.loads(run["stdout"].strip().splitlines()[-1])
+  return {"wall_s": run["wall_s"], "cpu_s": run["cpu_s"], "compile_s": 0.0,
+          "programs": 0, "accuracy": result["accuracy"], "load": run["load"]}
 
 
 def _spread(xs: list[float]) -> dict:
@@ -188,20 +196,25 @@ def main(argv):
                        "train": f.train_per_label * len(labels),
                        "dev": f.dev_per_label * len(labels)},
             "runs": runs, "loadavg_end": os.getloadavg()}
-  print(f"\n| run | wall s (mean [min-max]) | of which compilation s | dev accuracy "
-        f"(mean [min-max]) |{' bertjax / HF wall (per seed) |' if 'hf' in runs else ''}")
-  print(f"|---|---|---|---|{'---|' if 'hf' in runs else ''}")
+  hf = "hf" in runs
+  print(f"\n| run | wall s (mean [min-max]) | of which compilation s | CPU s | dev "
+        f"accuracy (mean [min-max]) |{' wall / HF (per seed) | CPU / HF |' if hf else ''}")
+  print(f"|---|---|---|---|---|{'---|---|' if hf else ''}")
   for name, rs in runs.items():
-    wall, acc = _spread([r["wall_s"] for r in rs]), _spread([r["accuracy"] for r in rs])
-    compile_s = _spread([r["compile_s"] for r in rs])
-    result[name] = {"wall_s": wall, "compile_s": compile_s, "accuracy": acc}
+    spread = {k: _spread([r[k] for r in rs]) for k in ("wall_s", "cpu_s", "compile_s",
+                                                        "accuracy")}
+    result[name] = spread
+    wall, acc = spread["wall_s"], spread["accuracy"]
     row = (f"| {name} | {wall['mean']:.1f} [{wall['min']:.1f}-{wall['max']:.1f}] | "
-           f"{compile_s['mean']:.1f} ({max(r['programs'] for r in rs)} programs) | "
+           f"{spread['compile_s']['mean']:.1f} ({max(r['programs'] for r in rs)} programs) "
+           f"| {spread['cpu_s']['mean']:.1f} | "
            f"{100 * acc['mean']:.1f} [{100 * acc['min']:.1f}-{100 * acc['max']:.1f}] |")
-    if "hf" in runs:
-      ratios = [r["wall_s"] / h["wall_s"] for r, h in zip(rs, runs["hf"])]
-      result[name]["wall_ratio_vs_hf"] = _spread(ratios)
-      row += f" {statistics.fmean(ratios):.2f} ({', '.join(f'{x:.2f}' for x in ratios)}) |"
+    if hf:
+      for k in ("wall_s", "cpu_s"):
+        ratios = [r[k] / h[k] for r, h in zip(rs, runs["hf"])]
+        result[name][f"{k[:-2]}_ratio_vs_hf"] = _spread(ratios)
+        row += (f" {statistics.fmean(ratios):.2f}" + (
+            f" ({', '.join(f'{x:.2f}' for x in ratios)})" if k == "wall_s" else "") + " |")
     print(row)
   path = f.json or os.path.join(tempfile.gettempdir(), "bertjax_finetune_benchmark.json")
   with open(path, "w") as fh:
