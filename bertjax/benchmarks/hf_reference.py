@@ -151,6 +151,7 @@ def define_flags() -> None:
   flags.DEFINE_list("labels", [], "Label names in order (default: the sorted training "
                     "labels).")
   flags.DEFINE_integer("seed", 0, "Seed (head init, dropout, data order).")
+  flags.DEFINE_integer("torch_threads", 0, "torch's intra-op threads (0: its default).")
   for field in dataclasses.fields(Recipe):
     define = flags.DEFINE_float if field.type == "float" else flags.DEFINE_integer
     define(field.name, field.default, f"Recipe.{field.name}.")
@@ -164,5 +165,8 @@ def main(argv) -> None:
   train, dev = read_jsonl(f.train, f.fields), read_jsonl(f.dev, f.fields)
   labels = list(f.labels) or sorted({r[-1] for r in train})
   recipe = Recipe(**{x.name: getattr(f, x.name) for x in dataclasses.fields(Recipe)})
+  if f.torch_threads:
+    import torch  # pylint: disable=g-import-not-at-top
+    torch.set_num_threads(f.torch_threads)
   result = classify(f.model, train, dev, labels, f.seed, recipe)
   print(json.dumps({k: v for k, v in result.items() if k != "predictions"}))
