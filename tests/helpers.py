@@ -58,3 +58,14 @@ def offsets(haystack, needle) -> list[int]:
       found.append(k // 4)
     k = hay.find(sub, k + 1)
   return found
+
+
+def perturb(model):
+  """A Hugging Face torch model with every weight moved (random init leaves norms at 1
+  and biases at 0, which would hide a swapped or dropped one), in eval mode."""
+  import torch  # pylint: disable=g-import-not-at-top
+  gen = torch.Generator().manual_seed(0)
+  with torch.no_grad():
+    for p in model.parameters():
+      p.add_(0.05 * torch.randn(p.shape, generator=gen))
+  return model.eval()

@@ -13,6 +13,7 @@ transformers = pytest.importorskip("transformers")
 from bertjax import api, convert as convert_cli  # pylint: disable=wrong-import-position
 from bertjax.hf import convert, files
 from bertjax.data import tokenizer as tokenizer_lib  # pylint: disable=wrong-import-position
+from tests.helpers import perturb  # pylint: disable=wrong-import-position
 
 CORPUS = ["The quick brown fox jumps over the lazy dog.",
           "Please turn your homework in on Monday, or else!",
@@ -25,14 +26,6 @@ PAIRS = ["jumps over the dog", "no", "BERT pretrains encoders."]
 def _small(vocab_size, **kw):
   return dict(vocab_size=vocab_size, hidden_size=32, num_hidden_layers=2,
               num_attention_heads=4, intermediate_size=64, hidden_act="gelu", **kw)
-
-
-def _perturb(model):
-  gen = torch.Generator().manual_seed(0)
-  with torch.no_grad():
-    for p in model.parameters():
-      p.add_(0.05 * torch.randn(p.shape, generator=gen))
-  return model.eval()
 
 
 def _run_hf(model, batch):
@@ -52,7 +45,7 @@ def hf_bert(tmp_path_factory):
   tok = tokenizer_lib.train_tokenizer(CORPUS, "wordpiece", vocab_size=200)
   config = transformers.BertConfig(**_small(tok.vocab_size, max_position_embeddings=64))
   torch.manual_seed(0)
-  model = _perturb(transformers.BertForPreTraining(config))
+  model = perturb(transformers.BertForPreTraining(config))
   model.save_pretrained(str(d))
   (d / "vocab.txt").write_text(
       "".join(tok.id_to_token(i) + "\n" for i in range(tok.vocab_size)), encoding="utf-8")
@@ -96,7 +89,7 @@ def test_xlmr_export_runs_in_transformers(tmp_path):
       tok.vocab_size, max_position_embeddings=66, type_vocab_size=1, pad_token_id=1,
       bos_token_id=0, eos_token_id=2, layer_norm_eps=1e-5))
   torch.manual_seed(0)
-  _perturb(transformers.XLMRobertaForMaskedLM(config)).save_pretrained(str(d))
+  perturb(transformers.XLMRobertaForMaskedLM(config)).save_pretrained(str(d))
   ours = api.load_pretrained(str(d))
   exported = str(tmp_path / "exported")
   assert convert.save_hf(exported, ours.params, ours.config, ours.tokenizer) == "xlm-roberta"
@@ -121,7 +114,7 @@ def test_roberta_roundtrip_through_bertjax_and_back(tmp_path):
       tok.vocab_size, max_position_embeddings=66, type_vocab_size=1, pad_token_id=1,
       bos_token_id=0, eos_token_id=2, layer_norm_eps=1e-5))
   torch.manual_seed(0)
-  model = _perturb(transformers.RobertaForMaskedLM(config))
+  model = perturb(transformers.RobertaForMaskedLM(config))
   model.save_pretrained(str(src))
   workdir, exported = str(tmp_path / "workdir"), str(tmp_path / "exported")
   convert_cli.main(["--to=bertjax", f"--src={src}", f"--dst={workdir}"])

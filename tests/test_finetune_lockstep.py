@@ -29,7 +29,8 @@ SQuAD's softmax over positions leaves padding out (transformers' loss counts pad
 positions; this test masks them on its side too).
 
 One child process on one CPU device (the suite's 8 fake devices would all-reduce
-gradients for nothing).
+gradients for nothing). `python -m tests.test_finetune_lockstep` prints the largest
+differences of each run (docs/finetuning.md's table).
 """
 
 from __future__ import annotations
@@ -398,3 +399,25 @@ def test_lockstep_with_bertjaxs_dropout_masks(runs, name):
       assert abs(kept - 0.9) < 6 * sigma, (kept, n)
   # One draw per element of each dropped tensor, new every step.
   assert len(set(map(tuple, r["first_mask_hash"]))) == len(r["first_mask_hash"])
+
+
+def summary(runs: dict) -> list[str]:
+  """One line per run: its steps and the largest differences over them (the table of
+  docs/finetuning.md)."""
+  lines = []
+  for key, r in runs.items():
+    if "error" in r:
+      lines.append(f"{key}: ERROR {r['error'][-500:]}")
+      continue
+    loss = max(abs(a - b) / abs(b) for a, b in zip(r["loss"], r["hf_loss"]))
+    diff, param, _ = max(r["param_diff"])
+    update = max(p[2] for p in r["param_diff"])
+    lines.append(f"{key}: {len(r['loss'])} steps (warm-up {r['warmup_steps']} of "
+                 f"{r['num_steps']}); loss {loss:.1e} (relative); a parameter {diff:.1e} "
+                 f"({diff / LR:.3f} x peak lr, {param}); the updates {update:.1e} "
+                 f"(relative); moved {r['moved']:.1e}")
+  return lines
+
+
+if __name__ == "__main__":  # python -m tests.test_finetune_lockstep: the figures.
+  print("\n".join(summary(run_all())))

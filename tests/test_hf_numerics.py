@@ -13,6 +13,7 @@ from bertjax import api  # pylint: disable=g-import-not-at-top,wrong-import-posi
 from bertjax.hf import files  # pylint: disable=wrong-import-position
 from bertjax.data import tokenizer as tokenizer_lib  # pylint: disable=wrong-import-position
 from bertjax.errors import CheckpointError  # pylint: disable=wrong-import-position
+from tests.helpers import perturb, tiny_config  # pylint: disable=wrong-import-position
 
 CORPUS = [
     "The quick brown fox jumps over the lazy dog.",
@@ -26,15 +27,6 @@ TEXTS = ["The quick brown fox.", "Please turn your homework in on Monday, or els
          "a", "BERT pretrains bidirectional encoders with masked language modelling."]
 PAIRS = ["jumps over the dog", "no", "RoBERTa drops next sentence prediction.", "x y z"]
 ATOL = 1e-4
-
-
-def _perturb(model):
-  """Random init leaves LayerNorms at 1/0 and biases at 0; move every weight."""
-  gen = torch.Generator().manual_seed(0)
-  with torch.no_grad():
-    for p in model.parameters():
-      p.add_(0.05 * torch.randn(p.shape, generator=gen))
-  return model.eval()
 
 
 def _small(vocab_size, **kw):
@@ -51,7 +43,7 @@ def bert_dir(tmp_path_factory):
   config = transformers.BertConfig(**_small(tok.vocab_size,
                                             max_position_embeddings=64))
   torch.manual_seed(0)
-  model = _perturb(transformers.BertForPreTraining(config))
+  model = perturb(transformers.BertForPreTraining(config))
   model.save_pretrained(str(d))
   (d / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
   return str(d), model
@@ -73,7 +65,7 @@ def _fairseq_style_mlm(directory, stem: str, vocab_size: int):
       vocab_size, max_position_embeddings=66, type_vocab_size=1,
       pad_token_id=1, bos_token_id=0, eos_token_id=2, layer_norm_eps=1e-5))
   torch.manual_seed(0)
-  model = _perturb(getattr(transformers, f"{stem}ForMaskedLM")(config))
+  model = perturb(getattr(transformers, f"{stem}ForMaskedLM")(config))
   model.save_pretrained(str(directory))
   return model
 
@@ -235,7 +227,6 @@ def test_bertjax_workdir(tmp_path):
   import jax  # pylint: disable=g-import-not-at-top
   from bertjax.checkpoint import files, manager as checkpoint, workdir as workdir_lib  # pylint: disable=g-import-not-at-top
   from bertjax.train import state as state_lib  # pylint: disable=g-import-not-at-top
-  from tests.helpers import tiny_config  # pylint: disable=g-import-not-at-top
   tok = tokenizer_lib.train_tokenizer(CORPUS, "wordpiece", vocab_size=300)
   config = tiny_config()
   config.model.vocab_size = tok.vocab_size

@@ -12,6 +12,7 @@ import pytest
 from bertjax.hf import modernbert as conv
 from bertjax.errors import ConfigError
 from bertjax.model import modernbert as mb
+from tests.helpers import perturb
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -25,15 +26,6 @@ HF_SMALL = dict(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_
                 bos_token_id=1, eos_token_id=2, cls_token_id=1, sep_token_id=2)
 
 
-def _perturb(model):
-  """Random init leaves norms at 1 and biases at 0; move every weight."""
-  gen = torch.Generator().manual_seed(0)
-  with torch.no_grad():
-    for p in model.parameters():
-      p.add_(0.05 * torch.randn(p.shape, generator=gen))
-  return model.eval()
-
-
 def _state(model):
   return {k: v.detach().numpy() for k, v in model.state_dict().items()}
 
@@ -42,7 +34,7 @@ def _state(model):
 def hf_mlm():
   torch.manual_seed(0)
   config = transformers.ModernBertConfig(**HF_SMALL, attn_implementation="eager")
-  model = _perturb(transformers.ModernBertForMaskedLM(config))
+  model = perturb(transformers.ModernBertForMaskedLM(config))
   cfg = conv.model_config_from_hf(config.to_dict())
   return model, cfg, conv.params_from_hf(_state(model), cfg)
 
@@ -140,8 +132,8 @@ def test_sequence_classification_head_matches_hf(pooling):
   config = transformers.ModernBertConfig(**HF_SMALL, classifier_pooling=pooling,
                                          classifier_bias=True, num_labels=3,
                                          attn_implementation="eager")
-  seq = _perturb(transformers.ModernBertForSequenceClassification(config))
-  tag = _perturb(transformers.ModernBertForTokenClassification(config))
+  seq = perturb(transformers.ModernBertForSequenceClassification(config))
+  tag = perturb(transformers.ModernBertForTokenClassification(config))
   cfg = conv.model_config_from_hf(config.to_dict())
 
   class Head(nn.Module):
