@@ -97,6 +97,19 @@ def _first_fit(lengths: Sequence[int], capacity: int) -> list[list[int]]:
   return rows
 
 
+def _layouts(valid: np.ndarray, lengths: np.ndarray, groups: int, T: int
+             ) -> list[list[list[int]]]:
+  """Per data-parallel group of the batch, its rows: the batch positions of the
+  examples first-fit into each row of T tokens (`valid` False: left out)."""
+  per_group = len(valid) // groups
+  layouts = []
+  for g in range(groups):
+    members = [i for i in range(g * per_group, (g + 1) * per_group) if valid[i]]
+    layouts.append([[members[j] for j in row]
+                    for row in _first_fit([int(lengths[i]) for i in members], T)])
+  return layouts
+
+
 def packed(arrays: dict[str, np.ndarray], idx: np.ndarray, valid: np.ndarray,
            lengths: np.ndarray, groups: int, mine: slice, mode: str,
            token_arrays: Sequence[str], position_offset: int, pad_id: int,
@@ -121,11 +134,7 @@ def packed(arrays: dict[str, np.ndarray], idx: np.ndarray, valid: np.ndarray,
   """
   T = arrays["input_ids"].shape[-1]
   per_group = len(idx) // groups
-  layouts = []
-  for g in range(groups):
-    members = [i for i in range(g * per_group, (g + 1) * per_group) if valid[i]]
-    layouts.append([[members[j] for j in row]
-                    for row in _first_fit([int(lengths[i]) for i in members], T)])
+  layouts = _layouts(valid, lengths, groups, T)
   R = -(-_pow2(max(min_rows, *(len(rows) for rows in layouts))) // row_multiple
        ) * row_multiple
   K = per_group  # Slots per row: as many as a row could hold, one shape fewer to compile.
@@ -189,6 +198,13 @@ class Batcher:
 
   def __post_init__(self):
     self.lengths = row_lengths(self.arrays)
+
+  def packed_rows(self, idx: np.ndarray, valid: np.ndarray) -> int:
+    """The rows per data-parallel group that the packed global batch of feature rows
+    `idx` needs before rounding (`batch`'s `min_rows` for the same shape as another's),
+    from the lengths alone."""
+    T = self.arrays["input_ids"].shape[-1]
+    return max(len(rows) for rows in _layouts(valid, self.lengths[idx], self.groups, T))
 
   def batch(self, idx: np.ndarray, valid: np.ndarray, mine: slice, min_rows: int = 0
             ) -> dict[str, np.ndarray]:

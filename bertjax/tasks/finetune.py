@@ -307,17 +307,15 @@ def predictor(inference: state_lib.Inference, task: base.Task
     mine = slice(jax.process_index() * share, (jax.process_index() + 1) * share)
     batches = batcher(task, features, inference.model.config, dp)
     starts = range(0, n, batch_size)
-    cut = lambda lo, min_rows=0: batches.batch(
-        np.minimum(np.arange(lo, lo + batch_size), n - 1), np.arange(lo, lo + batch_size) < n,
-        mine, min_rows)
+    idx = lambda lo: np.minimum(np.arange(lo, lo + batch_size), n - 1)
+    valid = lambda lo: np.arange(lo, lo + batch_size) < n
     most = 0
     if batches.mode == "pack":  # One shape: every batch with the most rows any needs.
-      groups = dp // jax.process_count()
-      most = max(len(cut(lo)["input_ids"]) // groups for lo in starts)
+      most = max(batches.packed_rows(idx(lo), valid(lo)) for lo in starts)
     parts, loss, count = [], 0.0, 0.0
     with jax.set_mesh(inference.mesh), nn.logical_axis_rules(inference.rules):
       for lo in progress.Progress("eval", len(starts), "batches").wrap(starts):
-        batch = cut(lo, most)
+        batch = batches.batch(idx(lo), valid(lo), mine, most)
         out = step(params, mesh_lib.put_batch(batch, inference.batch_sharding))
         out = (multihost_utils.process_allgather(out, tiled=True)
                if jax.process_count() > 1 else jax.device_get(out))
