@@ -85,9 +85,9 @@ def _requirements(wheel: str) -> list[Requirement]:
   with zipfile.ZipFile(wheel) as z:
     meta = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
     lines = z.read(meta).decode().splitlines()
-  env = {**default_environment(), "python_version": "3.12", "python_full_version": "3.12.3",
-         "sys_platform": "linux", "platform_system": "Linux", "platform_machine": "x86_64",
-         "extra": ""}
+  env = {**default_environment(), "python_version": "3.12",
+         "python_full_version": "3.12.3", "sys_platform": "linux",
+         "platform_system": "Linux", "platform_machine": "x86_64", "extra": ""}
   reqs = [Requirement(line.split(":", 1)[1]) for line in lines
           if line.startswith("Requires-Dist:")]
   return [r for r in reqs if r.marker is None or r.marker.evaluate(env)]

@@ -65,8 +65,9 @@ def test_modernbert_log_names_what_each_row_and_layer_runs(on_gpu, caplog, scan)
   """4 layers (0 and 3 global, 1 and 2 windowed): padded global layers run cuDNN, every
   other kind the Pallas kernel, as the log says."""
   cfg = mb.ModernBertConfig(vocab_size=64, hidden_size=32, num_layers=4, num_heads=2,
-                            intermediate_size=48, pad_token_id=0, local_attention=2 * WINDOW,
-                            scan_layers=scan, dtype=jnp.bfloat16)
+                            intermediate_size=48, pad_token_id=0,
+                            local_attention=2 * WINDOW, scan_layers=scan,
+                            dtype=jnp.bfloat16)
   model = mb.ModernBertForPreTraining(cfg)
   pallas, cudnn = attn.KERNELS["pallas_gpu"], attn.KERNELS["cudnn"]
   want = {"padded": [f"attention: padded rows, global layers -> {cudnn} (path 'cudnn')",

@@ -46,7 +46,8 @@ def test_dry_run_writes_the_table_and_json_with_every_part_accounted(tmp_path):
                   "one train step on cpu", "tests: 6 passed, 0 failed"):
     assert heading in table, heading
   train = parts["modernbert_1024"]["result"]
-  assert train["docs_per_row"] == 4 and train["hf"]["model_class"] == "ModernBertForMaskedLM"
+  assert train["docs_per_row"] == 4
+  assert train["hf"]["model_class"] == "ModernBertForMaskedLM"
   assert parts["smoke"]["result"]["attention"]["cudnn"] == "skipped: cuDNN needs a GPU"
   assert parts["profile"]["result"]["device_ms"]["matmuls"] > 0
   assert (out / "tests.log").exists() and (out / "profile.xplane.pb").exists()

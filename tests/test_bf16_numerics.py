@@ -130,11 +130,10 @@ def test_padded_rows_in_bf16_match_hf_fp32(family_model):
   fp32 = _our_outputs(hf_model, jnp.float32, ids, mask)
   errors = {}
   for what, i in (("hidden", 0), ("logits", 1)):
-    if what == "hidden":  # The worst layer.
-      rel = lambda o, r: max(_relative(o[k], r[k], real) for k in range(len(r)))  # noqa: E731
-    else:
-      rel = lambda o, r: _relative(o, r, real)  # noqa: E731
-    errors[what] = (rel(ours[i], ref[i]), rel(theirs[i], ref[i]), rel(fp32[i], ref[i]))
+    def rel(o, r, i=i):  # The worst layer's hidden states; the logits.
+      return (max(_relative(o[i][k], r[i][k], real) for k in range(len(r[i]))) if i == 0
+              else _relative(o[i], r[i], real))
+    errors[what] = (rel(ours, ref), rel(theirs, ref), rel(fp32, ref))
     print(f"{name} padded {what}: bertjax bf16 {errors[what][0]:.4f}, transformers "
           f"autocast bf16 {errors[what][1]:.4f}, bertjax fp32 {errors[what][2]:.1e}")
   for what, (ours_bf16, _, ours_fp32) in errors.items():

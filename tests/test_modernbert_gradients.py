@@ -60,9 +60,9 @@ def _our_grads(model, ids, mask, labels, segment_ids=None):
   labelled = labels >= 0
 
   def loss(p):
+    segments = None if segment_ids is None else jnp.asarray(segment_ids)
     logits = net.apply({"params": p}, jnp.asarray(ids), jnp.asarray(mask),
-                       segment_ids=None if segment_ids is None else jnp.asarray(segment_ids)
-                       )["mlm_logits"]
+                       segment_ids=segments)["mlm_logits"]
     logp = jax.nn.log_softmax(logits.astype(jnp.float32))
     picked = jnp.take_along_axis(logp, jnp.asarray(np.maximum(labels, 0))[..., None], -1)
     return -jnp.sum(jnp.where(jnp.asarray(labelled), picked[..., 0], 0.0))
@@ -77,7 +77,8 @@ def _compare(model, grads, hf_rows) -> float:
   _, theirs, _ = convert.table_of(hf_json).load(hf_json, _hf_grads(model, hf_rows))
   assert jax.tree.structure(theirs) == jax.tree.structure(grads)
   worst = 0.0
-  for (path, g), h in zip(jax.tree_util.tree_leaves_with_path(grads), jax.tree.leaves(theirs)):
+  leaves = zip(jax.tree_util.tree_leaves_with_path(grads), jax.tree.leaves(theirs))
+  for (path, g), h in leaves:
     scale = float(np.abs(h).max())
     assert scale > 0, jax.tree_util.keystr(path)  # Every parameter has a gradient.
     diff = float(np.abs(np.asarray(g) - h).max()) / scale
@@ -115,6 +116,6 @@ def test_packed_rows_gradients_match_each_document_alone(hf_mlm):
   labels = _labels(rng, ids, seg > 0)
   bounds = np.cumsum((0,) + sizes)
   docs = [(ids[:, a:b], None, labels[:, a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
-  worst = _compare(hf_mlm, _our_grads(hf_mlm, ids, (seg > 0).astype(np.int32), labels, seg),
-                   docs)
+  mask = (seg > 0).astype(np.int32)
+  worst = _compare(hf_mlm, _our_grads(hf_mlm, ids, mask, labels, seg), docs)
   print(f"packed rows: largest gradient difference {worst:.1e} of its scale")

@@ -56,7 +56,9 @@ def path_label(run: dict) -> str:
 
 def _train_line(name: str, r: dict) -> str:
   ours, hf = r.get("bertjax", {}), r.get("hf")
-  mem = lambda x: _sci(x.get("peak_device_memory_mb") or x.get("xla_memory_mb"))  # noqa: E731
+  def mem(x: dict) -> str:
+    return _sci(x.get("peak_device_memory_mb") or x.get("xla_memory_mb"))
+
   line = (f"{name:22} {path_label(r):26} {r['batch']:5d}x{r['seq']:<5d}"
           f"{'p' + str(r['docs_per_row']) if r['docs_per_row'] > 1 else '':3} "
           f"{ours.get('step_ms_median', 0):9.1f} {_sci(ours.get('tokens_per_s')):>9} "
@@ -109,10 +111,10 @@ def table(result: dict) -> str:
   """The whole report (`benchmark gpu` prints it last and writes it to gpu.txt)."""
   parts, v = result["parts"], result["versions"]
   smoke = parts.get("smoke", {}).get("result") or {}
+  devices = ", ".join(dict.fromkeys(smoke.get("devices", ["?"])))
   lines = [f"bertjax GPU check{' (dry run)' if result['dry_run'] else ''}, "
-           f"{result['started']}: {result['seconds']:.0f} s of a {result['budget_s']:.0f} s "
-           f"budget; {', '.join(dict.fromkeys(smoke.get('devices', ['?'])))} "
-           f"({smoke.get('platform', '?')})",
+           f"{result['started']}: {result['seconds']:.0f} s of a "
+           f"{result['budget_s']:.0f} s budget; {devices} ({smoke.get('platform', '?')})",
            "versions: " + ", ".join(f"{k} {x}" for k, x in v.items()),
            f"{'part':22} {'status':9} {'s':>6}  result"]
   for name, record in parts.items():

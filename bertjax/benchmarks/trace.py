@@ -80,7 +80,8 @@ def program_ops(hlo_text: str) -> dict[str, dict]:
   return ops
 
 
-_PROJECTION = re.compile(r"/(attention|attn)/(query|key|value|output|Wqkv|Wo|Dropout_\d+)/")
+_PROJECTION = re.compile(
+    r"/(attention|attn)/(query|key|value|output|Wqkv|Wo|Dropout_\d+)/")
 _ATTENTION = re.compile(r"/(attention|attn)/")
 
 

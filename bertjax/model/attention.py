@@ -162,8 +162,9 @@ def _log_path(impl: str, packed: bool, windowed: bool, dropout: bool) -> None:
   layer runs."""
   kernel = KERNELS[kernel_path(impl, packed=packed, windowed=windowed)]
   logging.info("attention: %s rows, %s layers -> %s%s (path %r)",
-               "packed" if packed else "padded", "sliding-window" if windowed else "global",
-               kernel, " with attention dropout (flax)" if dropout else "", impl)
+               "packed" if packed else "padded",
+               "sliding-window" if windowed else "global", kernel,
+               " with attention dropout (flax)" if dropout else "", impl)
 
 
 def xla_mask(padding: jax.Array, segment_ids: jax.Array | None = None,
