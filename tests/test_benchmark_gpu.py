@@ -20,7 +20,7 @@ from bertjax.benchmarks import gpu, gpu_report, trace
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # One part of each kind (the other train parts differ from modernbert_1024 only in
 # their flags' values, which test_real_plan_passes_the_dry_runs_flags checks).
-DRY_PARTS = "smoke,kernels,modernbert_1024,tests,memory,profile"
+DRY_PARTS = "smoke,kernels,modernbert_1024,profile,memory,tests"
 
 
 def test_dry_run_writes_the_table_and_json_with_every_part_accounted(tmp_path):
@@ -56,15 +56,15 @@ def test_dry_run_writes_the_table_and_json_with_every_part_accounted(tmp_path):
 def test_parts_that_fail_hang_or_lack_time_are_recorded(tmp_path):
   py = lambda code: ["-c", code]  # noqa: E731
   sleep = py("import time; time.sleep(60)")
-  parts = [gpu.Part("hangs", "x", sleep, cap_s=2),
+  parts = [gpu.Part("hangs", "x", sleep, cap_s=2, need_s=1),
            gpu.Part("fails", "x", py("print('step 1'); raise SystemExit('error: boom')"),
-                    cap_s=30),
+                    cap_s=30, need_s=1),
            gpu.Part("writes", "x", py("import json, sys; json.dump({'a': 1}, "
-                                      "open(sys.argv[1], 'w'))") + ["{json}"], cap_s=30),
-           gpu.Part("takes_the_rest", "x", sleep, cap_s=60),
-           gpu.Part("late", "x", py("pass"), cap_s=30)]
-  records = gpu.run_parts(parts, budget_s=6, out=str(tmp_path), env=dict(os.environ),
-                          min_s=0.5)
+                                      "open(sys.argv[1], 'w'))") + ["{json}"], cap_s=30,
+                    need_s=1),
+           gpu.Part("takes_the_rest", "x", sleep, cap_s=60, need_s=1),
+           gpu.Part("late", "x", py("pass"), cap_s=30, need_s=0.5)]
+  records = gpu.run_parts(parts, budget_s=6, out=str(tmp_path), env=dict(os.environ))
   assert records["hangs"]["status"] == "timed out" and records["hangs"]["seconds"] < 5
   assert records["fails"] == {**records["fails"], "status": "failed",
                               "reason": "exit 1: error: boom"}

@@ -14,18 +14,20 @@ says so):
                    against Hugging Face (`benchmark train --compare=hf`): MFU, tokens/s,
                    memory
   bert_base_128    BERT-base at 128, vs HF; attention dropout off (as the README's GPU
-                   targets: cuDNN for padded rows), as in every BERT part but the last
+                   targets: cuDNN for padded rows), as in every BERT part but one
   bert_large_512   BERT-large at 512, vs HF
-  tests            the suite's GPU tests (`BERTJAX_TEST_PLATFORM=gpu`, --tests)
+  profile          `benchmark profile`: bert_base_128's step, device time by category
   memory           `benchmark kernels --mode=memory`: packed rows at 512 and 8,192
                    tokens, the Pallas kernel against XLA's mask
-  profile          `benchmark profile`: one BERT-base step (bert_base_128's) by category
+  tests            the suite's GPU tests (`BERTJAX_TEST_PLATFORM=gpu`, --tests)
   bert_base_128_packed, bert_large_512_packed
                    4 documents a row (the Pallas kernel)
   bert_base_128_dropout
                    the recipe as is: attention dropout 0.1 (the XLA path)
   max_batch        BERT-large at 512: the largest batch each framework fits (--max_batch)
 
+The figures the targets need come first, then what explains them, then the tests
+(`--parts=tests` reruns them alone).
 Writes DIR/gpu.json (every part: status, seconds, command, results), DIR/gpu.txt (the
 table), DIR/tests.log (pytest's output) and DIR/profile.xplane.pb (the trace, when
 under 12 MiB), and prints every part's output, then the table last. `--dry_run` runs
@@ -86,13 +88,15 @@ def define_flags() -> None:
 @dataclasses.dataclass
 class Part:
   """One step of the check: `argv` (after the interpreter; '{json}' and '{dir}' are
-  this part's results file and scratch folder), at most `cap_s` seconds, unless `skip`
+  this part's results file and scratch folder), at most `cap_s` seconds; not started
+  with less than `need_s` of the budget left (it would only time out), or when `skip`
   says why not."""
 
   name: str
   kind: str  # smoke, kernels, memory, train, tests, profile
   argv: list[str]
   cap_s: float
+  need_s: float = 30.0
   skip: str = ""
 
 
@@ -117,33 +121,35 @@ def plan(dry: bool, tests: list[str]) -> list[Part]:
   heads = "--heads=2 --head_dim=16 --window=8 --docs=3 --repeats=1"
   return [
       Part("smoke", "smoke",
-           _bench("gpu", "--part=smoke", *(["--dry_run"] if dry else [])), 90),
+           _bench("gpu", "--part=smoke", *(["--dry_run"] if dry else [])), 90, 20),
       Part("kernels", "kernels", _bench("kernels", "--mode=errors", *sized(
-          "", f"--batch=1 --seq=64 {heads} --cases=packed_window")), 120),
+          "", f"--batch=1 --seq=64 {heads} --cases=packed_window")), 120, 40),
       Part("modernbert_1024", "train",
            train("modernbert_base", "modernbert_tiny", 1024, 32, "--docs_per_row=4",
-                 "--compare=hf"), 150),
+                 "--compare=hf"), 150, 60),
       Part("bert_base_128", "train", train("bert_base", "bert_tiny", 128, 256, no_dropout,
-                                           "--compare=hf"), 120),
+                                           "--compare=hf"), 120, 45),
       Part("bert_large_512", "train", train("bert_large", "bert_tiny", 512, 32,
-                                            no_dropout, "--compare=hf"), 150),
-      Part("tests", "tests", ["-m", "pytest", "-v", "-p", "no:cacheprovider", "-rfE",
-                              *tests], 150),
-      Part("memory", "memory", _bench("kernels", "--mode=memory", *sized(
-          "", f"--lengths=64 --tokens=128 {heads}")), 90),
+                                            no_dropout, "--compare=hf"), 150, 60),
       Part("profile", "profile", _bench("profile", "--trace_dir={dir}/trace", *sized(
           "--config=configs/bert_base.py --seq=128 --batch=256 --steps=2",
           "--config=configs/bert_tiny.py --seq=32 --batch=2 --steps=1"), dtype,
-          no_dropout), 90),
-      Part("bert_base_128_packed", "train", train("bert_base", "bert_tiny", 128, 256,
-                                                  no_dropout, "--docs_per_row=4"), 90),
-      Part("bert_large_512_packed", "train", train("bert_large", "bert_tiny", 512, 32,
-                                                   no_dropout, "--docs_per_row=4"), 120),
+          no_dropout), 90, 30),
+      Part("memory", "memory", _bench("kernels", "--mode=memory", *sized(
+          "", f"--lengths=64 --tokens=128 {heads}")), 90, 30),
+      Part("tests", "tests", ["-m", "pytest", "-v", "-p", "no:cacheprovider", "-rfE",
+                              *tests], 150, 40),
+      Part("bert_base_128_packed", "train",
+           train("bert_base", "bert_tiny", 128, 256, no_dropout, "--docs_per_row=4"),
+           90, 40),
+      Part("bert_large_512_packed", "train",
+           train("bert_large", "bert_tiny", 512, 32, no_dropout, "--docs_per_row=4"),
+           120, 50),
       Part("bert_base_128_dropout", "train", train("bert_base", "bert_tiny", 128, 256),
-           90),
+           90, 40),
       Part("max_batch", "train", train("bert_large", "bert_tiny", 512, 32, no_dropout,
                                        "--compare=hf", "--max_batch",
-                                       "--batch_tolerance=0.25"), 600,
+                                       "--batch_tolerance=0.25"), 600, 90,
            skip="dry run: --max_batch starts a process per try" if dry else ""),
   ]
 
@@ -181,10 +187,9 @@ def _reason(log: str) -> str:
   return ((errors or lines or ["no output"])[-1])[:300]
 
 
-def run_parts(parts: list[Part], budget_s: float, out: str, env: dict,
-              min_s: float = 20.0) -> dict:
-  """Runs `parts` in order within `budget_s` (each within what is left of it; none
-  started with less than `min_s` left); returns {name: record}."""
+def run_parts(parts: list[Part], budget_s: float, out: str, env: dict) -> dict:
+  """Runs `parts` in order within `budget_s` (each within what is left of it); returns
+  {name: record}."""
   scratch = tempfile.mkdtemp(prefix="bertjax_gpu_")
   deadline = time.monotonic() + budget_s
   records = {}
@@ -196,7 +201,7 @@ def run_parts(parts: list[Part], budget_s: float, out: str, env: dict,
                                for a in part.argv]
     record = records[part.name] = {"kind": part.kind, "command": " ".join(argv[1:])}
     left = deadline - time.monotonic()
-    if part.skip or left < min_s:
+    if part.skip or left < part.need_s:
       record.update(status="skipped",
                     reason=part.skip or f"{max(left, 0):.0f} s of the budget left")
       print(f"== {part.name}: skipped ({record['reason']})", flush=True)

@@ -61,12 +61,10 @@ def profile(config, batch: int, seq: int, predictions: int, docs_per_row: int,
         state, metrics = compiled(state, data)
         jax.block_until_ready(metrics)
         step_s += time.perf_counter() - start
-  totals, top = trace.analyze(trace_dir, compiled.as_text(), steps)
   return {"device": devices[0].device_kind, "platform": devices[0].platform,
           "batch": batch, "seq": seq, "docs_per_row": docs_per_row, "steps": steps,
           "step_ms": 1e3 * step_s / steps, "put_batch_ms": 1e3 * put_s / steps,
-          "device_ms": {k: 1e3 * v for k, v in totals.items()},
-          "top_ops": [{"op": o, "category": c, "ms": 1e3 * s} for o, c, s in top],
+          **trace.analyze(trace_dir, compiled.as_text(), steps),
           "loss": float(metrics["loss"]), "trace_dir": trace_dir}
 
 

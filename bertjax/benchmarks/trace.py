@@ -108,20 +108,25 @@ def kernel_category(name: str) -> str:
   return "matmuls" if _GEMM.search(lower) else "other"
 
 
+_AGGREGATES = re.compile(r"Modules|Steps|Scope|Framework|TensorFlow|Source|TraceMe")
+
+
 def _op_lines(plane):
   """The lines of a device plane that hold its ops once each: 'XLA Ops' where the
-  profiler derived it (TPU), else the GPU's streams, else every line."""
+  profiler derived it (TPU), else the GPU's streams, else every line but those that
+  span ops (modules, steps, scopes)."""
   lines = list(plane.lines)
   ops = [line for line in lines if line.name == "XLA Ops"]
   streams = [line for line in lines if line.name.startswith("Stream")]
-  return ops or streams or lines
+  return ops or streams or [line for line in lines if not _AGGREGATES.search(line.name)]
 
 
-def device_events(trace_dir: str, module: str) -> list[tuple[str, str | None, float]]:
-  """(event name, its hlo_op or None, seconds) of every device op of program `module`
-  (or of none: a copy, a library's kernel) in the newest trace under `trace_dir`: the
-  accelerator planes' events, or on a CPU the XLA thunks of the host's threads (the
-  events carrying an hlo_op)."""
+def device_events(trace_dir: str, module: str
+                  ) -> tuple[list[tuple[str, str | None, float]], str]:
+  """([(event name, its hlo_op or None, seconds)], where from) of every device op of
+  program `module` (or of none: a copy, a library's kernel) in the newest trace under
+  `trace_dir`: the accelerator planes' events, or without them (a CPU) the XLA thunks
+  of the host's threads (the events carrying an hlo_op)."""
   files = sorted(glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True),
                  key=os.path.getmtime)
   if not files:
@@ -136,16 +141,22 @@ def device_events(trace_dir: str, module: str) -> list[tuple[str, str | None, fl
         hlo_op, hlo_module = stats.get("hlo_op"), stats.get("hlo_module")
         if (device or hlo_op) and hlo_module in (None, module):
           out.append((event.name, hlo_op, event.duration_ns * 1e-9))
-  return out
+  source = (", ".join(p.name for p in device) if device
+            else "the host's XLA thunks (no device plane)")
+  return out, source
 
 
-def summarize(events, ops: dict[str, dict], steps: int) -> tuple[dict, list]:
-  """({category: seconds a step}, [(op, category, seconds a step)] largest first)."""
+def summarize(events, ops: dict[str, dict], steps: int) -> tuple[dict, list, float]:
+  """({category: seconds a step}, [(op, category, seconds a step)] largest first, the
+  share of the time found in the program by name; the rest is placed by kernel
+  names)."""
   normalized = {re.sub(r"[.\-]", "_", k): k for k in ops}
   per_op = collections.defaultdict(float)
   kinds = {}
+  named = 0.0
   for name, hlo_op, seconds in events:
     key = hlo_op if hlo_op in ops else normalized.get(re.sub(r"[.\-]", "_", name))
+    named += seconds if key else 0.0
     label = key or name
     kinds[label] = (category(ops[key]["op_name"], ops[key]["matmul"]) if key
                     else kernel_category(name))
@@ -155,15 +166,20 @@ def summarize(events, ops: dict[str, dict], steps: int) -> tuple[dict, list]:
     totals[kinds[label]] += seconds
   top = sorted(((label, kinds[label], s) for label, s in per_op.items()),
                key=lambda x: -x[2])
-  return totals, top
+  total = sum(s for _, _, s in events)
+  return totals, top, named / total if total else 0.0
 
 
-def analyze(trace_dir: str, hlo_text: str, steps: int) -> tuple[dict, list]:
-  """`summarize` of the newest trace under `trace_dir` of `steps` runs of the program
-  whose optimized HLO text is `hlo_text`."""
+def analyze(trace_dir: str, hlo_text: str, steps: int) -> dict:
+  """The newest trace under `trace_dir` of `steps` runs of the program whose optimized
+  HLO text is `hlo_text`: {'device_ms': {category: ms a step}, 'top_ops': [{'op',
+  'category', 'ms'}] largest first, 'named_share', 'source'}."""
   module = re.match(r"HloModule\s+([\w.\-]+)", hlo_text)
-  return summarize(device_events(trace_dir, module.group(1) if module else None),
-                   program_ops(hlo_text), steps)
+  events, source = device_events(trace_dir, module.group(1) if module else None)
+  totals, top, named = summarize(events, program_ops(hlo_text), steps)
+  return {"device_ms": {k: 1e3 * v for k, v in totals.items()},
+          "top_ops": [{"op": o, "category": c, "ms": 1e3 * s} for o, c, s in top],
+          "named_share": named, "source": source}
 
 
 def format_table(result: dict, top: int = 10) -> str:
@@ -172,12 +188,14 @@ def format_table(result: dict, top: int = 10) -> str:
   lines = [f"one train step on {result['device']}: batch {result['batch']} x seq "
            f"{result['seq']}" + (f", {result['docs_per_row']} documents a row"
                                  if result["docs_per_row"] > 1 else "")
-           + f": {result['step_ms']:.2f} ms wall, device ops {busy:.2f} ms, put_batch "
-           f"(host) {result['put_batch_ms']:.2f} ms",
+           + f": {result['step_ms']:.2f} ms wall, ops {busy:.2f} ms, put_batch (host) "
+           f"{result['put_batch_ms']:.2f} ms",
+           f"ops from {result['source']}; {100 * result['named_share']:.0f}% of their "
+           "time found in the program by name, the rest placed by kernel names",
            f"{'category':16} {'ms/step':>9} {'share':>6}"]
   for name, ms in result["device_ms"].items():
     lines.append(f"{name:16} {ms:9.3f} {100 * ms / busy if busy else 0:5.1f}%")
-  lines.append(f"largest ops: {'op':40} {'category':16} {'ms/step':>9}")
+  lines.append(f"{'largest ops':54} {'category':16} {'ms/step':>9}")
   for op in result["top_ops"][:top]:
     lines.append(f"  {op['op'][:52]:52} {op['category']:16} {op['ms']:9.3f}")
   return "\n".join(lines)
