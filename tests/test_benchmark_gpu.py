@@ -41,7 +41,7 @@ def test_dry_run_writes_the_table_and_json_with_every_part_accounted(tmp_path):
       assert record["status"] == "skipped" and record["reason"], name
   table = (out / "gpu.txt").read_text()
   assert proc.stdout.rstrip().endswith(table.rstrip())  # The table is printed last.
-  for heading in ("bertjax GPU check (dry run)", "train steps, bf16",
+  for heading in ("bertjax GPU check (dry run)", "train steps, float32",
                   "attention paths against float32 XLA", "packed rows, bf16 forward",
                   "one train step on cpu", "tests: 6 passed, 0 failed"):
     assert heading in table, heading

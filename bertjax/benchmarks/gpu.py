@@ -2,9 +2,8 @@
 --budget_s=510 --parts=a,b --dry_run]`.
 
 Runs, each part in a process of its own with a time cap (a failure, a crash or a hang
-is recorded and the rest goes on), cheapest and most informative first, until
-`--budget_s` is spent (a part that cannot start with enough time left is skipped and
-says so):
+is recorded and the rest goes on), in this order, until `--budget_s` is spent (a part
+that cannot start with enough time left is skipped and says so):
 
   smoke            versions and devices; a bf16 matmul; one call of each attention path
   kernels          `benchmark kernels --mode=errors`: cuDNN and the Pallas kernel
@@ -28,6 +27,7 @@ says so):
 
 The figures the targets need come first, then what explains them, then the tests
 (`--parts=tests` reruns them alone).
+
 Writes DIR/gpu.json (every part: status, seconds, command, results), DIR/gpu.txt (the
 table), DIR/tests.log (pytest's output) and DIR/profile.xplane.pb (the trace, when
 under 12 MiB), and prints every part's output, then the table last. `--dry_run` runs

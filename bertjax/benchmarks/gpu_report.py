@@ -124,9 +124,9 @@ def table(result: dict) -> str:
            if r["kind"] == "train" and r["status"] == "ok"}
   if train:
     peak = next(iter(train.values()))
-    lines += ["", f"train steps, bf16, MFU = model FLOPs over {peak['peak_tflops']:.4g} "
-              f"TFLOP/s ({peak['peak_source']}); HF: Hugging Face, "
-              f"{peak.get('speedup_basis', '')}",
+    lines += ["", f"train steps, {peak['dtype']}, MFU = model FLOPs over "
+              f"{peak['peak_tflops']:.4g} TFLOP/s ({peak['peak_source']}); HF: Hugging "
+              f"Face, {peak.get('speedup_basis', '')}",
               f"{'run':22} {'attention':26} {'batch x seq':14} {'ms/step':>9} "
               f"{'tokens/s':>9} {'MFU':>6} {'HF tok/s':>9} {'MFU':>6} {'ours/HF':>6} "
               f"{'peak MiB ours/HF':>15}"]
