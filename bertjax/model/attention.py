@@ -120,6 +120,7 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, padding: jax.Array,
                         "(the half-width: local_attention // 2).")
     window = int(window)
   dropout = dropout_rate > 0 and dropout_rng is not None
+  _log_path(impl, segment_ids is not None, window is not None, dropout)
   if impl == "xla":
     mask = xla_mask(padding, segment_ids, window)
     if not dropout:
@@ -139,6 +140,31 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, padding: jax.Array,
   kernel = _splash if impl == "splash" else flash_gpu.flash_attention
   return _per_shard(functools.partial(kernel, window=window), q, k, v,
                     kernel_ids(padding, segment_ids))
+
+
+def kernel_path(impl: str, *, packed: bool, windowed: bool) -> str:
+  """The kernel that `attention` runs on path `impl` (a resolved name) for packed rows
+  (segment ids) or not, and a sliding-window layer or a global one: 'cudnn' sends packed
+  rows and windows to the Pallas GPU kernel ('pallas_gpu'); every other path runs the
+  kernel it names."""
+  return "pallas_gpu" if impl == "cudnn" and (packed or windowed) else impl
+
+
+KERNELS = {"xla": "XLA (jax.nn.dot_product_attention with the boolean mask)",
+           "cudnn": "cuDNN flash attention (key lengths)",
+           "pallas_gpu": "the Pallas flash kernel (bertjax.model.flash_gpu)",
+           "splash": "the Pallas splash kernel"}
+
+
+@functools.cache
+def _log_path(impl: str, packed: bool, windowed: bool, dropout: bool) -> None:
+  """Logs once per process (at the first trace: start-up) what each kind of row and
+  layer runs."""
+  kernel = KERNELS[kernel_path(impl, packed=packed, windowed=windowed)]
+  logging.info("attention: %s rows, %s layers -> %s%s (path %r)",
+               "packed" if packed else "padded",
+               "sliding-window" if windowed else "global", kernel,
+               " with attention dropout (flax)" if dropout else "", impl)
 
 
 def xla_mask(padding: jax.Array, segment_ids: jax.Array | None = None,
