@@ -27,7 +27,7 @@ import ml_collections
 
 from bertjax.console import cli
 from bertjax.console import progress
-from bertjax.data import multilingual
+from bertjax.data import mixture, multilingual
 from bertjax.data import tokenizer as tok_lib
 
 
@@ -40,7 +40,7 @@ def train(input_spec: str, languages: str, output: str, *, kind: str, vocab_size
                                         "language_alpha": alpha,
                                         "language_counts": language_counts,
                                         "text_field": text_field})
-  sentences = multilingual.tokenizer_sentences(data_cfg, seed)
+  sentences = mixture.tokenizer_sentences(data_cfg, seed)
   counted = progress.Progress("tokenizer", len(sentences), "sentences").wrap(sentences)
   tok = tok_lib.train_tokenizer(counted, kind=kind, vocab_size=vocab_size,
                                 lowercase=lowercase, model_type=model_type,
