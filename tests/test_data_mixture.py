@@ -184,3 +184,13 @@ def test_prepared_mixture_reads_as_the_raw_one(corpora, tmp_path):
       for k in x:
         np.testing.assert_array_equal(x[k], y[k], err_msg=f"{name} {k}")
   assert os.path.isdir(os.path.join(out, "domain", "eval-32"))
+
+
+def test_a_trained_tokenizer_sees_the_mixture_by_weight(corpora):
+  """Trained on a mixture, a tokenizer reads about as many sentences as the sources
+  hold (40 + 25 documents of one sentence: no capital letter starts another), drawn
+  0.3 : 0.7."""
+  _, spec, _ = corpora
+  sentences = mixture.tokenizer_sentences(_cfg(corpus=spec), seed=0)
+  assert sum("alpha" in s for s in sentences) == round(0.3 * 65)
+  assert sum("zulu" in s for s in sentences) == round(0.7 * 65)
