@@ -12,6 +12,7 @@ tests/fixtures/hf_dataset was written by `datasets` 5.2.0 itself (not a dependen
 import io
 import json
 import os
+import shutil
 import sys
 
 import fsspec
@@ -101,6 +102,10 @@ def test_a_directory_and_globs_mix_formats(corpus_files, tmp_path):
   root = os.path.dirname(corpus_files["parquet"])
   assert _docs(root) == DOCS * 4  # a.arrow, a.jsonl.zst, a.parquet, a.txt.zst
   assert _docs(os.path.join(root, "*.parquet")) == DOCS
+  # A datasets directory inside a tree is read as one (its JSON files are no corpus).
+  shutil.copytree(HF_DATASET, tmp_path / "tree" / "hf")
+  shutil.copy(corpus_files["parquet"], tmp_path / "tree" / "b.parquet")
+  assert _docs(str(tmp_path / "tree")) == HF_TRAIN + DOCS
 
 
 def _one_line(call, match):
@@ -195,11 +200,14 @@ def test_every_format_reads_from_gcs(gcs, corpus_files):
   for name, local in corpus_files.items():
     gcs(local, f"gs://bucket/corpus/{os.path.basename(local)}")
   gcs(HF_DATASET, "gs://bucket/hf")
+  gcs(HF_DATASET, "gs://bucket/tree/hf")
+  gcs(corpus_files["parquet"], "gs://bucket/tree/b.parquet")
   for name, local in corpus_files.items():
     assert _docs(f"gs://bucket/corpus/{os.path.basename(local)}") == DOCS, name
   assert _docs("gs://bucket/corpus") == DOCS * 4
-  assert _docs("gs://bucket/*/*.parquet") == DOCS
+  assert _docs("gs://bucket/*/*.parquet") == DOCS * 2  # corpus/a, tree/b
   assert _docs("gs://bucket/hf") == HF_TRAIN
+  assert _docs("gs://bucket/tree") == HF_TRAIN + DOCS  # as a local tree reads
   assert sources.text_bytes("gs://bucket/corpus/a.parquet") == sources.text_bytes(
       corpus_files["parquet"])
   _one_line(lambda: _docs("gs://bucket/**/*.parquet"), "no \\*\\*.: give the directory "

@@ -98,13 +98,13 @@ class _ZstdFrames(io.RawIOBase):
     super().__init__()
     self._raw, self._path, self._zstd = raw, path, zstandard
     self._frame = zstandard.ZstdDecompressor().decompressobj()
-    self._pending, self._input, self._started = b"", b"", False
+    self._pending, self._offset, self._input, self._started = b"", 0, b"", False
 
   def readable(self) -> bool:
     return True
 
   def readinto(self, buffer) -> int:
-    while not self._pending:
+    while self._offset == len(self._pending):
       data = self._input or self._raw.read(_CHUNK)
       self._input = b""
       if not data:
@@ -116,15 +116,15 @@ class _ZstdFrames(io.RawIOBase):
         self._frame = self._zstd.ZstdDecompressor().decompressobj()
       self._started = True
       try:
-        self._pending = self._frame.decompress(data)
+        self._pending, self._offset = self._frame.decompress(data), 0
       except self._zstd.ZstdError as e:
         raise DataError(f"corpus file {self._path!r} is not valid zstd data ({e}): fix "
                         "or remove it") from None
       if self._frame.eof:
         self._input = self._frame.unused_data
-    n = min(len(buffer), len(self._pending))
-    buffer[:n] = self._pending[:n]
-    self._pending = self._pending[n:]
+    n = min(len(buffer), len(self._pending) - self._offset)
+    buffer[:n] = memoryview(self._pending)[self._offset:self._offset + n]
+    self._offset += n
     return n
 
   def close(self) -> None:

@@ -121,7 +121,7 @@ def _local_paths(spec: str) -> list[str] | None:
       return [spec]
     paths = []
     for root, dirs, files in os.walk(spec):
-      dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+      dirs[:] = _descend(root, dirs, paths)
       paths.extend(os.path.join(root, f) for f in sorted(files) if not f.startswith("."))
     return paths
   if os.path.isfile(spec):
@@ -142,9 +142,9 @@ def _remote_paths(spec: str) -> list[str] | None:
       for root, dirs, files in path.walk():
         root = str(root)  # fsspec's walk may drop the scheme
         root = root if "://" in root else scheme + root
-        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        dirs[:] = _descend(root, dirs, paths)
         paths.extend(f"{root}/{f}" for f in sorted(files) if not f.startswith("."))
-      return sorted(paths)
+      return paths
     return [spec] if path.exists() else None
   fixed = spec[:min(spec.index(c) for c in "*?[" if c in spec)].rsplit("/", 1)[0]
   if "**" in spec:
@@ -152,6 +152,18 @@ def _remote_paths(spec: str) -> list[str] | None:
                     f"**): give the directory {fixed} to read its whole tree")
   return sorted(str(p) for p in epath.Path(fixed).glob(spec[len(fixed) + 1:])
                 if not p.name.startswith(".") and not p.is_dir()) or None
+
+
+def _descend(root: str, dirs: list[str], paths: list[str]) -> list[str]:
+  """The subdirectories of `root` a walk enters (sorted, hidden ones skipped); a
+  `datasets` directory among them is added to `paths` whole instead."""
+  out = []
+  for d in sorted(d for d in dirs if not d.startswith(".")):
+    if formats.is_hf_dataset(f"{root}/{d}"):
+      paths.append(f"{root}/{d}")
+    else:
+      out.append(d)
+  return out
 
 
 def is_jsonl(path: str) -> bool:
