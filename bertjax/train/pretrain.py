@@ -146,9 +146,6 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   trainer_lib.check_config(config)
   at_least("train.eval_every", t.eval_every, 1)
   at_least("train.eval_batches", t.eval_batches, 0)
-  if not isinstance(t.eval_final_length, bool):
-    raise ConfigError(f"config.train.eval_final_length={t.eval_final_length!r} must be "
-                      "True or False.")
   pipeline.check_config(config.data, model, t.num_steps)
   phases.stages(config.data, t.num_steps, t.batch_size, phases.BatchSchedule.from_config(t))
   phase_inputs(config)
