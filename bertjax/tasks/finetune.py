@@ -353,7 +353,8 @@ def dev_evaluator(setup: state_lib.Setup, task: base.Task, config, workdir: str
       examples = read_split(task, config, split)
       sets.append((suffix, examples, task.featurize(examples, train=False)))
 
-  def run(params) -> dict[str, float]:
+  def run(params, step: int) -> dict[str, float]:
+    del step  # after the last step only
     scores = {}
     for suffix, examples, features in sets:
       out, loss = outputs(params, features, config.train.eval_batch_size)
