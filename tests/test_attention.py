@@ -19,7 +19,8 @@ import pytest
 
 from bertjax.errors import ConfigError
 from bertjax.model import attention as attn
-from bertjax.model.config import ModelConfig, default_dtype, dtype_of
+from bertjax.model.bert import ModelConfig
+from bertjax.model.config import default_dtype, dtype_of
 
 B, T, N, D = 2, 384, 2, 16
 WINDOW = 40  # Tiles of 128 (forward) and 32 (backward): key tiles are skipped.

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bertjax.model import BertForPreTraining, ModelConfig
+from bertjax.model import ModelConfig, bert
 from bertjax.train import state as state_lib
 from configs import bert_base, bert_large, roberta_base, xlmr_base, xlmr_large
 
@@ -64,7 +64,7 @@ def _tiny(**kw):
 
 def test_shapes_and_masked_positions_gather():
   cfg = _tiny()
-  model = BertForPreTraining(cfg)
+  model = bert.FAMILY.pretraining(cfg)
   ids = jnp.array(np.random.default_rng(0).integers(1, 50, (3, 10)), jnp.int32)
   pos = jnp.array([[1, 2], [3, 4], [0, 9]], jnp.int32)
   params = nn.unbox(model.init(jax.random.key(0), ids, masked_lm_positions=pos))["params"]
@@ -81,7 +81,7 @@ def test_shapes_and_masked_positions_gather():
 def test_padding_does_not_change_real_tokens():
   """A padded row's real positions equal the unpadded row's (the mask works)."""
   cfg = _tiny()
-  model = BertForPreTraining(cfg)
+  model = bert.FAMILY.pretraining(cfg)
   ids = jnp.array([[2, 7, 8, 9, 3]], jnp.int32)
   padded = jnp.pad(ids, ((0, 0), (0, 4)))
   params = nn.unbox(model.init(jax.random.key(1), ids))["params"]
@@ -93,7 +93,7 @@ def test_padding_does_not_change_real_tokens():
 
 def test_document_isolation_blocks_cross_document_attention():
   """With segment_ids, changing document 2 leaves document 1's outputs unchanged."""
-  model = BertForPreTraining(_tiny())
+  model = bert.FAMILY.pretraining(_tiny())
   a = jnp.array([[2, 7, 8, 3, 2, 9, 10, 3]], jnp.int32)
   b = a.at[0, 5].set(11)
   seg = jnp.array([[1, 1, 1, 1, 2, 2, 2, 2]], jnp.int32)
@@ -104,7 +104,7 @@ def test_document_isolation_blocks_cross_document_attention():
 
 
 def test_roberta_positions_start_past_padding():
-  from bertjax.model.layers import position_ids_for
+  from bertjax.model.bert import position_ids_for
   cfg = _tiny(type_vocab_size=1, pad_token_id=1, position_offset=2)
   pos = position_ids_for(cfg, jnp.array([[0, 5, 6, 2, 1, 1]]))
   np.testing.assert_array_equal(pos, [[2, 3, 4, 5, 1, 1]])
