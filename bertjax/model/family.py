@@ -4,8 +4,8 @@ converts parameters, counts FLOPs or plans memory goes through a `Family`
 (`bertjax.model.family_of` picks it); the shared stack (`stack.py`) owns the encoder
 around a family's parts: the embedding dispatch, the blocks' list / scan / remat, the
 final-norm and pooler slots, the tied MLM head and its gather, `encode`,
-`init_params`, the parameter layouts, the FLOPs every family shares and the packed
-examples' rows.
+`init_params`, the parameter layouts, the FLOPs every family shares, the packed
+examples' rows and what fine-tuning freezes.
 
 A new family is one file, bertjax/model/<family>.py, listed in
 `bertjax.model.FAMILIES`, and its Hugging Face table bertjax/hf/<family>.py listed in

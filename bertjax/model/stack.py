@@ -15,8 +15,9 @@ gives its parts; this module owns the rest, once for every family:
 - `MLMHead`: the family's transform (dense + activation + norm) at the masked
   positions (`gather`), then the tied token embedding plus a vocabulary bias
   (`tied_logits`, which SpanBERT's SBO head shares).
-- `Encoder.slots` (packed examples, one row each), `pool`, and `train_flops` with
-  `attention_pairs` (the FLOPs terms every family shares).
+- `trunk_depth` (what fine-tuning freezes), `Encoder.slots` (packed examples, one
+  row each), `pool`, and `train_flops` with `attention_pairs` (the FLOPs terms every
+  family shares).
 
 Shapes: B batch, T length, E hidden, V vocabulary, P predictions per row, L layers,
 K examples packed in a row.
@@ -248,6 +249,24 @@ class PreTraining(nn.Module):
     """The parameters (boxed in `nn.Partitioned`, with their logical axes) drawn from
     `rng`; their shapes do not depend on the dummy [1, 8] input used to create them."""
     return self.init({"params": rng}, jnp.zeros((1, 8), jnp.int32))["params"]
+
+
+def trunk_depth(path: Sequence[str], num_layers: int) -> int | None:
+  """Where a parameter of a model's tree (`path`: its keys from the root) sits in the
+  encoder, bottom-up: 0 the embedding, i + 1 block i (unscanned), `num_layers` what
+  lies above the blocks (the final norm, which trains with the top block); None
+  outside the trunk (the pooler, every head) and for scanned blocks (encoder/layers
+  stacks them all: no one depth). Fine-tuning's freezing reads it."""
+  if len(path) < 2 or path[0] != "encoder":
+    return None
+  name = path[1]
+  if name == "embeddings":
+    return 0
+  if name.startswith("layer_"):
+    return int(name[len("layer_"):]) + 1
+  if name == "final_norm":
+    return num_layers
+  return None
 
 
 def attention_pairs(length: int, window: int | None) -> int:
