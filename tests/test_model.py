@@ -6,7 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bertjax.model import ModelConfig, bert
+from bertjax.errors import ConfigError
+from bertjax.model import ModelConfig, bert, stack
 from bertjax.train import state as state_lib
 from configs import bert_base, bert_large, roberta_base, xlmr_base, xlmr_large
 
@@ -101,6 +102,47 @@ def test_document_isolation_blocks_cross_document_attention():
   run = lambda x: model.apply({"params": params}, x, segment_ids=seg)["mlm_logits"]
   np.testing.assert_allclose(run(a)[:, :4], run(b)[:, :4], rtol=1e-6, atol=1e-6)
   assert not np.allclose(run(a)[:, 4:], run(b)[:, 4:])
+
+
+def test_pretraining_heads_by_name_each_reading_its_own_inputs():
+  """The pretraining model carries the heads it is built with, each under its name
+  (drawn as in the model with every head) giving '<name>_logits'; a head reads only
+  its inputs (SBO's span positions: a model without SBO declares none, and an input
+  no part reads is refused); an SBO model given no span inputs skips that head."""
+  cfg = _tiny(sbo=True)
+  every = bert.FAMILY.pretraining(cfg)
+  assert every.heads == ("mlm", "nsp", "sbo")
+  chosen = bert.FAMILY.pretraining(cfg, heads=("mlm", "sbo"))
+  params = nn.unbox(chosen.init_params(jax.random.key(0)))
+  assert set(params) == {"encoder", "mlm", "sbo"}
+  jax.tree.map(np.testing.assert_array_equal, params,
+               {k: v for k, v in nn.unbox(every.init_params(jax.random.key(0))).items()
+                if k != "nsp"})
+  ids = jnp.ones((2, 8), jnp.int32)
+  span = {k: jnp.array([[0, 2], [1, 3]], jnp.int32) for k in chosen.inputs if "span" in k}
+  assert len(span) == 3
+  out = chosen.apply({"params": params}, ids, masked_lm_positions=span["span_left_positions"],
+                     **span)
+  assert set(out) == {"mlm_logits", "sbo_logits"} and out["sbo_logits"].shape == (2, 2, 50)
+  assert set(chosen.apply({"params": params}, ids)) == {"mlm_logits"}
+  mlm_only = bert.FAMILY.pretraining(cfg, heads=("mlm",))
+  assert not [k for k in mlm_only.inputs if "span" in k]
+  with pytest.raises(TypeError, match="span_left_positions"):
+    mlm_only.apply({"params": params}, ids, **span)
+  with pytest.raises(ConfigError, match="no 'rtd' pretraining head"):
+    bert.FAMILY.pretraining(cfg, heads=("mlm", "rtd")).init_params(jax.random.key(0))
+
+
+def test_trunk_depth_orders_the_encoder_bottom_up():
+  """What fine-tuning freezes reads: embedding 0, block i at i + 1, the final norm with
+  the top block, the pooler and the heads outside the trunk."""
+  depth = lambda *path: stack.trunk_depth(path, 4)  # noqa: E731
+  assert depth("encoder", "embeddings", "LayerNorm", "scale") == 0
+  assert depth("encoder", "layer_0", "attention") == 1
+  assert depth("encoder", "layer_3", "output", "kernel") == 4
+  assert depth("encoder", "final_norm", "scale") == 4
+  assert depth("encoder", "pooler", "kernel") is None
+  assert depth("head", "classifier", "kernel") is None and depth("mlm", "bias") is None
 
 
 def test_roberta_positions_start_past_padding():
