@@ -152,9 +152,7 @@ class SelfAttention(nn.Module):
                for n in ("query", "key", "value"))  # [B, T, N, D]
     q, k, v = (constrain(t, (BATCH, LENGTH, HEADS, KV)) for t in (q, k, v))
     dropout = not deterministic and cfg.attention_dropout_rate > 0
-    impl = "xla" if self.is_initializing() else attention_lib.resolve_impl(
-        cfg.attention_impl, platform=jax.default_backend(), dtype=cfg.dtype,
-        dropout=dropout, seq_len=x.shape[1])  # Init: shapes only (T may be 8).
+    impl = layers.attention_impl(self, cfg, dropout, x.shape[1])
     out = attention_lib.attention(
         q, k, v, padding, segment_ids, impl=impl,
         dropout_rate=cfg.attention_dropout_rate if dropout else 0.0,

@@ -15,16 +15,30 @@ from typing import Any, Sequence
 import flax.linen as nn
 import jax
 
+from bertjax.model import attention
 from bertjax.model.attention import BATCH, HEADS
 
 LENGTH, EMBED = "activation_length", "activation_embed"
 KV, MLP = "activation_kv", "activation_mlp"
-__all__ = ["BATCH", "EMBED", "HEADS", "KV", "LENGTH", "MLP", "constrain", "dense",
-           "einsum", "embed", "layer_norm", "truncated_normal", "zeros_init"]
+__all__ = ["BATCH", "EMBED", "HEADS", "KV", "LENGTH", "MLP", "attention_impl", "constrain",
+           "dense", "einsum", "embed", "layer_norm", "truncated_normal", "zeros_init"]
 
 
 def constrain(x: jax.Array, names: Sequence[str | None]) -> jax.Array:
   return nn.with_logical_constraint(x, tuple(names))
+
+
+def attention_impl(module: nn.Module, cfg: Any, dropout: bool, seq_len: int,
+                   bias: bool = False) -> str:
+  """The path a block's attention runs: `cfg.attention_impl` as
+  `attention.resolve_impl` checks or chooses it for this platform, `cfg.dtype`,
+  attention `dropout`, the length and a score `bias`; 'xla' while `module`
+  initialises (shapes only: T may be 8)."""
+  if module.is_initializing():
+    return "xla"
+  return attention.resolve_impl(cfg.attention_impl, platform=jax.default_backend(),
+                                dtype=cfg.dtype, dropout=dropout, seq_len=seq_len,
+                                bias=bias)
 
 
 def truncated_normal(std: float, cutoff: float = 2.0):

@@ -352,9 +352,7 @@ class Attention(nn.Module):
     q, k, v = (constrain(qkv[:, :, i], (BATCH, LENGTH, HEADS, KV)) for i in range(3))
     dropout = not deterministic and cfg.attention_dropout > 0
     rng = self.make_rng("dropout") if dropout else None
-    impl = "xla" if self.is_initializing() else attention_lib.resolve_impl(
-        cfg.attention_impl, platform=jax.default_backend(), dtype=cfg.dtype,
-        dropout=dropout, seq_len=x.shape[1])  # Init: shapes only (T may be 8).
+    impl = layers.attention_impl(self, cfg, dropout, x.shape[1])
     if isinstance(layer, int):
       out = _attend(cfg, impl, cfg.is_global(layer), q, k, v, context, rng)
     else:
