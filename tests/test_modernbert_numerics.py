@@ -237,6 +237,10 @@ SIZES = {  # Hugging Face's config.json sizes (the rest at ModernBertConfig's de
                  num_attention_heads=12),
     "large": dict(num_hidden_layers=28, hidden_size=1024, intermediate_size=2624,
                   num_attention_heads=16),
+    # Every bias on: each carries one logical axis name per dimension too.
+    "base_biases": dict(num_hidden_layers=22, hidden_size=768, intermediate_size=1152,
+                        num_attention_heads=12, attention_bias=True, mlp_bias=True,
+                        norm_bias=True, classifier_bias=True),
 }
 
 
