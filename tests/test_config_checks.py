@@ -17,7 +17,7 @@ from bertjax import api
 from bertjax.checkpoint import files, workdir as workdir_lib
 from bertjax.data import tokenizer as tok_lib
 from bertjax.errors import CheckpointError, ConfigError
-from bertjax.model.config import ModelConfig
+from bertjax.model.bert import ModelConfig
 from bertjax.parallel import distributed, mesh as mesh_lib
 from bertjax.tasks import finetune, sweep
 from bertjax.train import pretrain

@@ -157,7 +157,7 @@ def bench_bertjax(config, batch: int, seq: int, predictions: int, devices,
   `step()` runs one step to completion; `finish()` the compile, FLOP and memory
   figures."""
   trainer = state_lib.build_trainer(config, mesh_lib.create_mesh(config.mesh, devices))
-  host = synthetic_batch(config, batch, seq, predictions, trainer.model.config.nsp,
+  host = synthetic_batch(config, batch, seq, predictions, "nsp" in trainer.model.heads,
                         docs_per_row)
   with jax.set_mesh(trainer.mesh), nn.logical_axis_rules(trainer.rules):
     state = trainer.init_state(config)
