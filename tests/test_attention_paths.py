@@ -14,7 +14,7 @@ import pytest
 
 from bertjax.model import attention as attn
 from bertjax.model import bert, flash_gpu
-from bertjax.model.config import ModelConfig
+from bertjax.model.bert import ModelConfig
 from bertjax.model import modernbert as mb
 
 B, T, WINDOW = 2, 48, 8  # The half-width; T > 2 * WINDOW + 1: local layers are local.
@@ -68,7 +68,7 @@ def test_modernbert_log_names_what_each_row_and_layer_runs(on_gpu, caplog, scan)
                             intermediate_size=48, pad_token_id=0,
                             local_attention=2 * WINDOW, scan_layers=scan,
                             dtype=jnp.bfloat16)
-  model = mb.ModernBertForPreTraining(cfg)
+  model = mb.FAMILY.pretraining(cfg)
   pallas, cudnn = attn.KERNELS["pallas_gpu"], attn.KERNELS["cudnn"]
   want = {"padded": [f"attention: padded rows, global layers -> {cudnn} (path 'cudnn')",
                      f"attention: padded rows, sliding-window layers -> {pallas} "
@@ -89,7 +89,7 @@ def test_bert_log_names_what_each_row_kind_runs(on_gpu, caplog):
   cfg = ModelConfig(vocab_size=64, hidden_size=32, num_layers=2, num_heads=2,
                     intermediate_size=48, max_position_embeddings=T,
                     attention_dropout_rate=0.0, dtype=jnp.bfloat16)
-  model = bert.BertForPreTraining(cfg)
+  model = bert.FAMILY.pretraining(cfg)
   for rows, segments in ROWS.items():
     kernel = "cudnn" if rows == "padded" else "pallas_gpu"
     assert _trace(model, segments, caplog, on_gpu) == [
