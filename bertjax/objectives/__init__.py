@@ -13,6 +13,24 @@ A new objective is a module here whose `OBJECTIVE` (`base.Objective`: its fields
 sums / counts / loss / metrics, checks, FLOPs, held-out metrics, and the networks it
 trains when it owns them) is listed in `REGISTRY`.
 
+An objective that trains several networks (replaced-token detection: a generator and
+a discriminator) sets `Objective.networks(config, model)` -> `base.Networks` whose
+`init(rng)` returns one boxed tree keyed by network name ({'generator': {'encoder',
+'mlm'}, 'discriminator': {'encoder', 'rtd'}}; shared embeddings live in one of them
+and the other reads them in `forward`), `forward(params, batch, rng)` runs both
+(sampling keys folded from `rng`; `rng` None in evaluation: a fixed key) and returns
+what its `sums` read, `flops` counts both, `members` names each as a `base.Network`
+(its `path` in the tree, its family config, its pretraining module) and `exported`
+names the one export, fine-tuning, embed and `load_pretrained` take ('discriminator';
+`load_pretrained(..., network='generator')` for fill_mask). Everything downstream
+already works on that one tree: the train state, the optimizer and its weight-decay
+mask (by leaf name: kernels and embeddings), the shardings (from the boxed logical
+axes), the checkpoint and resume
+(`bertjax.train.state`), the parameter count logged per member (`pretrain.run`), and
+restore by member (`bertjax.checkpoint.workdir.saved_network`). Its module and its
+`REGISTRY` entry are the only files of this package it touches; its model parts
+(ELECTRA's embedding projection, the discriminator head) are its family's.
+
 Configs written before `config.objectives` existed, and the config.json of their
 workdirs, name the objectives by booleans of the model section (`config.model.nsp`,
 `.sbo`): without `config.objectives` they map onto ('mlm', then 'sbo', then 'nsp': the

@@ -89,14 +89,15 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   evaluators.evals_of(config)
   pipeline.check_config(config.data, model, t.num_steps)
   phases.stages(config.data, t.num_steps, t.batch_size, phases.BatchSchedule.from_config(t))
-  phase_inputs(config, model)
+  phase_inputs(config)
 
 
-def phase_inputs(config: ml_collections.ConfigDict, model) -> list[dict[str, float]]:
-  """Each length phase's constant per-row inputs of `model` (the run's model config:
-  `Family.phase_inputs`, a one-line ConfigError when the model cannot train at a
-  phase's length)."""
+def phase_inputs(config: ml_collections.ConfigDict) -> list[dict[str, float]]:
+  """Each length phase's constant per-row inputs of the run's model (the objectives'
+  exported network: `Family.phase_inputs`, a one-line ConfigError when the model
+  cannot train at a phase's length)."""
   lengths = [t for _, t, _ in phases.length_phases(config.data, config.train.num_steps)]
+  model = objectives_lib.from_config(config).model
   return model_lib.family_of(model).phase_inputs(model, lengths)
 
 
@@ -119,7 +120,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
       seed=config.seed, nsp=pipeline.sentence_pairs(objectives.fields),
       process_index=jax.process_index(), process_count=jax.process_count(),
       position_offset=model.position_offset, num_steps=config.train.num_steps,
-      batch_schedule=batches, phase_inputs=phase_inputs(config, model))
+      batch_schedule=batches, phase_inputs=phase_inputs(config))
   trainer = Trainer(setup, config, workdir)
   trainer.info("Data: %s", data.stats)
   members = objectives.networks.members
