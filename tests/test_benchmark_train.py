@@ -6,7 +6,6 @@ process, and the GPU peaks per exact device kind."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import subprocess
@@ -18,8 +17,7 @@ import pytest
 
 from bertjax.benchmarks import flops
 from bertjax.benchmarks import train as bench
-from bertjax import model as model_lib
-from bertjax.model import ModelConfig
+from bertjax import model as model_lib, objectives as objectives_lib
 from configs import bert_tiny, modernbert_tiny, roberta_base
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -34,15 +32,15 @@ def _tiny(module):
 
 def test_token_types_and_packed_rows_follow_the_family():
   bert, roberta = _tiny(bert_tiny), _tiny(roberta_base)
-  b = bench.synthetic_batch(bert, 2, 12, 3, nsp=True)
+  b = bench.synthetic_batch(bert, 2, 12, 3, ("next_sentence_labels",))
   assert b["token_type_ids"].tolist() == [[0] * 6 + [1] * 6] * 2  # Segments A and B.
-  r = bench.synthetic_batch(roberta, 2, 12, 3, nsp=False, docs_per_row=3)
+  r = bench.synthetic_batch(roberta, 2, 12, 3, docs_per_row=3)
   assert not r["token_type_ids"].any() and "next_sentence_labels" not in r
   assert r["segment_ids"][0].tolist() == [1] * 4 + [2] * 4 + [3] * 4
   offset = roberta.model.position_offset  # Positions restart past the padding index.
   assert r["position_ids"][0].tolist() == [offset + i for i in range(4)] * 3
   assert "segment_ids" not in b and r["input_ids"].min() >= 5  # No padding id.
-  m = bench.synthetic_batch(_tiny(modernbert_tiny), 2, 12, 3, nsp=False, docs_per_row=2)
+  m = bench.synthetic_batch(_tiny(modernbert_tiny), 2, 12, 3, docs_per_row=2)
   assert not m["token_type_ids"].any()  # ModernBERT has none (its model ignores them).
   assert m["position_ids"][0].tolist() == list(range(6)) * 2  # Rotary: from 0.
 
@@ -51,12 +49,11 @@ def test_hugging_face_class_and_flops_per_family():
   bert, roberta = _tiny(bert_tiny), _tiny(roberta_base)
   assert bench.hf_model_class(bert) == "BertForPreTraining"
   assert bench.hf_model_class(roberta) == "RobertaForMaskedLM"
-  bert.model.nsp = False
+  bert.objectives = ("mlm",)
   assert bench.hf_model_class(bert) == "BertForMaskedLM"
-  cfg = ModelConfig.from_config(roberta.model)
+  cfg = objectives_lib.from_config(roberta).model  # MLM alone: no NSP head.
   hf = bench.hf_flops(roberta, 4, 16)  # MLM logits everywhere, no pooler.
-  no_pooler = dataclasses.replace(cfg, pooler=False, nsp=False)
-  assert hf == flops.train_flops(no_pooler, 4, 16, 16) and hf["pooler_nsp"] == 0
+  assert hf == flops.train_flops(cfg, 4, 16, 16) and hf["pooler_nsp"] == 0
   modern = _tiny(modernbert_tiny)
   assert bench.hf_model_class(modern) == "ModernBertForMaskedLM"
   assert bench.hf_flops(modern, 4, 16) == flops.train_flops(

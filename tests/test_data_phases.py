@@ -142,7 +142,8 @@ def phase_corpus(tmp_path_factory):
 
 def _phase_loop_config(corpus):
   c = tiny_config(num_steps=6, log_every=1, eval_every=3, checkpoint_every=4,
-                  eval_batches=1, eval_final_length=True)
+                  eval_batches=1)
+  c.evals.eval.final_length = True
   c.model.vocab_size = c.data.tokenizer.vocab_size = 512
   c.data.corpus = corpus
   c.data.max_seq_length = 32

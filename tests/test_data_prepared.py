@@ -382,12 +382,12 @@ def test_beam_writes_the_shards_and_manifest_of_the_worker_pool(prepared, beam_p
   flags = ["--config=configs/bert_tiny.py", f"--config.data.max_seq_length={T}",
            "--config.data.max_predictions_per_seq=10", "--config.data.dupe_factor=2"]
   if name == "nsp":
-    flags += [f"--input={prepared / 'tokens6'}", "--config.model.nsp=True",
+    flags += [f"--input={prepared / 'tokens6'}", "--config.objectives=('mlm','nsp')",
               f"--config.data.length_phases=((0.5,32),(0.5,{T}))"]
   else:
     pq.write_table(pa.table({"text": [" ".join(d) for d in documents]}),
                    prepared / "corpus.parquet", row_group_size=50)
-    flags += ["--config.model.nsp=False", f"--tokenizer={prepared / 'tok'}",
+    flags += ["--config.objectives=('mlm',)", f"--tokenizer={prepared / 'tok'}",
               f"--input={prepared / 'corpus.parquet'}"]
   pool, beam = (prepared / f"{name}_pool", prepared / f"{name}_beam")
   _prepare(sys.executable, *flags, f"--output={pool}", "--workers=2")

@@ -39,8 +39,7 @@ def _span_batches(config, n):
 
 def test_sbo_loss_is_added_and_falls():
   config = tiny_config()
-  config.model.nsp = False
-  config.model.sbo = True
+  config.objectives = ("mlm", "sbo")
   config.model.sbo_max_positions = 8
   config.train.learning_rate, config.train.num_steps = 5e-3, 100
   config.data.max_predictions_per_seq = 4
@@ -61,7 +60,7 @@ def test_sbo_loss_is_added_and_falls():
 
 def test_spanbert_recipe_builds():
   config = spanbert_base.get_config()
-  assert config.data.masking == "span" and config.model.sbo and not config.model.nsp
+  assert config.data.masking == "span" and config.objectives == ("mlm", "sbo")
   abstract, _ = state_lib.abstract_state(config)
   sbo = abstract.params["sbo"]
   assert sbo["dense_0"]["kernel"].shape == (3 * 768, 768)
