@@ -1,11 +1,14 @@
 """`python -m bertjax.convert --to=hf|bertjax --src=DIR --dst=DIR`: a pretrained bertjax
-workdir (or a Hugging Face dir) to a Hugging Face dir, a fine-tuning workdir to the
+workdir (or a Hugging Face dir) to a Hugging Face dir (of a workdir training several
+networks, the exported one in DST and each other in DST/<name>: an ELECTRA pair's
+discriminator and DST/generator), a fine-tuning workdir to the
 matching Hugging Face `*For<Task>` dir, or a Hugging Face dir to a bertjax workdir
 (`bertjax.hf.convert` holds the conversion)."""
 
 from __future__ import annotations
 
 import argparse
+import os
 
 from bertjax.checkpoint import pretrained as pretrained_lib, workdir
 from bertjax.console import cli
@@ -44,6 +47,11 @@ def main(argv: list[str] | None = None) -> None:
       pretrained = pretrained_lib.load_pretrained(args.src)
       kind = convert.save_hf(args.dst, pretrained.params, pretrained.config,
                              pretrained.tokenizer)
+      for name in workdir.other_networks(args.src):  # An ELECTRA pair's generator.
+        other = pretrained_lib.load_pretrained(args.src, network=name)
+        dst = os.path.join(args.dst, name)
+        print(f"wrote {convert.save_hf(dst, other.params, other.config, other.tokenizer)} "
+              f"checkpoint of the {name} to {dst}")
     else:
       pretrained = pretrained_lib.load_pretrained(args.src)
       pretrained_lib.save_workdir(args.dst, pretrained.params, pretrained.config,

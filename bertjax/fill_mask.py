@@ -2,7 +2,8 @@
 
     python -m bertjax.fill_mask --checkpoint=DIR --top_k=5 "please turn [MASK] homework in ."
 
-DIR is a bertjax workdir or a Hugging Face model dir with an MLM head. Write the mask as
+DIR is a bertjax workdir or a Hugging Face model dir with an MLM head (of a workdir
+that trains an ELECTRA pair, the generator). Write the mask as
 the tokenizer's mask token ([MASK] for BERT, <mask> for RoBERTa / XLM-R); `[MASK]` is
 accepted for both (`Pretrained.fill_mask`).
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 from absl import app, flags
 
+from bertjax.checkpoint import workdir
 from bertjax.checkpoint.pretrained import load_pretrained
 from bertjax.console import cli
 
@@ -18,7 +20,8 @@ def main(argv):
   texts = argv[1:]
   if not texts:
     raise app.UsageError("give the text(s) to fill as positional arguments.")
-  pretrained = load_pretrained(flags.FLAGS.checkpoint)
+  checkpoint = flags.FLAGS.checkpoint
+  pretrained = load_pretrained(checkpoint, network=workdir.masked_lm_network(checkpoint))
   for text in texts:
     print(text)
     for k, fillers in enumerate(pretrained.fill_mask(text, flags.FLAGS.top_k)):

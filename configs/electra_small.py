@@ -31,11 +31,10 @@ config.model is the discriminator, exactly google/electra-small-discriminator's
 config.json (its 'rtd' head, the replaced-token detector); config.generator holds the
 generator's sizes, the rest of its network is config.model's
 (`bertjax.model.electra.generator_config`: the embedding tables, which ELECTRA shares
-between the two, keep their shapes). Until the replaced-token-detection objective
-exists this recipe pretrains the discriminator's network with the masked-LM objective
-(its MLM head at the embedding width, the 'rtd' head idle); the objective becomes
-'rtd' with the replaced-token-detection issue, which trains the generator and the
-discriminator together with lambda 50.
+between the two, keep their shapes). The objective is 'rtd' (bertjax/objectives/rtd.py):
+the generator's MLM plus lambda = 50 times the discriminator's replaced-token
+detection, both networks in one state; export writes the discriminator, fill_mask
+uses the generator.
 
   python -m bertjax.main --config=configs/electra_small.py --workdir=/tmp/electra_small \
       --config.data.corpus='/data/wiki/*.txt' --config.data.tokenizer.path=vocab.txt
@@ -48,6 +47,10 @@ from configs import bert_base
 
 def get_config(arg=None):
   c = bert_base.get_config(arg)
+  # Replaced-token detection: the generator's MLM + lambda x the discriminator's BCE.
+  c.objectives = ("rtd",)
+  c.rtd = ml_collections.ConfigDict()
+  c.rtd.discriminator_weight = 50.0  # lambda (ELECTRA's disc_weight).
   m = c.model = ml_collections.ConfigDict()
   m.family = "electra"  # ELECTRA's discriminators and generators (bertjax/model/electra.py).
   m.vocab_size = 30522  # BERT's uncased WordPiece vocabulary, as every released ELECTRA.

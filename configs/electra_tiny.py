@@ -5,9 +5,8 @@ width (H=32, A=1, FFN 128: Table 6's Small multiplier), on the Python documentat
 that ships with every Python. It reproduces no paper table: it is the family's recipe
 that runs anywhere, with bert_tiny's schedule (1,500 steps of 32 rows of 128, lr 2e-3,
 150 warm-up steps, no dropout) and ELECTRA's masking (15%, of which 85% [MASK], 15%
-unchanged). Until the replaced-token-detection objective exists it pretrains the
-discriminator's network with the masked-LM objective; the objective becomes 'rtd' with
-the replaced-token-detection issue (lambda 50, configs/electra_small.py).
+unchanged), trained with replaced-token detection ('rtd', lambda 50, as
+configs/electra_small.py).
 
   python -m bertjax.main --config=configs/electra_tiny.py --workdir=/tmp/electra_tiny
   python -m bertjax.fill_mask --checkpoint=/tmp/electra_tiny "please turn [MASK] homework in ."

@@ -61,7 +61,7 @@ def test_a_family_without_the_booleans_is_mlm_alone():
 @pytest.mark.parametrize("change, message", [
     (dict(objectives=("mlm", "nsp"), nsp=False),
      r"config.model.nsp=False but config.objectives=\('mlm', 'nsp'\) names 'nsp'"),
-    (dict(objectives=("mlm", "rtd")), r"no objective 'rtd'; use names of \['mlm', 'nsp', "),
+    (dict(objectives=("mlm", "bogus")), r"no objective 'bogus'; use names of \['mlm', 'nsp', "),
     (dict(objectives=("mlm", "mlm")), r"names an objective twice"),
     (dict(objectives=()), r"give a tuple of objective names"),
     (dict(objectives=("mlm", "nsp"), pooler=False), r"reads the pooled \[CLS\] vector"),

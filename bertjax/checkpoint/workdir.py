@@ -107,6 +107,32 @@ def saved_network(workdir: str, config: ml_collections.ConfigDict | None = None,
   return objectives_lib.from_config(config).networks.member(name)
 
 
+def other_networks(path: str) -> tuple[str, ...]:
+  """The networks a pretraining workdir trains besides the one its objectives export
+  (an ELECTRA pair's generator); () for one network, a fine-tuning workdir or a
+  directory that is not a workdir."""
+  if not (epath.Path(path) / files.CONFIG_FILE).exists() or is_finetuned(path):
+    return ()
+  config = load_config(path)
+  if "model" not in config:
+    return ()
+  networks = objectives_lib.from_config(config).networks
+  return tuple(name for name in networks.members if name != networks.exported)
+
+
+def masked_lm_network(path: str) -> str | None:
+  """The network fill_mask takes from `path`: None (the exported one) unless that one
+  has no MLM head and another network of the workdir has (an ELECTRA pair: the
+  generator)."""
+  others = other_networks(path)
+  if not others:
+    return None
+  networks = objectives_lib.from_config(load_config(path)).networks
+  if "mlm" in networks.member().module.heads:
+    return None
+  return next((n for n in others if "mlm" in networks.member(n).module.heads), None)
+
+
 def saved_model(workdir: str, config: ml_collections.ConfigDict | None = None) -> Any:
   """The model config dataclass of a workdir's exported network (`saved_network`): a
   fine-tuning workdir's encoder, a pretraining workdir's model with the heads its

@@ -49,11 +49,11 @@ import jax
 
 from bertjax import model as model_lib
 from bertjax.errors import ConfigError
-from bertjax.objectives import base, mlm, nsp, sbo
+from bertjax.objectives import base, mlm, nsp, rtd, sbo
 from bertjax.objectives.base import Network, Networks, Objective
 
 # config.objectives names -> the objective.
-REGISTRY = {o.name: o for o in (mlm.OBJECTIVE, nsp.OBJECTIVE, sbo.OBJECTIVE)}
+REGISTRY = {o.name: o for o in (mlm.OBJECTIVE, nsp.OBJECTIVE, sbo.OBJECTIVE, rtd.OBJECTIVE)}
 # The config.model booleans that named objectives before config.objectives, in the
 # order their losses were added to the MLM's.
 LEGACY = ("sbo", "nsp")

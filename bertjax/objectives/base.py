@@ -68,14 +68,19 @@ class Objective:
 class Network:
   """One pretrained model among the trained parameters: where its parameters lie in the
   tree (`path`, () the root), its family config dataclass and its pretraining module
-  (encoder and heads, `Family.pretraining`), whose parameters the sub-tree holds."""
+  (encoder and heads, `Family.pretraining`), whose parameters the sub-tree holds;
+  `assemble` (the whole tree -> its parameters) where some of them lie elsewhere
+  (an ELECTRA generator reads the discriminator's embeddings)."""
 
   path: tuple[str, ...]
   config: Any
   module: nn.Module
+  assemble: Callable[[Any], Any] | None = None
 
   def params(self, params: Any) -> Any:
-    """Its sub-tree of the whole parameter tree."""
+    """Its parameters: its sub-tree of the whole parameter tree (or `assemble`'s)."""
+    if self.assemble is not None:
+      return self.assemble(params)
     for key in self.path:
       params = params[key]
     return params

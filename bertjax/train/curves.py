@@ -24,8 +24,10 @@ from bertjax.errors import DataError
 HELD_OUT = ("eval", "dev")  # Splits drawn as held-out points.
 # Panel title -> the metrics drawn in it (those a run logged; the others are skipped).
 PANELS = {
-    "loss": ("loss", "mlm_loss", "nsp_loss", "sbo_loss"),
-    "MLM / NSP accuracy": ("mlm_accuracy", "nsp_accuracy", "sbo_accuracy"),
+    "loss": ("loss", "mlm_loss", "nsp_loss", "sbo_loss", "generator_loss", "rtd_loss"),
+    "MLM / NSP accuracy": ("mlm_accuracy", "nsp_accuracy", "sbo_accuracy",
+                           "generator_accuracy", "rtd_accuracy", "rtd_precision",
+                           "rtd_recall"),
     "learning rate": ("learning_rate",),
     "throughput (tokens/s)": ("tokens_per_s",),
 }

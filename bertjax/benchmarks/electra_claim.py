@@ -1,0 +1,202 @@
+"""ELECTRA's claim at a CPU's size (Clark et al. 2020, Table 1: at equal pretraining
+compute the replaced-token-detection discriminator fine-tunes better than the MLM):
+
+  python -m bertjax.benchmark electra_claim --out=/tmp/electra_claim --mlm_steps=600
+
+1. Pretrains `configs/bert_tiny.py` with masked-LM alone (objectives ('mlm',): BERT's
+   80/10/10 masking, no NSP) for `--mlm_steps` steps, training the WordPiece
+   tokenizer both runs then share.
+2. Pretrains `configs/electra_tiny.py` (the same discriminator shape, L=2 H=128 A=2;
+   a generator of 1/4 its width; 'rtd' with lambda 50, ELECTRA's 85% [MASK] / 15% kept
+   masking) on the same corpus, rows, tokenizer, batch and schedule shape, for the
+   steps that spend the MLM run's training FLOPs (generator included):
+   round(mlm_steps x F_mlm / F_rtd), the FLOPs of a step by the project's counter
+   (`Objectives.train_flops(B, T, P)`, `bertjax.benchmarks.flops`' terms).
+3. Fine-tunes each pretrained encoder (the MLM model's; ELECTRA's discriminator) on the
+   real-text tasks of `bertjax.benchmarks.text_tasks` (default debian_sections,
+   stdlib_few, stdlib_next: each task's batch, epochs and length; `--lr` for both,
+   3e-4 being ELECTRA-Small's fine-tuning rate, Table 7) with each of `--seeds`, and
+   reports dev accuracy (mean, spread) per task and model as a markdown table, with
+   both runs' pretraining curves (their metrics.jsonl: `python -m bertjax.plot`), in
+   --out/results.json and --out/table.md.
+
+Everything runs in this one process, one run after another (`--out` keeps each run's
+workdir: rerunning resumes finished pretraining and skips finished fine-tuning).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import statistics
+import time
+from typing import Any, Callable
+
+import jax
+import ml_collections
+from absl import flags
+
+from bertjax import objectives as objectives_lib
+from bertjax.benchmarks import text_tasks
+
+DEFAULT_TASKS = ("debian_sections", "stdlib_few", "stdlib_next")
+_CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))), "configs")
+
+
+def recipe(name: str, arg: str | None = None) -> ml_collections.ConfigDict:
+  """`get_config(arg)` of configs/NAME.py, loaded by path as --config loads it (bertjax
+  imports nothing from configs/)."""
+  spec = importlib.util.spec_from_file_location(
+      f"electra_claim_{name.replace('/', '_')}", os.path.join(_CONFIGS, f"{name}.py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(arg)
+
+
+def define_flags() -> None:
+  flags.DEFINE_string("out", "/tmp/electra_claim", "Directory of the runs and results.")
+  flags.DEFINE_integer("mlm_steps", 1500, "Pretraining steps of the MLM run; ELECTRA's "
+                       "follow from equal FLOPs.")
+  flags.DEFINE_list("tasks", list(DEFAULT_TASKS), f"Any of {list(text_tasks.TASKS)}.")
+  flags.DEFINE_list("seeds", ["0", "1", "2"], "Fine-tuning seeds.")
+  flags.DEFINE_float("lr", 3e-4, "Fine-tuning peak learning rate (both models).")
+
+
+def pretraining_configs(mlm_steps: int) -> dict[str, ml_collections.ConfigDict]:
+  """{'mlm': bert_tiny with MLM alone, 'electra': electra_tiny with 'rtd'} on the same
+  data section but each recipe's masking; 'electra' at `mlm_steps`, `equal_flops`
+  sets its steps."""
+  mlm, electra = recipe("bert_tiny"), recipe("electra_tiny")
+  mlm.objectives = ("mlm",)
+  masking = {k: electra.data[k] for k in ("mask_token_prob", "random_token_prob",
+                                          "max_predictions_per_seq")}
+  electra.data = ml_collections.ConfigDict(mlm.data.to_dict())
+  electra.data.update(masking)
+  for c in (mlm, electra):
+    c.train.num_steps, c.train.warmup_steps = mlm_steps, max(1, mlm_steps // 10)
+  return {"mlm": mlm, "electra": electra}
+
+
+def step_flops(config) -> float:
+  """Training FLOPs of one step of `config` (both networks of an RTD pair)."""
+  d, t = config.data, config.train
+  return objectives_lib.from_config(config).train_flops(
+      t.batch_size, d.max_seq_length, d.max_predictions_per_seq)["total"]
+
+
+def equal_flops(configs: dict[str, ml_collections.ConfigDict]) -> dict[str, dict]:
+  """Sets config.train.num_steps of every config but 'mlm' so that each spends the MLM
+  run's training FLOPs (warm-up scaled alike; evaluation and checkpoints at the end);
+  returns {name: {'steps', 'step_flops', 'total_flops'}}."""
+  budget = configs["mlm"].train.num_steps * step_flops(configs["mlm"])
+  out = {}
+  for name, c in configs.items():
+    per_step = step_flops(c)
+    steps = max(1, round(budget / per_step))
+    c.train.warmup_steps = min(round(c.train.warmup_steps * steps / c.train.num_steps),
+                               steps - 1)
+    c.train.num_steps = c.train.eval_every = c.train.checkpoint_every = steps
+    out[name] = {"steps": steps, "step_flops": per_step, "total_flops": steps * per_step}
+  return out
+
+
+def finetune_config(task: text_tasks.TextTask, paths: dict, init_from: str, seed: int,
+                    lr: float) -> ml_collections.ConfigDict:
+  """The task's classification run from `init_from` (its recipe's batch, epochs and
+  length; `lr`)."""
+  c = recipe("finetune/glue", "sst2")
+  c.init_from, c.seed = init_from, seed
+  c.data.train, c.data.dev = paths["train"], paths["dev"]
+  c.task.text_a = task.fields[0]
+  c.task.text_b = task.fields[1] if len(task.fields) > 2 else ""
+  c.task.label = "label"
+  c.task.labels = tuple(task.labels)
+  c.task.max_seq_length = task.recipe.get("max_seq_length", 128)
+  c.train.batch_size = task.recipe.get("batch_size", 32)
+  c.train.num_epochs = task.recipe.get("num_epochs", 3)
+  c.train.learning_rate = lr
+  return c
+
+
+def _spread(xs: list[float]) -> dict[str, float]:
+  return {"mean": statistics.fmean(xs), "stdev": statistics.stdev(xs) if len(xs) > 1 else 0.0,
+          "min": min(xs), "max": max(xs), "runs": xs}
+
+
+def table(results: dict) -> str:
+  """The markdown table: dev accuracy (mean +- stdev over the seeds) per task and
+  model, their average, and the pretraining each model had."""
+  tasks = list(next(iter(results["finetune"].values())))
+  lines = ["| pretraining | steps | training FLOPs | " + " | ".join(tasks) + " | average |",
+           "|---|---|---|" + "---|" * (len(tasks) + 1)]
+  for name, per_task in results["finetune"].items():
+    p = results["pretraining"][name]
+    cells = [f"{100 * per_task[t]['mean']:.1f} +- {100 * per_task[t]['stdev']:.1f}"
+             for t in tasks]
+    avg = statistics.fmean(per_task[t]["mean"] for t in tasks)
+    lines.append(f"| {name} | {p['steps']} | {p['total_flops']:.3g} | "
+                 + " | ".join(cells) + f" | {100 * avg:.1f} |")
+  return "\n".join(lines)
+
+
+def run(out: str, configs: dict[str, ml_collections.ConfigDict],
+        tasks: dict[str, text_tasks.TextTask], seeds: list[int], lr: float,
+        edit_finetune: Callable[[ml_collections.ConfigDict], None] | None = None,
+        log: Callable[[str], None] = print) -> dict[str, Any]:
+  """The benchmark (module docstring) on `configs` ('mlm' first: its tokenizer is
+  shared), writing under `out`; `edit_finetune` changes each fine-tuning config
+  (tests shrink them)."""
+  from bertjax.tasks import finetune  # pylint: disable=g-import-not-at-top
+  from bertjax.train import pretrain  # pylint: disable=g-import-not-at-top
+  os.makedirs(out, exist_ok=True)
+  results: dict[str, Any] = {"pretraining": equal_flops(configs), "finetune": {},
+                             "lr": lr, "seeds": seeds}
+  workdirs = {name: os.path.join(out, name) for name in configs}
+  for name, c in configs.items():
+    if name != "mlm":
+      c.data.tokenizer.path = os.path.join(workdirs["mlm"], "tokenizer")
+    t0 = time.perf_counter()
+    metrics = pretrain.run(c, workdirs[name])
+    results["pretraining"][name].update(
+        wall_s=time.perf_counter() - t0, eval=metrics,
+        curves=os.path.join(workdirs[name], "metrics.jsonl"))
+    log(f"pretrained {name}: {json.dumps(results['pretraining'][name])}")
+  for task_name, task in tasks.items():
+    paths = task.write(os.path.join(out, "tasks", task_name))
+    for name in configs:
+      scores = []
+      for seed in seeds:
+        c = finetune_config(task, paths, workdirs[name], seed, lr)
+        if edit_finetune:
+          edit_finetune(c)
+        workdir = os.path.join(out, "finetune", f"{name}_{task_name}_{seed}")
+        done = os.path.join(workdir, "dev_results.json")
+        if not os.path.exists(done):
+          finetune.run(c, workdir)
+        with open(done) as f:
+          scores.append(json.load(f)["accuracy"])
+        log(f"{name} {task_name} seed {seed}: dev accuracy {scores[-1]:.4f}")
+      results["finetune"].setdefault(name, {})[task_name] = _spread(scores)
+  results["table"] = table(results)
+  with open(os.path.join(out, "results.json"), "w") as f:
+    json.dump(results, f, indent=1, default=str)
+  with open(os.path.join(out, "table.md"), "w") as f:
+    f.write(results["table"] + "\n")
+  return results
+
+
+def main(argv) -> None:
+  del argv
+  f = flags.FLAGS
+  unknown = sorted(set(f.tasks) - set(text_tasks.TASKS))
+  if unknown:
+    raise SystemExit(f"--tasks: unknown {unknown}; use {list(text_tasks.TASKS)}.")
+  jax.config.update("jax_compilation_cache_dir", os.path.join(f.out, "xla_cache"))
+  results = run(f.out, pretraining_configs(f.mlm_steps),
+                {name: text_tasks.TASKS[name]() for name in f.tasks},
+                [int(s) for s in f.seeds], f.lr)
+  print(results["table"])
+  print(f"wrote {os.path.join(f.out, 'results.json')} and table.md; curves: python -m "
+        f"bertjax.plot on {os.path.join(f.out, 'mlm')} and {os.path.join(f.out, 'electra')}")

@@ -1,0 +1,212 @@
+"""Replaced-token detection ('rtd', ELECTRA's: Clark et al. 2020, google-research/electra
+run_pretraining.py): a generator, a small masked LM of the discriminator's family
+(its sizes `config.generator`, `bertjax.model.electra.generator_config`), predicts the
+masked tokens; a token sampled from its softmax (Gumbel-max at temperature 1, from
+the whole vocabulary, no gradient through the sample: ELECTRA's `sample_from_softmax`
+with `disallow_correct=False`) replaces each masked position of the ORIGINAL row
+(ELECTRA's `unmask` then `scatter_update`; a prediction of weight 0 replaces
+nothing); the discriminator's 'rtd' head predicts at every non-padding position
+(`attention_mask`; [CLS] and [SEP] included, as ELECTRA's `input_mask`) whether its
+token was replaced: a sample equal to the original counts as original.
+
+  loss = generator MLM (mean cross-entropy over the predictions)
+         + lambda x discriminator BCE (mean over the non-padding tokens)
+
+lambda is `config.rtd.discriminator_weight` (ELECTRA's disc_weight, 50).
+
+Parameters: one tree {'discriminator': {'encoder', 'rtd'}, 'generator': {'encoder',
+'mlm'}} under one optimizer state and one checkpoint. ELECTRA ties the generator's
+embeddings to the discriminator's (its "electra/embeddings" scope: word, position and
+token-type tables and their LayerNorm, `SHARED`): they live in the discriminator's
+tree only, and the generator reads them there (`generator_params`); each network
+keeps its own `embeddings_project`, and the generator's MLM head decodes with the
+shared word table. Export takes the discriminator (`Networks.exported`); the
+generator (`load_pretrained(..., network='generator')`, fill_mask) is assembled with
+the shared tables.
+
+Metrics: generator_loss, generator_accuracy (its argmax at the masked positions),
+rtd_loss (the BCE), rtd_accuracy, rtd_precision and rtd_recall of "replaced" (logit >
+0), replaced_fraction (of the non-padding tokens).
+
+Shapes: B batch, T length, P predictions per row, V vocabulary.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from bertjax import model as model_lib
+from bertjax.errors import ConfigError
+from bertjax.model import electra
+from bertjax.objectives import mlm
+from bertjax.objectives.base import Network, Networks, Objective, apply
+
+# The generator's parameters under encoder/embeddings that are the discriminator's.
+SHARED = ("word_embeddings", "position_embeddings", "token_type_embeddings", "LayerNorm")
+DISCRIMINATOR_WEIGHT = 50.0  # lambda where a config has no config.rtd (ELECTRA's).
+EVAL_SEED = 0  # the sampling key of held-out batches (no rng in evaluation)
+
+
+def discriminator_weight(config) -> float:
+  """lambda: `config.rtd.discriminator_weight`, ELECTRA's 50 without a config.rtd."""
+  rtd = config.get("rtd")
+  return float(rtd["discriminator_weight"]) if rtd else DISCRIMINATOR_WEIGHT
+
+
+def generator_config(config, model) -> Any:
+  """The generator's model config: `model` (the discriminator) at `config.generator`'s
+  sizes; one-line ConfigErrors without config.generator, or for a generator larger
+  than the discriminator."""
+  if model.family != electra.FAMILY.name:
+    raise ConfigError(f"the 'rtd' objective trains an ELECTRA generator beside the "
+                      f"discriminator; config.model.family={model.family!r} has none: "
+                      "use family 'electra'.")
+  sizes = config.get("generator")
+  if not sizes:
+    raise ConfigError("the 'rtd' objective needs config.generator (the generator's "
+                      "hidden_size, num_heads, intermediate_size, num_layers; "
+                      "configs/electra_small.py).")
+  return electra.generator_config(model, dict(sizes))
+
+
+def _split_shared(generator: dict) -> dict:
+  """The generator's tree without the SHARED embeddings (an empty scope dropped)."""
+  encoder = dict(generator["encoder"])
+  own = {k: v for k, v in encoder.pop("embeddings").items() if k not in SHARED}
+  if own:
+    encoder["embeddings"] = own
+  return {**generator, "encoder": encoder}
+
+
+def generator_params(params: dict) -> dict:
+  """The generator's whole tree: its own parameters and the discriminator's SHARED
+  embeddings."""
+  gen, disc = params["generator"], params["discriminator"]
+  shared = {k: v for k, v in disc["encoder"]["embeddings"].items() if k in SHARED}
+  embeddings = {**gen["encoder"].get("embeddings", {}), **shared}
+  return {**gen, "encoder": {**gen["encoder"], "embeddings": embeddings}}
+
+
+def _scatter(ids: jax.Array, positions: jax.Array, values: jax.Array,
+             weights: jax.Array) -> jax.Array:
+  """`ids` [B, T] with `values` [B, P] written at `positions` [B, P] where `weights` >
+  0 (a padding prediction, weight 0, writes nothing)."""
+  ids = jnp.asarray(ids)
+  rows = jnp.arange(ids.shape[0])[:, None]
+  current = jnp.take_along_axis(ids, positions, axis=1)
+  delta = jnp.where(weights > 0, values - current, 0).astype(ids.dtype)
+  return ids.at[rows, positions].add(delta)
+
+
+def corrupt(batch: dict, logits: jax.Array, key: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """(the discriminator's input ids [B, T], is-replaced labels [B, T] int32): the
+  original row with a token sampled from the generator's `logits` [B, P, V] (Gumbel-max,
+  temperature 1, no gradient) at each masked position; replaced where the token
+  differs from the original, at non-padding positions."""
+  positions = batch["masked_lm_positions"].astype(jnp.int32)
+  weights = batch["masked_lm_weights"]
+  original = _scatter(batch["input_ids"], positions, batch["masked_lm_ids"], weights)
+  sampled = jax.random.categorical(key, jax.lax.stop_gradient(logits)).astype(
+      original.dtype)
+  corrupted = _scatter(original, positions, sampled, weights)
+  return corrupted, ((corrupted != original) & (batch["attention_mask"] > 0)).astype(
+      jnp.int32)
+
+
+def networks(config, model) -> Networks:
+  """The generator and the discriminator (module docstring)."""
+  family = model_lib.family_of(model)
+  gen_config = generator_config(config, model)
+  disc = family.pretraining(model, ("rtd",))
+  gen = family.pretraining(gen_config, ("mlm",))
+  weight = discriminator_weight(config)
+
+  def init(rng):
+    d_rng, g_rng = jax.random.split(rng)
+    return {"discriminator": disc.init_params(d_rng),
+            "generator": _split_shared(gen.init_params(g_rng))}
+
+  def forward(params, batch, rng):
+    if rng is None:
+      gen_rng = disc_rng = None
+      sample_key = jax.random.key(EVAL_SEED)
+    else:
+      gen_rng, sample_key, disc_rng = jax.random.split(rng, 3)
+    logits = apply(gen, generator_params(params), batch, gen_rng)["mlm_logits"]
+    corrupted, labels = corrupt(batch, logits, sample_key)
+    out = apply(disc, params["discriminator"], {**batch, "input_ids": corrupted}, disc_rng)
+    return {"mlm_logits": logits, "rtd_logits": out["rtd_logits"], "rtd_labels": labels,
+            "rtd_weight": jnp.float32(weight)}
+
+  def flops(batch, seq, predictions):
+    """The generator's step at its P predictions and the discriminator's at every
+    position (its 'rtd' head among its per-token weights; no MLM head)."""
+    terms = {f"generator_{k}": v for k, v in family.train_flops(
+        gen_config, batch, seq, predictions).items() if k != "total"}
+    terms.update({f"discriminator_{k}": v for k, v in family.train_flops(
+        model, batch, seq, 0).items() if k not in ("total", "mlm_head")})
+    terms["total"] = sum(terms.values())
+    return terms
+
+  return Networks(
+      init=init, forward=forward, flops=flops, exported="discriminator",
+      members={"discriminator": Network(("discriminator",), model, disc),
+               "generator": Network(("generator",), gen_config, gen,
+                                    assemble=generator_params)})
+
+
+def _sums(out: dict, batch: dict) -> dict:
+  sums = {k.replace("mlm", "generator"): v
+          for k, v in mlm.prediction_sums("mlm", out["mlm_logits"], batch).items()}
+  logits, labels = out["rtd_logits"], out["rtd_labels"]
+  real = (batch["attention_mask"] > 0).astype(jnp.float32)
+  bce = jnp.sum(optax.sigmoid_binary_cross_entropy(logits, labels) * real)
+  predicted = (logits > 0).astype(jnp.float32) * real
+  replaced = labels.astype(jnp.float32) * real
+  return {**sums, "rtd_loss": bce, "rtd_weighted_loss": out["rtd_weight"] * bce,
+          "rtd_correct": jnp.sum(jnp.where(predicted == replaced, real, 0.0)),
+          "rtd_true_positives": jnp.sum(predicted * replaced),
+          "rtd_predicted": jnp.sum(predicted), "rtd_replaced": jnp.sum(replaced)}
+
+
+def _counts(batch: dict) -> dict:
+  return {"generator": jnp.sum(batch["masked_lm_weights"]),
+          "rtd": jnp.sum((batch["attention_mask"] > 0).astype(jnp.float32))}
+
+
+def _loss(sums: dict, counts: dict) -> jax.Array:
+  return (sums["generator_loss"] / jnp.maximum(counts["generator"], 1.0)
+          + sums["rtd_weighted_loss"] / jnp.maximum(counts["rtd"], 1.0))
+
+
+def _metrics(sums: dict, counts: dict) -> dict:
+  n, t = jnp.maximum(counts["generator"], 1.0), jnp.maximum(counts["rtd"], 1.0)
+  return {"generator_loss": sums["generator_loss"] / n,
+          "generator_accuracy": sums["generator_correct"] / n,
+          "rtd_loss": sums["rtd_loss"] / t, "rtd_accuracy": sums["rtd_correct"] / t,
+          "rtd_precision": sums["rtd_true_positives"] / jnp.maximum(sums["rtd_predicted"], 1.0),
+          "rtd_recall": sums["rtd_true_positives"] / jnp.maximum(sums["rtd_replaced"], 1.0),
+          "replaced_fraction": sums["rtd_replaced"] / t}
+
+
+def _check(config) -> None:
+  """'rtd' trains alone (its generator is the run's MLM); lambda is positive."""
+  names = tuple(config.objectives)
+  if names != ("rtd",):
+    raise ConfigError(f"config.objectives={names!r}: 'rtd' trains its own generator (an "
+                      "MLM) and discriminator; give config.objectives=('rtd',) alone.")
+  if not discriminator_weight(config) > 0:
+    raise ConfigError(f"config.rtd.discriminator_weight={discriminator_weight(config)} "
+                      "must be positive (ELECTRA's lambda is 50).")
+
+
+OBJECTIVE = Objective(
+    name="rtd", fields=mlm.FIELDS, heads=("rtd",), check=_check, sums=_sums,
+    counts=_counts, loss=_loss, metrics=_metrics, networks=networks,
+    metric_names=("generator_loss", "generator_accuracy", "rtd_loss", "rtd_accuracy",
+                  "rtd_precision", "rtd_recall", "replaced_fraction"))
+

@@ -1,0 +1,248 @@
+"""Replaced-token detection ('rtd', bertjax/objectives/rtd.py): the corrupted rows and
+their labels (samples written at the real predictions only, a sample equal to the
+original is original, padding never replaced), Gumbel sampling at the softmax's
+frequencies, the shared embeddings (one array in the tree), the loss and metrics as
+ELECTRA defines them, the FLOPs of both networks, the one-line errors; then a tiny
+pair pretrained on 8 CPU devices: resumed bit for bit after SIGTERMs, with gradient
+accumulation and packed rows, exported as ElectraForPreTraining and ElectraForMaskedLM
+that transformers loads and that predict as bertjax does, and fill_mask with the
+generator."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from bertjax import convert as convert_cli, objectives as objectives_lib
+from bertjax.checkpoint import workdir as workdir_lib
+from bertjax.checkpoint.pretrained import load_pretrained
+from bertjax.errors import ConfigError
+from bertjax.model import family_of
+from bertjax.objectives import rtd
+from bertjax.train import pretrain
+from tests import faults
+from tests.helpers import synthetic_batch, tiny_config
+from tests.rtd_helpers import rtd_config
+
+STEPS = 20
+
+
+def test_corrupt_writes_samples_at_real_predictions_only():
+  """A generator certain of one token per prediction: the original row (masks undone)
+  gets it at the real predictions; a padding prediction (weight 0, at position 0)
+  writes nothing; the labels are 1 where the token changed, 0 where the sample is
+  the original or the position is padding."""
+  batch = {"input_ids": jnp.array([[2, 9, 5, 9, 3, 0]]),  # 9 = [MASK]
+           "attention_mask": jnp.array([[1, 1, 1, 1, 1, 0]]),
+           "masked_lm_positions": jnp.array([[1, 3, 0]]),
+           "masked_lm_ids": jnp.array([[7, 4, 0]]),
+           "masked_lm_weights": jnp.array([[1.0, 1.0, 0.0]])}
+  wanted = jnp.array([[7, 8, 6]])  # position 1 keeps its original 7; 3 gets 8
+  logits = 100.0 * jax.nn.one_hot(wanted, 12)
+  ids, labels = rtd.corrupt(batch, logits, jax.random.key(0))
+  np.testing.assert_array_equal(ids, [[2, 7, 5, 8, 3, 0]])
+  np.testing.assert_array_equal(labels, [[0, 0, 0, 1, 0, 0]])
+
+
+def test_gumbel_samples_follow_the_softmax():
+  """jax.random.categorical (Gumbel-max, ELECTRA's sample_from_softmax at temperature
+  1) draws each token at its softmax probability, and no gradient flows through it."""
+  probs = jnp.array([0.6, 0.3, 0.1, 0.0])
+  logits = jnp.log(jnp.maximum(probs, 1e-30))[None, None]  # [1, 1, 4]
+  batch = {"input_ids": jnp.zeros((1, 2), jnp.int32), "attention_mask": jnp.ones((1, 2)),
+           "masked_lm_positions": jnp.array([[1]]), "masked_lm_ids": jnp.array([[3]]),
+           "masked_lm_weights": jnp.ones((1, 1))}
+  draws = jax.vmap(lambda k: rtd.corrupt(batch, logits, k)[0][0, 1])(
+      jax.random.split(jax.random.key(1), 20000))
+  np.testing.assert_allclose(np.bincount(np.asarray(draws), minlength=4) / 20000, probs,
+                             atol=0.015)
+  grad = jax.grad(lambda l: rtd.corrupt(batch, l, jax.random.key(0))[0].sum().astype(
+      jnp.float32))(logits)
+  assert not np.any(np.asarray(grad))
+
+
+def _networks(config=None):
+  objectives = objectives_lib.check(config or rtd_config())
+  return objectives, objectives.networks
+
+
+def test_one_tree_with_the_embeddings_shared():
+  """{'discriminator', 'generator'}: the generator holds no word, position or token-type
+  table nor their LayerNorm, only its own projection; assembled it reads the
+  discriminator's arrays, and its MLM head decodes with that word table."""
+  _, networks = _networks()
+  params = nn.unbox(networks.init(jax.random.key(0)))
+  assert sorted(params) == ["discriminator", "generator"]
+  assert sorted(params["generator"]["encoder"]["embeddings"]) == ["embeddings_project"]
+  assert sorted(params["generator"]) == ["encoder", "mlm"]
+  assert sorted(params["discriminator"]) == ["encoder", "rtd"]
+  gen = networks.member("generator").params(params)["encoder"]["embeddings"]
+  for name in rtd.SHARED:
+    assert gen[name] is params["discriminator"]["encoder"]["embeddings"][name]
+  # A gradient of the generator's loss reaches the shared table.
+  batch = synthetic_batch(rtd_config(), 4)
+  objectives = objectives_lib.from_config(rtd_config())
+  grads = jax.grad(lambda p: objectives.loss(objectives.sums(p, batch, None),
+                                             objectives.counts(batch)))(params)
+  word = grads["discriminator"]["encoder"]["embeddings"]["word_embeddings"]["embedding"]
+  assert np.abs(np.asarray(word)).sum() > 0
+
+
+def test_loss_and_metrics_are_electras():
+  """loss = the generator's mean cross-entropy + 50 x the mean BCE over non-padding
+  tokens; precision and recall of 'replaced' and the replaced fraction by hand."""
+  objectives, networks = _networks()
+  params = nn.unbox(networks.init(jax.random.key(0)))
+  batch = synthetic_batch(rtd_config(), 4)
+  out = networks.forward(params, batch, None)
+  sums, counts = objectives.sums(params, batch, None), objectives.counts(batch)
+  w, real = batch["masked_lm_weights"], batch["attention_mask"].astype(np.float32)
+  xent = optax.softmax_cross_entropy_with_integer_labels(out["mlm_logits"],
+                                                         batch["masked_lm_ids"])
+  gen = float((xent * w).sum() / w.sum())
+  labels = np.asarray(out["rtd_labels"])
+  bce = float((optax.sigmoid_binary_cross_entropy(out["rtd_logits"], labels) * real).sum()
+              / real.sum())
+  np.testing.assert_allclose(objectives.loss(sums, counts), gen + 50 * bce, rtol=1e-5)
+  pred = (np.asarray(out["rtd_logits"]) > 0) * real
+  m = objectives.metrics(sums, counts)
+  tp = (pred * labels).sum()
+  np.testing.assert_allclose(m["rtd_precision"], tp / max(pred.sum(), 1), rtol=1e-6)
+  np.testing.assert_allclose(m["rtd_recall"], tp / max(labels.sum(), 1), rtol=1e-6)
+  np.testing.assert_allclose(m["replaced_fraction"], labels.sum() / real.sum(), rtol=1e-6)
+  np.testing.assert_allclose(m["rtd_accuracy"], ((pred == labels) * real).sum() / real.sum(),
+                             rtol=1e-6)
+  assert labels.sum() > 0 and not np.any(labels * (1 - real))
+
+
+def test_flops_count_both_networks():
+  """The step's FLOPs: the generator's (its MLM head at P predictions) plus the
+  discriminator's at every position (no MLM head; its detector per token)."""
+  objectives, _ = _networks()
+  B, T, P = 8, 16, 4
+  family = family_of(objectives.model)
+  gen = family.train_flops(objectives.networks.member("generator").config, B, T, P)
+  disc = family.train_flops(objectives.model, B, T, 0)
+  assert disc["mlm_head"] == 0
+  assert objectives.train_flops(B, T, P)["total"] == gen["total"] + disc["total"]
+
+
+@pytest.mark.parametrize("change, message", [
+    ("bert", r"the 'rtd' objective .* reads the 'rtd' head, which the 'bert' family does "
+             r"not have"),
+    ("wide", r"config.generator.hidden_size=64 exceeds the discriminator's "
+             r"config.model.hidden_size=32"),
+    ("no_generator", r"the 'rtd' objective needs config.generator"),
+    ("with_mlm", r"'rtd' trains its own generator .* give config.objectives=\('rtd',\) "
+                 r"alone"),
+    ("lambda", r"config.rtd.discriminator_weight=0.0 must be positive"),
+])
+def test_errors_are_one_line(change, message):
+  if change == "bert":
+    config = tiny_config()
+    config.objectives = ("rtd",)
+  else:
+    config = rtd_config()
+    if change == "wide":
+      config.generator.hidden_size = 64
+    elif change == "no_generator":
+      del config.generator
+    elif change == "with_mlm":
+      config.objectives = ("mlm", "rtd")
+    else:
+      config.rtd.discriminator_weight = 0.0
+  with pytest.raises(ConfigError, match=message) as e:
+    pretrain.check_config(config)
+  assert "\n" not in str(e.value)
+
+
+# ---- A tiny pair pretrained on 8 CPU devices -----------------------------------------
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+  """One uninterrupted run of 20 steps."""
+  workdir = str(tmp_path_factory.mktemp("reference"))
+  pretrain.run(rtd_config(), workdir)
+  return workdir
+
+
+def test_the_pair_trains_and_logs_its_metrics(reference):
+  rows = faults.train_rows(reference)
+  assert sorted(rows) == [3, 6, 9, 12, 15, 18, 20]
+  for name in ("generator_loss", "generator_accuracy", "rtd_loss", "rtd_accuracy",
+               "rtd_precision", "rtd_recall", "replaced_fraction"):
+    assert np.isfinite(rows[20][name]), name
+  assert 0 < rows[20]["replaced_fraction"] < 0.2
+  assert rows[20]["loss"] < rows[3]["loss"]
+  evals = [r for r in faults.metrics(reference) if r["split"] == "eval"]
+  assert evals and "rtd_recall" in evals[-1]
+
+
+def test_sigterm_resumes_bit_for_bit(reference, on_train_batch, tmp_path):
+  """SIGTERM before steps 4 and 13; each run saves and returns, the next resumes: the
+  metrics and the final state (both networks, the optimizer, the data position) equal
+  the uninterrupted run's bit for bit (the samples are drawn from the step's key)."""
+  kill_at, workdir, done = [4, 13], str(tmp_path / "preempted"), 0
+  for _ in range(len(kill_at) + 1):
+    pending = [s - done for s in kill_at if s > done]
+    on_train_batch(lambda n, _, first=pending[:1]: n in first and os.kill(os.getpid(),
+                                                                          signal.SIGTERM))
+    pretrain.run(rtd_config(), workdir)
+    done = int(faults.saved_state(workdir)["step"])
+  assert done == STEPS
+  faults.assert_same_metrics(workdir, reference)
+  faults.assert_same_arrays(faults.saved_state(workdir), faults.saved_state(reference))
+
+
+def test_accumulation_and_packed_rows_train(tmp_path):
+  """Gradient accumulation over 2 micro-batches of packed rows with isolated documents
+  (segment ids) on the 8-device mesh: finite metrics, a falling loss."""
+  config = rtd_config(grad_accum_steps=2, batch_size=16, num_steps=12, log_every=4,
+                      eval_every=12, checkpoint_every=12)
+  config.data.packing, config.data.isolate_documents = "full_sentences", True
+  pretrain.run(config, str(tmp_path))
+  rows = faults.train_rows(str(tmp_path))
+  assert all(np.isfinite(r["rtd_loss"]) for r in rows.values())
+  assert rows[12]["loss"] < rows[4]["loss"]
+
+
+def test_export_writes_both_networks_transformers_agrees(reference, tmp_path):
+  """convert --to=hf writes the discriminator (ElectraForPreTraining) in DST and the
+  generator (ElectraForMaskedLM) in DST/generator; transformers' logits on them equal
+  bertjax's of the workdir's networks."""
+  transformers = pytest.importorskip("transformers")
+  import torch  # pylint: disable=g-import-not-at-top
+  dst = tmp_path / "hf"
+  convert_cli.main(["--to=hf", f"--src={reference}", f"--dst={dst}"])
+  text = ["the module returns a list of the names"]
+  for name, cls, key in (("discriminator", "ElectraForPreTraining", "rtd_logits"),
+                         ("generator", "ElectraForMaskedLM", "mlm_logits")):
+    directory = dst if name == "discriminator" else dst / "generator"
+    model = getattr(transformers, cls).from_pretrained(
+        directory, attn_implementation="eager").eval()
+    assert type(model).__name__ == cls
+    ours = load_pretrained(reference, network=name).logits(text, max_length=16)
+    with torch.no_grad():
+      theirs = model(torch.as_tensor(ours["input_ids"], dtype=torch.long),
+                     attention_mask=torch.as_tensor(ours["attention_mask"])).logits.numpy()
+    assert np.abs(ours[key] - theirs).max() < 1e-4
+
+
+def test_fill_mask_uses_the_generator(reference, capsys):
+  assert workdir_lib.masked_lm_network(reference) == "generator"
+  assert workdir_lib.other_networks(reference) == ("generator",)
+  from bertjax import fill_mask  # pylint: disable=g-import-not-at-top
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  if "checkpoint" not in flags.FLAGS:
+    fill_mask.define_flags()
+  flags.FLAGS(["fill_mask", f"--checkpoint={reference}", "--top_k=3"])
+  fill_mask.main(["fill_mask", "the [MASK] returns a list ."])
+  out = capsys.readouterr().out
+  assert "mask 1:" in out and len(out.splitlines()[1].split()) == 2 + 2 * 3
