@@ -50,6 +50,8 @@ def get_config(arg=None):
   # 'mlm' masked-LM; 'nsp' next-sentence prediction (its rows are sentence pairs, not
   # packed; needs model.pooler); 'sbo' SpanBERT's span-boundary objective (needs
   # data.masking='span'). Each puts its head on the model: ('mlm',) is RoBERTa's.
+  # ('rtd',) alone: ELECTRA's replaced-token detection (family 'electra', a generator of
+  # config.generator's sizes and config.rtd.discriminator_weight; configs/electra_small.py).
   c.objectives = ("mlm", "nsp")
 
   c.model = ml_collections.ConfigDict()
