@@ -5,10 +5,14 @@ transformers' logits -> a directory transformers loads with the same logits, for
 `lm_predictions` head and v2's legacy `cls` head); fine-tuning the deberta_tiny recipe's
 model and a converted checkpoint through `bertjax.tasks` (classification on packed rows,
 tagging, span QA, multiple choice), `predict`, and the export to DebertaV2For<Task>
-that transformers loads and that predicts as bertjax does."""
+that transformers loads and that predicts as bertjax does; a converted workdir going on
+pretraining (MLM, packed rows)."""
 
 import json
 import os
+import shutil
+
+import jax
 
 import numpy as np
 import pytest
@@ -22,10 +26,13 @@ from bertjax.hf import deberta as hf_deberta_table, files  # pylint: disable=wro
 from bertjax.model import deberta as db  # pylint: disable=wrong-import-position
 from bertjax.tasks import base, finetune, predict  # pylint: disable=wrong-import-position
 from bertjax.tasks.finetuned import load_finetuned  # pylint: disable=wrong-import-position
+from bertjax.train import pretrain  # pylint: disable=wrong-import-position
+from tests import faults  # pylint: disable=wrong-import-position
 from configs import deberta_tiny  # pylint: disable=wrong-import-position
 from configs.finetune import glue, ner, squad, swag  # pylint: disable=wrong-import-position
 from tests.deberta_helpers import (CLS, MASK, PAD, SEP, TEXTS, UNK, VOCAB,  # pylint: disable=wrong-import-position
-                                   deberta_tokenizer, hf_deberta, hf_outputs, load_hf)
+                                   deberta_tokenizer, hf_deberta, hf_outputs, load_hf,
+                                   pretrain_config)
 from tests.tasks_helpers import fixture  # pylint: disable=wrong-import-position
 
 PAIRS = (["the cat sat on the mat", "a dog"], ["while the dog ran", "in the old garden"])
@@ -114,6 +121,24 @@ def test_convert_both_ways_keeps_the_logits(variant, hf_dir, workdir, tmp_path):
   back = load_hf(exported)
   assert _max_diff(hf_outputs(back, ids, mask).logits.numpy(), ref, mask) < 1e-5
   assert transformers.AutoTokenizer.from_pretrained(exported).mask_token_id == MASK
+
+
+def test_converted_workdir_goes_on_pretraining(workdir, tmp_path):
+  """The converted workdir resumes as a pretraining run of its model (MLM on packed rows
+  of the embedded corpus, documents isolated; the optimizer starts afresh at step 0):
+  three steps move its weights a little, not to a random initialisation's."""
+  run = str(tmp_path / "run")
+  shutil.copytree(workdir, run)
+  config = pretrain_config(os.path.join(workdir, "tokenizer"), num_steps=3, warmup_steps=1,
+                           log_every=1, checkpoint_every=3, learning_rate=1e-4)
+  with open(os.path.join(workdir, "config.json")) as f:
+    config.model.update(json.load(f)["model"])
+  pretrain.run(config, run)
+  assert sorted(faults.losses(run)) == [1, 2, 3]
+  start, end = faults.saved_state(run, 0)["params"], faults.saved_state(run, 3)["params"]
+  moved = max(float(np.abs(a - b).max()) for a, b in zip(
+      *(jax.tree.leaves(p["encoder"]) for p in (start, end))))
+  assert 0 < moved < 0.01
 
 
 # ---- Fine-tuning -----------------------------------------------------------------
