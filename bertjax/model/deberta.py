@@ -80,7 +80,7 @@ class DebertaConfig(FamilyConfig):
   max_position_embeddings: int = 512
   type_vocab_size: int = 0
   pad_token_id: int = 0
-  embedding_size: int = 0  # the token embedding's width; 0: hidden_size
+  embedding_size: int = 0  # the token embedding's width; 0: hidden_size (set at init)
   position_biased_input: bool = False  # absolute position embeddings added (v2: True)
   relative_attention: bool = True  # the c2p / p2c terms
   max_relative_positions: int = -1  # < 1: max_position_embeddings
@@ -103,7 +103,10 @@ class DebertaConfig(FamilyConfig):
   param_dtype: Any = jnp.float32  # master weights
 
   def __post_init__(self):
-    """Every field in range, or a one-line ConfigError naming it."""
+    """Every field in range, or a one-line ConfigError naming it; `embedding_size` 0
+    becomes the hidden size (the token embedding's width every family answers)."""
+    if self.embedding_size == 0:
+      object.__setattr__(self, "embedding_size", self.hidden_size)
     self.check_common(("type_vocab_size",) if self.type_vocab_size else (),
                       ("dropout_rate", "attention_dropout_rate", "pooler_dropout",
                        "cls_dropout"))
