@@ -129,10 +129,11 @@ def test_encoder_and_mlm_match_hf_padded_and_packed(mlm, scan):
   assert max(dh, dl, dph, dpl) < ATOL
 
 
-def test_relative_index_is_transformers_relative_positions():
-  """`relative_index` is transformers' `build_relative_position` (log buckets or
-  plain) shifted by the span and clipped, as its c2p gathers it, for v3-base's
-  buckets at 512 and 2,048 tokens and for the variants'."""
+def test_relative_offsets_are_transformers_relative_positions():
+  """`relative_offsets` read at i - j is transformers' `build_relative_position` (log
+  buckets or plain) shifted by the span and clipped, as its c2p gathers it, for
+  v3-base's buckets at 512 and 2,048 tokens and for the variants'; `skew` puts row a's
+  entry b - a + T - 1 at (a, b)."""
   from transformers.models.deberta_v2 import modeling_deberta_v2 as ref  # pylint: disable=g-import-not-at-top
   for length, buckets, max_position in ((512, 256, 512), (2048, 256, 512), (T, 8, 64),
                                         (T, -1, 8), (T, 16, 32)):
@@ -140,8 +141,15 @@ def test_relative_index_is_transformers_relative_positions():
     rel = ref.build_relative_position(x, x, bucket_size=buckets,
                                       max_position=max_position)[0].numpy()
     span = buckets if buckets > 0 else max_position
-    np.testing.assert_array_equal(db.relative_index(length, buckets, max_position),
-                                  np.clip(rel + span, 0, 2 * span - 1))
+    pos = np.arange(length)
+    np.testing.assert_array_equal(
+        db.relative_offsets(length, buckets, max_position)[
+            pos[:, None] - pos[None, :] + length - 1],
+        np.clip(rel + span, 0, 2 * span - 1))
+  x = np.arange(2 * 5 * 9).reshape(2, 5, 9)
+  want = np.stack([[[x[n, a, b - a + 4] for b in range(5)] for a in range(5)]
+                   for n in range(2)])
+  np.testing.assert_array_equal(np.asarray(db.skew(jnp.asarray(x))), want)
 
 
 # ---- The fine-tuning classes --------------------------------------------------------

@@ -184,17 +184,25 @@ def log_bucket(relative: np.ndarray, buckets: int, max_position: int) -> np.ndar
 
 
 @functools.cache
-def relative_index(length: int, buckets: int, max_position: int) -> np.ndarray:
-  """[T, T] int32: idx(i, j) = clip(bucket(i - j) + S, 0, 2S - 1), the row of the
-  relative embeddings query i meets key j at, for rows of `length` tokens (c2p reads
-  the query's projection there, p2c the key's: bucket is odd, so Hugging Face's p2c
-  index of (j, i) negated is this one). S = buckets when > 0, else max_position."""
-  pos = np.arange(length)
-  rel = pos[:, None] - pos[None, :]
+def relative_offsets(length: int, buckets: int, max_position: int) -> np.ndarray:
+  """[2T - 1] int32, T = `length`: entry d + T - 1 is idx(d) = clip(bucket(d) + S, 0,
+  2S - 1) for the relative position d = i - j in -(T-1)..T-1, the row of the relative
+  embeddings query i meets key j at (c2p reads the query's projection there, p2c the
+  key's: bucket is odd, so Hugging Face's p2c index of (j, i) negated is this one).
+  S = buckets when > 0, else max_position; bucket the log buckets or d itself."""
+  rel = np.arange(-(length - 1), length)
   span = buckets if buckets > 0 else max_position
   if buckets > 0:
     rel = log_bucket(rel, buckets, max_position)
   return np.clip(rel + span, 0, 2 * span - 1).astype(np.int32)
+
+
+def skew(x: jax.Array) -> jax.Array:
+  """[..., T, 2T - 1] -> [..., T, T]: y[a, b] = x[a, b - a + T - 1], by a slice and
+  reshapes of the flattened rows (Transformer-XL's relative shift), no gather."""
+  *lead, T, W = x.shape
+  flat = x.reshape(*lead, T * W)[..., T - 1:T - 1 + T * (W - 1)]
+  return flat.reshape(*lead, T, W - 1)[..., :T]
 
 
 def layer_norm(cfg: DebertaConfig, name: str) -> nn.LayerNorm:
@@ -308,21 +316,22 @@ class DisentangledSelfAttention(nn.Module):
 
 def relative_bias(cfg: DebertaConfig, q: jax.Array, k: jax.Array,
                   pos_q: jax.Array | None, pos_k: jax.Array | None) -> jax.Array:
-  """[B, N, T, T] float32: c2p[i, j] = q_i . pos_k[idx(i, j)] (with `pos_k`) plus
-  p2c[i, j] = k_j . pos_q[idx(i, j)] (with `pos_q`), divided by sqrt(D * scale_factor)
-  as Hugging Face does. q, k [B, T, N, D]; pos_q, pos_k [2S, N, D] (the relative
-  embeddings projected); idx `relative_index`."""
+  """[B, N, T, T] float32: c2p[i, j] = q_i . pos_k[idx(i - j)] (with `pos_k`) plus
+  p2c[i, j] = k_j . pos_q[idx(i - j)] (with `pos_q`), divided by sqrt(D *
+  scale_factor) as Hugging Face does. q, k [B, T, N, D]; pos_q, pos_k [2S, N, D] (the
+  relative embeddings projected); idx `relative_offsets`. Each product [B, N, T, 2S]
+  is read along its last axis at one index vector ([B, N, T, 2T - 1], by relative
+  position) and `skew`ed into place, not gathered pair by pair as Hugging Face does:
+  the TPU compiler costs the pairwise gather at 35x the bytes (docs/scaling.md)."""
   T = q.shape[1]
-  idx = jnp.asarray(relative_index(T, cfg.position_buckets, cfg.max_relative))
+  offsets = relative_offsets(T, cfg.position_buckets, cfg.max_relative)
   score = jnp.zeros((), jnp.float32)
-  if pos_k is not None:  # content -> position: [B, N, T, 2S] read at idx(i, j)
+  if pos_k is not None:  # content -> position: row i, column m = T - 1 - (i - j)
     c2p = jnp.einsum("bind,snd->bnis", q, pos_k).astype(jnp.float32)
-    score = score + jnp.take_along_axis(
-        c2p, jnp.broadcast_to(idx, c2p.shape[:2] + (T, T)), axis=-1)
-  if pos_q is not None:  # position -> content: [B, N, T (keys), 2S] read at idx(i, j)
+    score = score + skew(jnp.take(c2p, jnp.asarray(offsets[::-1].copy()), axis=-1))
+  if pos_q is not None:  # position -> content: key row j, column m = (i - j) + T - 1
     p2c = jnp.einsum("bjnd,snd->bnjs", k, pos_q).astype(jnp.float32)
-    score = score + jnp.take_along_axis(
-        p2c, jnp.broadcast_to(idx.T, p2c.shape[:2] + (T, T)), axis=-1).swapaxes(-1, -2)
+    score = score + skew(jnp.take(p2c, jnp.asarray(offsets), axis=-1)).swapaxes(-1, -2)
   return score / jnp.sqrt(jnp.float32(cfg.head_dim * cfg.scale_factor))
 
 
