@@ -2,6 +2,7 @@
 the in-memory ones, the pipeline reads a prepared directory in place (only the rows it
 trains on), its manifest is checked against the config, a rerun resumes."""
 
+import glob
 import json
 import os
 import subprocess
@@ -34,7 +35,9 @@ def _cfg(**kw):
 
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory, tokenizer):
-  """The embedded corpus tokenized twice: in 6 shards and in 1; its tokenizer saved."""
+  """The embedded corpus tokenized twice: in shards of 60 documents (6 with pyenv's
+  CPython 3.11.7, whose documentation gives 324 documents; Debian's python3.11 embeds
+  291: 5) and in 1; its tokenizer saved."""
   root = tmp_path_factory.mktemp("prepared")
   tokenizer.save(str(root / "tok"))
   for name, chunk in (("tokens6", 60), ("tokens1", 1000)):
@@ -378,7 +381,8 @@ def test_beam_writes_the_shards_and_manifest_of_the_worker_pool(prepared, beam_p
   ours, theirs = _files(beam), _files(pool)
   assert sorted(ours) == sorted(theirs)
   shards = [p for p in ours if p.endswith(rows_lib.SUFFIX)]
-  assert len(shards) == 6 * (3 if nsp else 2)  # 6 tokenized shards x the splits
+  tokenized = len(glob.glob(str(prepared / "tokens6" / "part-*.array_record")))
+  assert tokenized >= 5 and len(shards) == tokenized * (3 if nsp else 2)  # x the splits
   for path in ours:
     if path != manifest.MANIFEST:
       assert ours[path] == theirs[path], path
