@@ -84,6 +84,15 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
                       os.path.join(tempfile.gettempdir(), "bertjax-test-jax-cache"))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+# XLA's optimisation passes off (jax_disable_most_optimizations), here and in the CLIs
+# the tests start: a tiny model's compilation takes about 40% less CPU, and every
+# numerics, bit-exactness, sharding and FLOP-count test passes with them off (they
+# compare programs compiled the same way, or against float32 references at 1e-5).
+# Set JAX_DISABLE_MOST_OPTIMIZATIONS=0 to run the suite on optimised programs.
+os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
+# The TPU compiler (tests/test_tpu.py) of several processes at once (another suite, a
+# CLI): libtpu's lock file is for a real TPU, which these compiles do not use.
+os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 
 
 # The embedded corpus, a WordPiece vocabulary trained on it and its tokenized documents:
@@ -122,6 +131,22 @@ def minilm(minilm_dir):
   """The real MiniLM as `bertjax.load_pretrained` reads it, once a session."""
   from bertjax import api
   return api.load_pretrained(minilm_dir)
+
+
+@pytest.fixture(scope="session")
+def tiny_hf_bert(tmp_path_factory, minilm_dir):
+  """A random 1-layer BERT (hidden 32) with MiniLM's WordPiece vocabulary, in Hugging
+  Face's format: MiniLM's stand-in where a run's logic is checked, not what it learns."""
+  import shutil
+  torch = pytest.importorskip("torch")
+  transformers = pytest.importorskip("transformers")
+  model = tmp_path_factory.mktemp("tiny_hf_bert")
+  torch.manual_seed(0)
+  transformers.BertForMaskedLM(transformers.BertConfig(
+      vocab_size=30522, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+      intermediate_size=64, max_position_embeddings=64)).save_pretrained(str(model))
+  shutil.copy(os.path.join(minilm_dir, "vocab.txt"), model / "vocab.txt")
+  return str(model)
 
 
 @pytest.fixture(scope="session")
