@@ -63,6 +63,7 @@ def _reference(case: str):
   return _value_and_grads("xla", case)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("impl,case", [("pallas_gpu", c) for c in CASES]
                          + [("splash", c) for c in CASES] + [("cudnn", "packed_window")])
 def test_kernel_equals_xla_forward_and_gradients(impl, case):

@@ -138,12 +138,14 @@ def phase_run(tmp_path_factory):
   return workdir, pretrain.run(_phase_loop_config(), workdir)
 
 
+@pytest.mark.slow
 def test_loop_switches_phases(phase_run):
   workdir, metrics = phase_run
   assert np.isfinite(metrics["mlm_loss"])
   assert sorted(train_losses(workdir)) == list(range(1, 7))
 
 
+@pytest.mark.slow
 def test_loop_resume_inside_second_phase_is_bit_exact(phase_run, tmp_path):
   """A restart from the step-4 checkpoint (second phase) gives steps 5-6 bit for bit."""
   straight, _ = phase_run

@@ -360,6 +360,7 @@ def _prepare(python, *flags):
   return out.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("nsp", [True, False])
 def test_beam_writes_the_shards_and_manifest_of_the_worker_pool(prepared, beam_python, nsp):
   """`prepare --config` on Apache Beam (DirectRunner, two SDK worker processes, in the

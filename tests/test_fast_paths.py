@@ -54,6 +54,7 @@ def _close(a, b, atol=1e-5):
   jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, atol=atol, rtol=atol), a, b)
 
 
+@pytest.mark.slow
 def test_layout_round_trip_is_exact(setup):
   _, cfg, _, params = setup
   scanned = scan_params(params)
@@ -67,6 +68,7 @@ def test_layout_round_trip_is_exact(setup):
   assert jax.tree.map(jnp.shape, scanned_init) == jax.tree.map(jnp.shape, scanned)
 
 
+@pytest.mark.slow
 def test_scan_equals_unscanned_forward_backward_hidden_states(setup):
   _, cfg, inputs, params = setup
   scfg = dataclasses.replace(cfg, scan_layers=True)
@@ -81,6 +83,7 @@ def test_scan_equals_unscanned_forward_backward_hidden_states(setup):
   _close(scanned, plain)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scan,policies", [(False, ("full", "dots")),
                                             (True, ("full", "dots_no_batch"))])
 def test_remat_policy_equals_plain_gradients(setup, scan, policies):

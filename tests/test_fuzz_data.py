@@ -82,6 +82,7 @@ def _one_line_data_error(fn):
 # --- tokenizers ----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", TOKENIZER_NAMES)
 def test_tokenize_any_text(tokenizers, name):
   tok = tokenizers[name]
@@ -184,6 +185,7 @@ def _check_documents(path: str, max_line_chars: int) -> None:
         assert len(s) <= max_line_chars
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("suffix", [".txt", ".txt.gz", ".jsonl"])
 def test_corpus_readers_any_bytes(tmp_path, monkeypatch, suffix):
   """Any file content gives documents of valid, non-blank sentences or a one-line

@@ -216,6 +216,7 @@ def test_real_minilm_matches_hf(minilm, minilm_hf):
     pretrained.fill_mask("hello [MASK] .")
 
 
+@pytest.mark.slow
 def test_bertjax_workdir(tmp_path):
   import flax.linen as nn  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top

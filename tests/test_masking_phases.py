@@ -116,6 +116,7 @@ def _modern_loop_config():
   return c
 
 
+@pytest.mark.slow
 def test_loop_resume_with_stable_adamw_and_masking_phases_is_bit_exact(tmp_path):
   """A restart from the step-4 checkpoint (StableAdamW's state, the second length and
   masking phases) gives steps 5-6 bit for bit."""

@@ -62,6 +62,7 @@ def _tiny(**kw):
                      intermediate_size=32, max_position_embeddings=24, **kw)
 
 
+@pytest.mark.slow
 def test_shapes_and_masked_positions_gather():
   cfg = _tiny()
   model = BertForPreTraining(cfg)
@@ -78,6 +79,7 @@ def test_shapes_and_masked_positions_gather():
   assert enc["hidden_states"].shape == (3, 3, 10, 16)
 
 
+@pytest.mark.slow
 def test_padding_does_not_change_real_tokens():
   """A padded row's real positions equal the unpadded row's (the mask works)."""
   cfg = _tiny()

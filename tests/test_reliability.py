@@ -56,11 +56,13 @@ def reference(tmp_path_factory):
   return workdir
 
 
+@pytest.mark.slow
 def test_reference_run_keeps_max_to_keep_checkpoints(reference):
   assert sorted(losses(reference)) == [3, 6, 9, 12, 15, 18, 20]  # and the last step
   assert ckpt_lib.Checkpointer(reference, read_only=True).complete_steps() == [10, 15, 20]
 
 
+@pytest.mark.slow
 def test_sigterm_ten_times_in_one_run_is_bit_exact(reference, tmp_path, on_train_batch):
   """SIGTERM (to this process) before 10 random steps; each time the loop saves at the
   end of that step and returns, and calling it again resumes. The metrics logged
@@ -89,6 +91,7 @@ def _truncate_array_files(step_dir):
       f.truncate(100)
 
 
+@pytest.mark.slow
 def test_corrupt_checkpoint_is_named_and_previous_step_used_on_request(reference, tmp_path,
                                                                        caplog):
   """Step 20 with truncated array files, step 15 without its array metadata: by default
@@ -119,6 +122,7 @@ def test_corrupt_checkpoint_is_named_and_previous_step_used_on_request(reference
   faults.assert_same_arrays(faults.saved_state(workdir), faults.saved_state(reference))
 
 
+@pytest.mark.slow
 def test_all_checkpoints_corrupt_never_restarts_from_step_0(reference, tmp_path):
   workdir = str(tmp_path / "all_corrupt")
   shutil.copytree(reference, workdir)
@@ -153,6 +157,7 @@ def test_a_state_missing_fields_restores_the_others_never_one_without_params(tmp
   ckpt.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fault", ["disk_full", "read_only"])
 def test_disk_full_or_read_only_stops_in_one_line_and_keeps_checkpoints(
     reference, small_disk, on_train_batch, monkeypatch, fault):
@@ -209,6 +214,7 @@ def test_filling_the_disk_ends_full_without_error_wherever_the_free_space_ends(
     (disk / "more").write_bytes(b"x" * 4096)
 
 
+@pytest.mark.slow
 def test_switching_spike_skipping_on_resume_is_refused_not_taken_for_corruption(
     reference, tmp_path):
   """skip_step_on_spikes changes the optimizer state's tree: resuming a run with it
@@ -250,6 +256,7 @@ def test_nan_loss_stops_naming_the_step_and_the_last_good_checkpoint(tmp_path,
   assert ckpt_lib.Checkpointer(workdir, read_only=True).complete_steps() == [5]
 
 
+@pytest.mark.slow
 def test_skip_step_on_spikes_drops_nan_and_spike_updates(reference, tmp_path,
                                                          on_train_batch, caplog):
   """A NaN batch at step 8 and a spike at step 14 (window 5, k = 6): both updates are
@@ -326,6 +333,7 @@ def _worker_main() -> None:
   cli.run(main.main, flags_parser=program.parse_flags)
 
 
+@pytest.mark.slow
 def test_kill_9_during_an_asynchronous_save_resumes_from_the_last_complete_step(
     reference, tmp_path):
   """The trainer process is SIGKILLed while step 10's checkpoint is written (its files
