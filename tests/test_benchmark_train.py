@@ -65,6 +65,7 @@ def test_hugging_face_class_and_flops_per_family():
       model_lib.config_from(modern.model), 4, 16, 16)
 
 
+@pytest.mark.slow
 def test_roberta_steps_are_finite_on_both_sides():
   """type_vocab_size=1: token types all 0 (1s gave NaN here and an index error in
   PyTorch)."""

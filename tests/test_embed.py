@@ -34,7 +34,7 @@ def tiny():
                        num_heads=2, intermediate_size=64, max_position_embeddings=64,
                        dropout_rate=0.0, attention_dropout_rate=0.0)
   model = BertForPreTraining(config)
-  params = model.init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))["params"]
+  params = jax.jit(model.init)(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))["params"]
   return api.Pretrained(config, params, tok, model)
 
 
@@ -213,6 +213,7 @@ def test_jsonl_errors(tmp_path, line, match):
     wsd.read_jsonl(str(path))
 
 
+@pytest.mark.slow
 def test_wsd_on_minilm(minilm):
   embedder = extract.Embedder(minilm, "last")
   train = wsd.read_jsonl(os.path.join(FIXTURES, "wsd_train.jsonl"))
@@ -233,6 +234,7 @@ def _cli(*args):
   return proc.stdout
 
 
+@pytest.mark.slow
 def test_cli_extract_and_plot(tmp_path, minilm_dir):
   texts = tmp_path / "texts.txt"
   texts.write_text("The bank raised rates.\n\nWe sat on the bank .\n")

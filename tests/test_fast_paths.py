@@ -98,6 +98,7 @@ def test_remat_policy_equals_plain_gradients(setup, scan, policies):
     _close(jax.jit(jax.value_and_grad(_loss(remat, inputs, rng)))(p), expected)
 
 
+@pytest.mark.slow
 def test_scanned_and_unscanned_checkpoints_load_each_other(setup, tmp_path):
   config, cfg, inputs, params = setup
   config.train.num_steps = 10
@@ -122,6 +123,7 @@ def test_mlm_logits_at_masked_positions_equal_full_logits(setup):
   _close(_apply(cfg, params, inputs)["mlm_logits"], gathered)
 
 
+@pytest.mark.slow
 def test_bf16_activations_match_fp32_with_fp32_master_weights(setup):
   """bf16 compute, fp32 weights: logits within 0.05 + 2% of fp32 (bf16 has 8 bits of
   mantissa; 3 layers of rounding), same argmax almost everywhere; gradients stay fp32."""

@@ -81,6 +81,7 @@ def test_bad_corpus_fails_with_one_line(tmp_path, corpus, message):
   assert "\n" not in str(info.value)
 
 
+@pytest.mark.slow
 def test_cli_reports_config_typo_in_one_line(tmp_path):
   proc = subprocess.run(
       [sys.executable, "-m", "bertjax.main", "--config=configs/bert_tiny.py",

@@ -99,8 +99,8 @@ def test_document_isolation_blocks_cross_document_attention():
   a = jnp.array([[2, 7, 8, 3, 2, 9, 10, 3]], jnp.int32)
   b = a.at[0, 5].set(11)
   seg = jnp.array([[1, 1, 1, 1, 2, 2, 2, 2]], jnp.int32)
-  params = nn.unbox(model.init(jax.random.key(2), a))["params"]
-  run = lambda x: model.apply({"params": params}, x, segment_ids=seg)["mlm_logits"]
+  params = nn.unbox(jax.jit(model.init)(jax.random.key(2), a))["params"]
+  run = jax.jit(lambda x: model.apply({"params": params}, x, segment_ids=seg)["mlm_logits"])
   np.testing.assert_allclose(run(a)[:, :4], run(b)[:, :4], rtol=1e-6, atol=1e-6)
   assert not np.allclose(run(a)[:, 4:], run(b)[:, 4:])
 

@@ -244,6 +244,7 @@ def _spike_batch(batch):
   return dict(batch, masked_lm_ids=np.zeros_like(batch["masked_lm_ids"]))
 
 
+@pytest.mark.slow
 def test_nan_loss_stops_naming_the_step_and_the_last_good_checkpoint(tmp_path,
                                                                       on_train_batch):
   on_train_batch(lambda n, batch: _nan_batch(batch) if n == 8 else None)
