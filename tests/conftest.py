@@ -8,25 +8,30 @@ CPU (`CPU_ONLY`: its 8 fake devices, gloo collectives) skip with their reason.
 The suite's conventions (its time is every developer's and every CI run's):
 
 - Two tiers. `python -m pytest -q` runs everything (CI: .ci/run); `python -m pytest -q
-  -m "not slow"` is the edit-test loop (a few minutes). Mark a test
-  `@pytest.mark.slow` when it takes over ~20 s on the 2-core machine (read
-  `--durations`), or when its module fixture does (mark the module:
-  `pytestmark = pytest.mark.slow`); a fast test of the same code should then stay in
-  the fast tier.
-- Share what is expensive, at the widest scope that is safe: the session fixtures
-  below (`documents`, `tokenizer`, `tokenized`: the embedded corpus, one WordPiece
-  vocabulary trained on it and its tokenized documents; `minilm`: the real MiniLM
-  loaded once; `mnli_tsvs`), and a module fixture for one reference run that several
-  tests read (tests/test_reliability.py's `reference`). Never mutate a shared fixture.
-- Compile once per shape. The persistent compilation cache below keeps every program
-  (also those under a second) for the tests' own runs and the CLIs they start; runs of
-  the same config in one module reuse one trace when they share a config. Checks of
-  logic, not numerics, use the tiny configs of tests/helpers.py (a step compiles in
-  seconds) or smaller.
-- In-process by default. A subprocess only where a process must really start or die
-  (SIGTERM / SIGKILL, several processes of one job, a CLI's exit status and one-line
-  error, a documented command), and then as cheap as possible: the smallest config,
-  the fewest steps, one process for several checks.
+  -m "not slow"` is the edit-test loop (under 3 minutes on the 2-core machine). Mark
+  a test `@pytest.mark.slow` when it takes over ~5 s there (read `--durations`; most
+  that start a bertjax program or run a model of MiniLM's size do) and when it shares
+  a module fixture that does (a pretraining or fine-tuning run); a fast test of the
+  same code should then stay in the fast tier.
+- Share what is expensive, at the widest scope that is safe, and never mutate it: the
+  session fixtures below (`documents`, `tokenizer`, `tokenized`: the embedded corpus,
+  one WordPiece vocabulary trained on it, its tokenized documents; `minilm`,
+  `minilm_hf`: the real MiniLM loaded once by bertjax and by transformers;
+  `tiny_hf_bert`: a 1-layer BERT of MiniLM's vocabulary, for runs that check logic;
+  `mnli_tsvs`), tests/tasks_helpers.py's stored tokenizer, and one module fixture for
+  the reference run several tests read (tests/test_reliability.py's `reference`).
+- Compile once per shape, and cheaply. The persistent compilation cache below keeps
+  every program, for the tests' own runs and for the CLIs they start; XLA's
+  optimisations are off (numerics are compared between programs compiled alike, or
+  against float32 references at 1e-5). Jit what a test applies (`jax.jit(model.init)`,
+  `jax.jit(model.apply)`): an eager model dispatches, and compiles, every op alone.
+  Checks of logic use tests/helpers.py's tiny configs, or smaller.
+- In-process by default. Start a process only where one must start or die (SIGTERM,
+  SIGKILL, several processes of one job, a CLI's exit status and one-line error, a
+  documented command), and then the smallest config and the fewest steps.
+- Every command of README.md and docs/*.md runs (tests/test_readme.py, at a tiny size
+  through its directives; a block marked `runs in` is run by the test file named,
+  which reads the command with `documented(...)`); the few that cannot run here say why.
 """
 
 import os
@@ -156,6 +161,34 @@ def minilm_hf(minilm_dir):
   transformers = pytest.importorskip("transformers")
   return (transformers.AutoTokenizer.from_pretrained(minilm_dir),
           transformers.BertModel.from_pretrained(minilm_dir).eval())
+
+
+# One Setup (model, optimizer, shardings, jitted train step) per pretraining config in
+# this session, for the modules that opt in with `shared_trainers`.
+_TRAINERS: dict = {}
+
+
+@pytest.fixture(scope="module")
+def shared_trainers():
+  """`pretrain.run` builds its Setup once per config for the session: its reruns (a
+  resume, a fault test's reference and faulty runs) reuse the jitted step as a
+  process that kept it would, instead of tracing and loading it again. Opt in per
+  module: `pytestmark = pytest.mark.usefixtures("shared_trainers")` (not where a test
+  patches what the step traces)."""
+  from bertjax.train import state as state_lib
+  build = state_lib.build_trainer
+
+  def shared(config, mesh=None):
+    if mesh is not None:
+      return build(config, mesh)
+    key = config.to_json_best_effort(sort_keys=True)
+    if key not in _TRAINERS:
+      _TRAINERS[key] = build(config)
+    return _TRAINERS[key]
+
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(state_lib, "build_trainer", shared)
+    yield
 
 
 # The fault tests' fixtures (tests/faults.py holds their other helpers).

@@ -17,6 +17,9 @@ from tests.helpers import tiny_config
 from tests.test_loop import train_losses
 
 
+pytestmark = pytest.mark.usefixtures("shared_trainers")  # reruns share one step
+
+
 def _cfg(**kw):
   cfg = bert_tiny.get_config().data
   cfg.max_seq_length, cfg.max_predictions_per_seq, cfg.dupe_factor = 64, 10, 1

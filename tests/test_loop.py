@@ -14,6 +14,7 @@ from bertjax.errors import BertjaxError, DataError
 from bertjax.train import pretrain
 from tests.helpers import tiny_config
 
+pytestmark = pytest.mark.usefixtures("shared_trainers")  # reruns share one step
 STEPS = 12
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -16,6 +16,7 @@ from configs import bert_tiny
 from tests.helpers import tiny_config
 from tests.test_loop import train_losses
 
+pytestmark = pytest.mark.usefixtures("shared_trainers")  # reruns share one step
 RATES = ((0.25, 0.3), (0.5, 0.15), (0.25, 0.05))
 
 

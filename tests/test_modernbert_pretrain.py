@@ -23,6 +23,7 @@ from tests.modernbert_helpers import (TEXTS, hf_outputs, load_hf, modernbert_tok
                                       pretrain_config)
 from tests.tasks_helpers import fixture
 
+pytestmark = pytest.mark.usefixtures("shared_trainers")  # reruns share one step
 STEPS = 20
 
 

@@ -26,6 +26,7 @@ from tests import faults
 from tests.faults import losses, train_rows
 from tests.helpers import tiny_config
 
+pytestmark = pytest.mark.usefixtures("shared_trainers")  # reruns share one step
 STEPS = 20
 TOKENIZER = os.path.join(os.path.dirname(__file__), "fixtures", "tokenizer")
 
