@@ -47,13 +47,6 @@ def test_length_phases_parse():
       pipeline.length_phases(_cfg(length_phases=bad), 100)
 
 
-@pytest.fixture(scope="module")
-def tokenizer():
-  from bertjax.data import sources
-  docs = sources.load_documents("embedded")
-  return train_tokenizer([s for d in docs for s in d], kind="wordpiece", vocab_size=2048)
-
-
 @pytest.mark.parametrize("nsp", [True, False])
 def test_phases_switch_shapes_and_resume_exactly(tokenizer, nsp):
   cfg = _cfg(length_phases=((0.5, 32), (0.5, 64)))
@@ -131,11 +124,10 @@ def test_multilingual_mixing(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def phase_corpus(tmp_path_factory):
+def phase_corpus(tmp_path_factory, documents):
   """The embedded corpus as a mixture: half a Parquet file, half JSON lines."""
-  from bertjax.data import sources
   root = tmp_path_factory.mktemp("phase_corpus")
-  documents = [" ".join(d) for d in sources.load_documents("embedded")]
+  documents = [" ".join(d) for d in documents]
   half = len(documents) // 2
   pq.write_table(pa.table({"text": documents[:half]}), root / "general.parquet")
   with open(root / "domain.jsonl", "w") as f:
@@ -187,6 +179,7 @@ def test_each_phase_holds_out_rows_of_its_length_and_theta():
   assert [held_out.phase_of(data.held_out, s).phase for s in range(1, 9)] == [0] * 4 + [1] * 4
 
 
+@pytest.mark.slow
 def test_loop_evaluates_each_phase_and_source_and_the_final_length(phase_run):
   """At step 3 'eval' runs at the first phase's 16 tokens and 'eval_final' at the
   final 32; at step 6 both at 32, the same figures. Each source has its own figures;
