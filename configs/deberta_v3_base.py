@@ -93,6 +93,7 @@ def model_config() -> ml_collections.ConfigDict:
 def get_config(arg=None):
   c = bert_base.get_config(arg)
   c.model = model_config()
+  c.objectives = ("mlm",)  # MLM alone (no NSP): 'rtd' with the RTD objective.
   c.data.max_seq_length = 512  # rtd.sh max_seq_length.
   c.data.length_phases = ()  # 512 throughout.
   c.data.max_predictions_per_seq = 80  # ceil(512 x 0.15 / 10) x 10.

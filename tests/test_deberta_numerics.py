@@ -92,6 +92,7 @@ def _ours(cfg, params, scan, **inputs):
   return np.asarray(hidden), np.asarray(logits)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scan", [False, True], ids=["unscanned", "scanned"])
 def test_encoder_and_mlm_match_hf_padded_and_packed(mlm, scan):
   """Padded rows (token types too where the variant embeds them): every layer's hidden
@@ -175,6 +176,7 @@ def _hf_outputs(out) -> np.ndarray:
   return out.logits.numpy()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", ["v3", "v2"])
 @pytest.mark.parametrize("cls", list(HEADS))
 def test_task_classes_match_hf(cls, variant):
@@ -251,6 +253,7 @@ def _compare_grads(model, ours, theirs_state) -> float:
   return worst
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_mlm_gradients_match_hf(variant):
   """The summed MLM cross-entropy at labelled real positions of padded rows: torch's
@@ -281,6 +284,7 @@ def test_mlm_gradients_match_hf(variant):
   print(f"\n{variant} DebertaV2ForMaskedLM gradients: {worst:.1e} of each one's scale")
 
 
+@pytest.mark.slow
 def test_sequence_classification_gradients_match_hf():
   """The same for DebertaV2ForSequenceClassification's cross-entropy (v3): the
   ContextPooler and the classifier too."""
@@ -319,6 +323,7 @@ V3_CONFIG = dict(model_type="deberta-v2", vocab_size=128100, hidden_act="gelu",
                  position_biased_input=False, pad_token_id=0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("size", list(V3_SIZES))
 def test_full_size_parameter_counts_equal_hf(size):
   """DeBERTa-v3-base / -large from configs/deberta_v3_{size}.py (eval_shape, scanned

@@ -35,6 +35,8 @@ from tests.deberta_helpers import (CLS, MASK, PAD, SEP, TEXTS, UNK, VOCAB,  # py
                                    pretrain_config)
 from tests.tasks_helpers import fixture  # pylint: disable=wrong-import-position
 
+# Every test here converts, fine-tunes or pretrains (tens of seconds to minutes).
+pytestmark = pytest.mark.slow
 PAIRS = (["the cat sat on the mat", "a dog"], ["while the dog ran", "in the old garden"])
 
 
