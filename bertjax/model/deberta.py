@@ -50,7 +50,7 @@ import numpy as np
 from bertjax.errors import ConfigError
 from bertjax.model import attention as attention_lib, layers, stack
 from bertjax.model.config import FamilyConfig
-from bertjax.model.family import Family
+from bertjax.model.family import Family, Head
 from bertjax.model.layers import (ACTIVATIONS, BATCH, EMBED, HEADS, KV, LENGTH, MLP,
                                   constrain)
 
@@ -96,6 +96,7 @@ class DebertaConfig(FamilyConfig):
   pooler_hidden_act: str = "gelu"
   cls_dropout: float = 0.1  # the sequence heads' after the pooler (HF: absent = hidden)
   initializer_range: float = 0.02
+  rtd: bool = False  # DeBERTa-v3's replaced-token-detection head ('rtd', the discriminator's)
   attention_impl: str = ""  # '' or 'xla': only the XLA path takes the score bias
   scan_layers: bool = False  # nn.scan over the blocks: params under encoder/layers [L, ...]
   remat_policy: str = "none"  # a key of REMAT_POLICIES
@@ -367,6 +368,29 @@ def mlm_transform(cfg: DebertaConfig, x: jax.Array) -> jax.Array:
                            axis_name="hidden")(ACTIVATIONS[cfg.hidden_act](x))
 
 
+class RTDHead(nn.Module):
+  """DeBERTa-v3's replaced-token detector (microsoft/DeBERTa's LMMaskPredictionHead,
+  which transformers lacks): 'LayerNorm' of each token's hidden state plus the [CLS]
+  one, 'dense' (E -> E), `hidden_act`, 'classifier' (E -> 1): [B, T, E] -> [B, T]."""
+
+  config: DebertaConfig
+
+  @nn.compact
+  def __call__(self, out: dict, encoder) -> jax.Array:
+    del encoder
+    cfg = self.config
+    h = out["last_hidden_state"]
+    x = layer_norm(cfg, "LayerNorm")(h[:, :1] + h)
+    x = ACTIVATIONS[cfg.hidden_act](
+        layers.dense(cfg, cfg.hidden_size, ("embed", "hidden"), "dense")(x))
+    return layers.dense(cfg, 1, ("hidden", "classes"), "classifier")(x)[..., 0]
+
+
+def token_weights(cfg: DebertaConfig) -> int:
+  """Per token outside the blocks: the 'rtd' head's E^2 + E, with the head."""
+  return cfg.hidden_size * cfg.hidden_size + cfg.hidden_size if cfg.rtd else 0
+
+
 # ---- Task heads (Hugging Face's DebertaV2For* trunks) ------------------------------
 
 class ContextPooler(nn.Module):
@@ -415,4 +439,5 @@ def block_weights(cfg: DebertaConfig) -> int:
 FAMILY = Family(
     name="deberta", config=DebertaConfig, embeddings=Embeddings, block=Block,
     mlm_transform=mlm_transform, block_weights=block_weights,
-    task_features=task_features, output_layer=output_layer)
+    task_features=task_features, output_layer=output_layer,
+    heads=(Head("rtd", RTDHead),), token_weights=token_weights)
