@@ -51,6 +51,9 @@ def get_config(arg=None):
   c.objectives = ("rtd",)
   c.rtd = ml_collections.ConfigDict()
   c.rtd.discriminator_weight = 50.0  # lambda (ELECTRA's disc_weight).
+  # How the two networks share embeddings: '' the family's (ELECTRA: 'tied', one array;
+  # DeBERTa: 'gdes', the generator's table + a residual only the discriminator trains).
+  c.rtd.embedding_sharing = ""
   m = c.model = ml_collections.ConfigDict()
   m.family = "electra"  # ELECTRA's discriminators and generators (bertjax/model/electra.py).
   m.vocab_size = 30522  # BERT's uncased WordPiece vocabulary, as every released ELECTRA.

@@ -19,6 +19,8 @@ from bertjax.benchmarks import flops
 from bertjax.benchmarks import train as bench
 from bertjax import model as model_lib, objectives as objectives_lib
 from configs import bert_tiny, modernbert_tiny, roberta_base
+from tests.test_flops import TINY
+from tests.test_readme import documented
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -60,6 +62,7 @@ def test_hugging_face_class_and_flops_per_family():
       model_lib.config_from(modern.model), 4, 16, 16)
 
 
+@pytest.mark.slow
 def test_roberta_steps_are_finite_on_both_sides():
   """type_vocab_size=1: token types all 0 (1s gave NaN here and an index error in
   PyTorch)."""
@@ -124,17 +127,18 @@ def test_gpu_peaks_per_exact_device_kind(kind, name, peak):
     assert "datasheet" in chip.source and chip.hbm_bytes >= 40e9
 
 
+@pytest.mark.slow
 def test_modernbert_cli_against_hugging_face(tmp_path):
-  """`benchmark train --compare=hf` on a tiny ModernBERT (4 blocks: 0 and 3 global, a
-  16-token half-window in 1 and 2, T=64): ModernBertForMaskedLM with our parameters'
-  shapes, finite losses, ModernBERT's FLOPs (Hugging Face's with the MLM logits at every
-  position), the recipe's 30% masked positions, a speed-up."""
+  """The README's `taskset -c 0 ... benchmark train --compare=hf` on modernbert_tiny,
+  shrunk (4 blocks: 0 and 3 global, a 16-token half-window in 1 and 2, T=64):
+  ModernBertForMaskedLM with our parameters' shapes, finite losses, ModernBERT's FLOPs
+  (Hugging Face's with the MLM logits at every position), the recipe's 30% masked
+  positions, a speed-up."""
   out = tmp_path / "bench.json"
-  cmd = [sys.executable, "-m", "bertjax.benchmark", "train",
-         "--config=configs/modernbert_tiny.py", "--config.model.hidden_size=32",
-         "--config.model.num_heads=2", "--config.model.intermediate_size=48",
-         "--config.model.vocab_size=128", "--batch=4", "--seq=64", "--steps=2",
-         "--warmup=1", "--compare=hf", f"--json={out}"]
+  cmd = documented("README.md", "--config=configs/modernbert_tiny.py --steps=8 --compare=hf",
+                   "--config.model.hidden_size=32", "--config.model.num_heads=2",
+                   "--config.model.intermediate_size=48", "--config.model.vocab_size=128",
+                   "--batch=4", "--seq=64", "--steps=2", "--warmup=1", f"--json={out}")
   proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO,
                         env={**os.environ, "JAX_NUM_CPU_DEVICES": "1"})
   assert proc.returncode == 0, proc.stderr[-2000:]
@@ -151,3 +155,14 @@ def test_modernbert_cli_against_hugging_face(tmp_path):
   for name in ("bertjax", "hf"):
     assert np.isfinite(result[name]["loss"]) and 0 < result[name]["mfu"] <= 1
   assert result["speedup_vs_hf"] > 0
+
+
+@pytest.mark.slow
+def test_bert_tiny_cli_on_one_core():
+  """The README's one-core `taskset -c 0 ... benchmark train` of bert_tiny, shrunk."""
+  proc = subprocess.run(documented(
+      "README.md", "taskset -c 0 python -m bertjax.benchmark train "
+      "--config=configs/bert_tiny.py --steps=8 --compare=hf", *TINY), capture_output=True,
+      text=True, timeout=300, cwd=REPO, env={**os.environ, "JAX_NUM_CPU_DEVICES": "1"})
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert "speed-up vs Hugging Face" in proc.stdout

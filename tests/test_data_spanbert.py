@@ -4,6 +4,7 @@ loss joins the MLM loss and falls; the recipe config builds."""
 import flax.linen as nn
 import jax
 import numpy as np
+import pytest
 
 from bertjax.data import masking
 from bertjax.parallel import mesh as mesh_lib
@@ -37,6 +38,7 @@ def _span_batches(config, n):
   return batches
 
 
+@pytest.mark.slow
 def test_sbo_loss_is_added_and_falls():
   config = tiny_config()
   config.objectives = ("mlm", "sbo")

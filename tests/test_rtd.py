@@ -1,7 +1,8 @@
 """Replaced-token detection ('rtd', bertjax/objectives/rtd.py): the corrupted rows and
 their labels (samples written at the real predictions only, a sample equal to the
 original is original, padding never replaced), Gumbel sampling at the softmax's
-frequencies, the shared embeddings (one array in the tree), the loss and metrics as
+frequencies, the shared embeddings (ELECTRA's one array in the tree; DeBERTa-v3's GDES:
+the generator's table plus the discriminator's residual, gradients disentangled), the loss and metrics as
 ELECTRA defines them, the FLOPs of both networks, the one-line errors; then a tiny
 pair pretrained on 8 CPU devices: resumed bit for bit after SIGTERMs, with gradient
 accumulation and packed rows, exported as ElectraForPreTraining and ElectraForMaskedLM
@@ -84,7 +85,7 @@ def test_one_tree_with_the_embeddings_shared():
   assert sorted(params["generator"]) == ["encoder", "mlm"]
   assert sorted(params["discriminator"]) == ["encoder", "rtd"]
   gen = networks.member("generator").params(params)["encoder"]["embeddings"]
-  for name in rtd.SHARED:
+  for name in rtd.TIED:
     assert gen[name] is params["discriminator"]["encoder"]["embeddings"][name]
   # A gradient of the generator's loss reaches the shared table.
   batch = synthetic_batch(rtd_config(), 4)
@@ -93,6 +94,46 @@ def test_one_tree_with_the_embeddings_shared():
                                              objectives.counts(batch)))(params)
   word = grads["discriminator"]["encoder"]["embeddings"]["word_embeddings"]["embedding"]
   assert np.abs(np.asarray(word)).sum() > 0
+
+
+def gdes_config():
+  """The tiny DeBERTa-v3 (tests/deberta_helpers.py) with 'rtd': a generator of half its
+  depth, GDES (the family's sharing)."""
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  from tests import deberta_helpers  # pylint: disable=g-import-not-at-top
+  c = tiny_config()
+  c.model = deberta_helpers.model_section()
+  c.objectives = ("rtd",)
+  c.generator = ml_collections.ConfigDict({"num_layers": 1})
+  return c
+
+
+def test_gdes_shares_the_generators_table_with_a_residual():
+  """DeBERTa-v3's sharing: the generator owns the word table; the discriminator holds a
+  zero residual and reads stop_gradient(generator's) + residual, so its loss trains
+  the residual and never the generator (whose loss never reaches the residual);
+  exported, the discriminator's table is the sum."""
+  config = gdes_config()
+  objectives, networks = _networks(config)
+  assert rtd.embedding_sharing(config, "deberta") == "gdes"
+  assert networks.member("generator").config.num_layers == 1
+  params = nn.unbox(networks.init(jax.random.key(0)))
+  word = lambda tree: tree["encoder"]["embeddings"]["word_embeddings"]["embedding"]
+  assert not np.any(np.asarray(word(params["discriminator"])))
+  params = jax.tree.map(lambda x: x + 0.01, params)  # a residual off zero
+  np.testing.assert_allclose(
+      word(networks.member("discriminator").params(params)),
+      word(params["generator"]) + word(params["discriminator"]), rtol=1e-6)
+  assert word(networks.member("generator").params(params)) is word(params["generator"])
+  batch = synthetic_batch(config, 4)
+  counts = objectives.counts(batch)
+  part = lambda key: jax.grad(lambda p: objectives.sums(p, batch, None)[key] / counts[
+      "rtd" if key.startswith("rtd") else "generator"])(params)
+  disc_grads, gen_grads = part("rtd_weighted_loss"), part("generator_loss")
+  assert not any(np.any(np.asarray(g)) for g in jax.tree.leaves(disc_grads["generator"]))
+  assert np.abs(np.asarray(word(disc_grads["discriminator"]))).sum() > 0
+  assert not np.any(np.asarray(word(gen_grads["discriminator"])))
+  assert np.abs(np.asarray(word(gen_grads["generator"]))).sum() > 0
 
 
 def test_loss_and_metrics_are_electras():
@@ -143,6 +184,7 @@ def test_flops_count_both_networks():
     ("with_mlm", r"'rtd' trains its own generator .* give config.objectives=\('rtd',\) "
                  r"alone"),
     ("lambda", r"config.rtd.discriminator_weight=0.0 must be positive"),
+    ("sharing", r"config.rtd.embedding_sharing='all': use 'tied'"),
 ])
 def test_errors_are_one_line(change, message):
   if change == "bert":
@@ -156,6 +198,8 @@ def test_errors_are_one_line(change, message):
       del config.generator
     elif change == "with_mlm":
       config.objectives = ("mlm", "rtd")
+    elif change == "sharing":
+      config.rtd.embedding_sharing = "all"
     else:
       config.rtd.discriminator_weight = 0.0
   with pytest.raises(ConfigError, match=message) as e:

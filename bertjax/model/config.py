@@ -52,6 +52,10 @@ REMAT_POLICIES = {
 }
 
 
+# The sizes a replaced-token-detection generator takes from `config.generator`.
+GENERATOR_SIZES = ("hidden_size", "num_heads", "intermediate_size", "num_layers")
+
+
 class FamilyConfig:
   """What the frozen config dataclass of every model family shares (mixed in): it is
   built from `config.model` in one place (`from_config`), written back (`to_dict`)
@@ -74,6 +78,27 @@ class FamilyConfig:
     """Each block's attention half-width (query i sees keys j with |i - j| <= w), None
     for global attention."""
     return (None,) * self.num_layers
+
+  def generator(self, sizes: dict[str, int]) -> "FamilyConfig":
+    """The generator of replaced-token detection for this discriminator: this config
+    at `sizes` (`GENERATOR_SIZES`: config.generator's), without the 'rtd' head; every
+    other field, the token embedding's width included, stays this one's (so the
+    embedding tables the two networks share have one shape). One-line ConfigErrors: a
+    size that is not a generator's, a generator wider or deeper than its
+    discriminator."""
+    unknown = sorted(set(sizes) - set(GENERATOR_SIZES))
+    if unknown:
+      raise ConfigError(f"config.generator has {unknown}: it sets only "
+                        f"{list(GENERATOR_SIZES)} (the rest are config.model's).")
+    generator = dataclasses.replace(self, rtd=False, **dict(sizes))
+    for name in GENERATOR_SIZES:
+      if getattr(generator, name) > getattr(self, name):
+        raise ConfigError(
+            f"config.generator.{name}={getattr(generator, name)} exceeds the "
+            f"discriminator's config.model.{name}={getattr(self, name)}: a generator is at "
+            "most the discriminator's size (ELECTRA: 1/4 to 1/2 of its width; "
+            "DeBERTa-v3: half its depth).")
+    return generator
 
   def check_common(self, sizes: tuple[str, ...], dropouts: tuple[str, ...]) -> None:
     """One-line ConfigErrors for the fields every family has: `sizes` (these and the

@@ -52,7 +52,7 @@ import jax
 import jax.numpy as jnp
 
 from bertjax.errors import ConfigError
-from bertjax.model import bert, layers
+from bertjax.model import bert, config as config_lib, layers
 from bertjax.model.config import FamilyConfig
 from bertjax.model.family import Family, Head
 
@@ -119,28 +119,15 @@ class ElectraConfig(FamilyConfig):
             else self.classifier_dropout_rate)
 
 
-# The sizes a generator takes from `config.generator` (the rest are the discriminator's).
-GENERATOR_SIZES = ("hidden_size", "num_heads", "intermediate_size", "num_layers")
+GENERATOR_SIZES = config_lib.GENERATOR_SIZES  # what config.generator sets
 
 
 def generator_config(config: ElectraConfig, sizes: Mapping[str, int]) -> ElectraConfig:
-  """The generator of the discriminator `config`: `config` with the `sizes` of
-  `config.generator` (GENERATOR_SIZES), without the 'rtd' head. Vocabulary, embedding
-  size, positions and token types, which fix the embedding tables ELECTRA ties
-  between the two networks, stay the discriminator's. One-line ConfigErrors: a size
-  that is not a generator's, a generator wider or deeper than its discriminator."""
-  unknown = sorted(set(sizes) - set(GENERATOR_SIZES))
-  if unknown:
-    raise ConfigError(f"config.generator has {unknown}: it sets only "
-                      f"{list(GENERATOR_SIZES)} (the rest are config.model's).")
-  generator = dataclasses.replace(config, rtd=False, **dict(sizes))
-  for name in GENERATOR_SIZES:
-    if getattr(generator, name) > getattr(config, name):
-      raise ConfigError(
-          f"config.generator.{name}={getattr(generator, name)} exceeds the "
-          f"discriminator's config.model.{name}={getattr(config, name)}: ELECTRA's "
-          "generator is at most the discriminator's size (1/4 to 1/2 of its width).")
-  return generator
+  """The generator of the discriminator `config` (`FamilyConfig.generator`): `config`
+  with the `sizes` of `config.generator`, without the 'rtd' head. Vocabulary,
+  embedding size, positions and token types, which fix the embedding tables ELECTRA
+  ties between the two networks, stay the discriminator's."""
+  return config.generator(dict(sizes))
 
 
 class Embeddings(bert.Embeddings):

@@ -182,15 +182,19 @@ def from_config(config) -> Objectives:
                         f"{head!r} head, which the {family.name!r} family does not have "
                         f"(it has {list(has)}): drop {o.name!r}.")
   fields = dict(config["model"])
-  for head in family.heads:  # Its own heads' booleans: what the objectives read.
-    fields[head.name] = head.name in wanted
+  # The booleans of the heads an objective reads: what the run's objectives read; a
+  # head no registered objective reads (ELECTRA's 'rtd') keeps the model section's.
+  read = {h for o in REGISTRY.values() for h in o.heads}
+  for head in family.heads:
+    if head.name in read:
+      fields[head.name] = head.name in wanted
   model = model_lib.config_from(fields)
   owners = [o for o in objectives if o.networks]
   if len(owners) > 1:
     raise ConfigError(f"config.objectives={names!r}: {owners[0].name!r} and "
                       f"{owners[1].name!r} each train networks of their own; keep one.")
   networks = (owners[0].networks(config, model) if owners else
-              base.pretraining(model, tuple(h for h in has if h in wanted)))
+              base.pretraining(model, family.config_heads(model)))
   return Objectives(names, objectives, networks)
 
 

@@ -1,6 +1,6 @@
 """Replaced-token detection ('rtd', ELECTRA's: Clark et al. 2020, google-research/electra
 run_pretraining.py): a generator, a small masked LM of the discriminator's family
-(its sizes `config.generator`, `bertjax.model.electra.generator_config`), predicts the
+(its sizes `config.generator`, `FamilyConfig.generator`), predicts the
 masked tokens; a token sampled from its softmax (Gumbel-max at temperature 1, from
 the whole vocabulary, no gradient through the sample: ELECTRA's `sample_from_softmax`
 with `disallow_correct=False`) replaces each masked position of the ORIGINAL row
@@ -15,14 +15,23 @@ token was replaced: a sample equal to the original counts as original.
 lambda is `config.rtd.discriminator_weight` (ELECTRA's disc_weight, 50).
 
 Parameters: one tree {'discriminator': {'encoder', 'rtd'}, 'generator': {'encoder',
-'mlm'}} under one optimizer state and one checkpoint. ELECTRA ties the generator's
-embeddings to the discriminator's (its "electra/embeddings" scope: word, position and
-token-type tables and their LayerNorm, `SHARED`): they live in the discriminator's
-tree only, and the generator reads them there (`generator_params`); each network
-keeps its own `embeddings_project`, and the generator's MLM head decodes with the
-shared word table. Export takes the discriminator (`Networks.exported`); the
-generator (`load_pretrained(..., network='generator')`, fill_mask) is assembled with
-the shared tables.
+'mlm'}} under one optimizer state and one checkpoint. The networks share their
+embeddings as each paper does (`config.rtd.embedding_sharing`, default the family's,
+`SHARING`):
+- 'tied' (ELECTRA's "electra/embeddings" scope): word, position and token-type tables
+  and their LayerNorm (`TIED`) are one array each, in the discriminator's tree only;
+  the generator reads them there (`generator_params`) and its MLM head decodes with
+  the shared word table; each network keeps its own embedding projection.
+- 'gdes' (DeBERTa-v3's gradient-disentangled embedding sharing, microsoft/DeBERTa
+  RTDModel): the generator owns the word (and absolute position) tables (`GDES`); the
+  discriminator's tree holds a residual of each, initialised to zero, and reads
+  stop_gradient(generator's) + residual (`discriminator_params`): the generator's MLM
+  alone trains the shared table, the discriminator only its residual. Folded together
+  for export and fine-tuning.
+The generator is `config.model` at `config.generator`'s sizes (`FamilyConfig.generator`:
+ELECTRA 1/4 to 1/2 the width, DeBERTa-v3 half the depth). Export takes the
+discriminator (`Networks.exported`); the generator (`load_pretrained(...,
+network='generator')`, fill_mask) is assembled with what it shares.
 
 Metrics: generator_loss, generator_accuracy (its argmax at the masked positions),
 rtd_loss (the BCE), rtd_accuracy, rtd_precision and rtd_recall of "replaced" (logit >
@@ -41,54 +50,79 @@ import optax
 
 from bertjax import model as model_lib
 from bertjax.errors import ConfigError
-from bertjax.model import electra
 from bertjax.objectives import mlm
 from bertjax.objectives.base import Network, Networks, Objective, apply
 
-# The generator's parameters under encoder/embeddings that are the discriminator's.
-SHARED = ("word_embeddings", "position_embeddings", "token_type_embeddings", "LayerNorm")
+# The family's embedding sharing (config.rtd.embedding_sharing overrides it).
+SHARING = {"electra": "tied", "deberta": "gdes"}
+# 'tied': the generator's parameters under encoder/embeddings that are the discriminator's.
+TIED = ("word_embeddings", "position_embeddings", "token_type_embeddings", "LayerNorm")
+# 'gdes': the tables the discriminator reads as the generator's plus its residual.
+GDES = ("word_embeddings", "position_embeddings")
 DISCRIMINATOR_WEIGHT = 50.0  # lambda where a config has no config.rtd (ELECTRA's).
 EVAL_SEED = 0  # the sampling key of held-out batches (no rng in evaluation)
 
 
+def _rtd_settings(config) -> dict:
+  return dict(config.get("rtd") or {})
+
+
 def discriminator_weight(config) -> float:
-  """lambda: `config.rtd.discriminator_weight`, ELECTRA's 50 without a config.rtd."""
-  rtd = config.get("rtd")
-  return float(rtd["discriminator_weight"]) if rtd else DISCRIMINATOR_WEIGHT
+  """lambda: `config.rtd.discriminator_weight`, ELECTRA's 50 without it."""
+  return float(_rtd_settings(config).get("discriminator_weight", DISCRIMINATOR_WEIGHT))
+
+
+def embedding_sharing(config, family: str) -> str:
+  """'tied' or 'gdes': `config.rtd.embedding_sharing`, or the family's (`SHARING`)."""
+  sharing = _rtd_settings(config).get("embedding_sharing") or SHARING.get(family, "tied")
+  if sharing not in ("tied", "gdes"):
+    raise ConfigError(f"config.rtd.embedding_sharing={sharing!r}: use 'tied' (ELECTRA's) "
+                      "or 'gdes' (DeBERTa-v3's), or '' for the family's.")
+  return sharing
 
 
 def generator_config(config, model) -> Any:
   """The generator's model config: `model` (the discriminator) at `config.generator`'s
   sizes; one-line ConfigErrors without config.generator, or for a generator larger
   than the discriminator."""
-  if model.family != electra.FAMILY.name:
-    raise ConfigError(f"the 'rtd' objective trains an ELECTRA generator beside the "
-                      f"discriminator; config.model.family={model.family!r} has none: "
-                      "use family 'electra'.")
   sizes = config.get("generator")
   if not sizes:
     raise ConfigError("the 'rtd' objective needs config.generator (the generator's "
                       "hidden_size, num_heads, intermediate_size, num_layers; "
                       "configs/electra_small.py).")
-  return electra.generator_config(model, dict(sizes))
+  return model.generator(dict(sizes))
 
 
-def _split_shared(generator: dict) -> dict:
-  """The generator's tree without the SHARED embeddings (an empty scope dropped)."""
-  encoder = dict(generator["encoder"])
-  own = {k: v for k, v in encoder.pop("embeddings").items() if k not in SHARED}
-  if own:
-    encoder["embeddings"] = own
-  return {**generator, "encoder": encoder}
+def _embeddings(tree: dict) -> dict:
+  return tree["encoder"].get("embeddings", {})
+
+
+def _with_embeddings(tree: dict, embeddings: dict) -> dict:
+  """`tree` with encoder/embeddings replaced (dropped when empty)."""
+  encoder = {k: v for k, v in tree["encoder"].items() if k != "embeddings"}
+  if embeddings:
+    encoder["embeddings"] = embeddings
+  return {**tree, "encoder": encoder}
 
 
 def generator_params(params: dict) -> dict:
-  """The generator's whole tree: its own parameters and the discriminator's SHARED
-  embeddings."""
-  gen, disc = params["generator"], params["discriminator"]
-  shared = {k: v for k, v in disc["encoder"]["embeddings"].items() if k in SHARED}
-  embeddings = {**gen["encoder"].get("embeddings", {}), **shared}
-  return {**gen, "encoder": {**gen["encoder"], "embeddings": embeddings}}
+  """'tied': the generator's whole tree, its own parameters and the discriminator's
+  TIED embeddings."""
+  shared = {k: v for k, v in _embeddings(params["discriminator"]).items() if k in TIED}
+  return _with_embeddings(params["generator"],
+                          {**_embeddings(params["generator"]), **shared})
+
+
+def discriminator_params(params: dict, stop_gradient: bool = False) -> dict:
+  """'gdes': the discriminator's whole tree, each GDES table the generator's
+  (stop_gradient in training) plus its residual."""
+  gen = _embeddings(params["generator"])
+  stop = jax.lax.stop_gradient if stop_gradient else (lambda x: x)
+  own = dict(_embeddings(params["discriminator"]))
+  for name in GDES:
+    if name in own:
+      own[name] = jax.tree.map(lambda g, r: stop(g) + r, gen[name], own[name])
+  return _with_embeddings(params["discriminator"], own)
 
 
 def _scatter(ids: jax.Array, positions: jax.Array, values: jax.Array,
@@ -124,11 +158,23 @@ def networks(config, model) -> Networks:
   disc = family.pretraining(model, ("rtd",))
   gen = family.pretraining(gen_config, ("mlm",))
   weight = discriminator_weight(config)
+  gdes = embedding_sharing(config, family.name) == "gdes"
 
   def init(rng):
     d_rng, g_rng = jax.random.split(rng)
-    return {"discriminator": disc.init_params(d_rng),
-            "generator": _split_shared(gen.init_params(g_rng))}
+    d, g = disc.init_params(d_rng), gen.init_params(g_rng)
+    if gdes:  # The residuals start at zero: the discriminator reads the generator's.
+      own = dict(_embeddings(d))
+      own.update({k: jax.tree.map(jnp.zeros_like, own[k]) for k in GDES if k in own})
+      return {"discriminator": _with_embeddings(d, own), "generator": g}
+    own = {k: v for k, v in _embeddings(g).items() if k not in TIED}
+    return {"discriminator": d, "generator": _with_embeddings(g, own)}
+
+  def gen_params(params):
+    return params["generator"] if gdes else generator_params(params)
+
+  def disc_params(params):
+    return discriminator_params(params, True) if gdes else params["discriminator"]
 
   def forward(params, batch, rng):
     if rng is None:
@@ -136,9 +182,9 @@ def networks(config, model) -> Networks:
       sample_key = jax.random.key(EVAL_SEED)
     else:
       gen_rng, sample_key, disc_rng = jax.random.split(rng, 3)
-    logits = apply(gen, generator_params(params), batch, gen_rng)["mlm_logits"]
+    logits = apply(gen, gen_params(params), batch, gen_rng)["mlm_logits"]
     corrupted, labels = corrupt(batch, logits, sample_key)
-    out = apply(disc, params["discriminator"], {**batch, "input_ids": corrupted}, disc_rng)
+    out = apply(disc, disc_params(params), {**batch, "input_ids": corrupted}, disc_rng)
     return {"mlm_logits": logits, "rtd_logits": out["rtd_logits"], "rtd_labels": labels,
             "rtd_weight": jnp.float32(weight)}
 
@@ -154,9 +200,10 @@ def networks(config, model) -> Networks:
 
   return Networks(
       init=init, forward=forward, flops=flops, exported="discriminator",
-      members={"discriminator": Network(("discriminator",), model, disc),
+      members={"discriminator": Network(("discriminator",), model, disc,
+                                        assemble=discriminator_params if gdes else None),
                "generator": Network(("generator",), gen_config, gen,
-                                    assemble=generator_params)})
+                                    assemble=None if gdes else generator_params)})
 
 
 def _sums(out: dict, batch: dict) -> dict:
@@ -199,6 +246,7 @@ def _check(config) -> None:
   if names != ("rtd",):
     raise ConfigError(f"config.objectives={names!r}: 'rtd' trains its own generator (an "
                       "MLM) and discriminator; give config.objectives=('rtd',) alone.")
+  embedding_sharing(config, config.model.family)
   if not discriminator_weight(config) > 0:
     raise ConfigError(f"config.rtd.discriminator_weight={discriminator_weight(config)} "
                       "must be positive (ELECTRA's lambda is 50).")
