@@ -46,6 +46,21 @@ def get_config(arg=None):
   del arg
   c = ml_collections.ConfigDict()
   c.seed = 0  # One seed for initialisation, dropout, data order and masking.
+  # Continued pretraining (bertjax/train/continued.py): a bertjax workdir or a Hugging
+  # Face dir (BERT, RoBERTa, XLM-R, ModernBERT) whose encoder and heads the run starts
+  # from (heads it lacks start fresh; the optimizer, schedule and step start afresh; its
+  # tokenizer is used unless data.tokenizer.path is given). The model section must agree
+  # with it: configs/continued.py takes it from the checkpoint. '' = random weights.
+  c.init_from = ""
+  c.vocab_extension = ml_collections.ConfigDict()  # New tokens (with init_from only).
+  c.vocab_extension.tokens_file = ""  # A file of words to add, one a line; or ...
+  c.vocab_extension.num_new_tokens = 0  # ... the N most useful, learned from a corpus:
+  # a source of data.corpus's mixture by name (e.g. 'domain'), a corpus spec, or '' for
+  # the run's corpus.
+  c.vocab_extension.corpus = ""
+  # The vocabulary's rows (with new tokens) padded to a multiple of this (the matmul
+  # tiles GPUs and TPUs like); padding rows are never predicted. 0: no padding.
+  c.vocab_extension.pad_to_multiple = 64
 
   c.model = ml_collections.ConfigDict()
   c.model.family = "bert"  # Model family: 'bert' (BERT, RoBERTa, XLM-R, SpanBERT) here.

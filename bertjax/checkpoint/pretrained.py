@@ -162,21 +162,32 @@ def checkpoint_family(path: str) -> str:
   return workdir.saved_model(os.fspath(path)).family
 
 
-def load_pretrained(path: str, dtype: str = "float32") -> Pretrained:
+def checkpoint_tokenizer(path: str) -> Tokenizer:
+  """The tokenizer files of what `load_pretrained(path)` reads (a Hugging Face dir's,
+  a workdir's tokenizer/), or the one-line error of their absence."""
+  path = os.fspath(path)
+  if "model_type" in _config_json(path):
+    return load_tokenizer(path)
+  return workdir.load_tokenizer(path)
+
+
+def load_pretrained(path: str, dtype: str = "float32", tokenizer: Tokenizer | None = None
+                    ) -> Pretrained:
   """A Hugging Face model dir (config.json with a model_type of `bertjax.hf.convert`'s
   tables: BERT, RoBERTa, XLM-R, ModernBERT; weights; tokenizer files), a bertjax
   pretraining workdir (config.json, checkpoints/, tokenizer/) or a fine-tuning workdir
   (its encoder, and its task head in `head`), with parameters and computation in
-  `dtype`."""
+  `dtype`; with `tokenizer`, that one instead of the checkpoint's files (`checkpoint_tokenizer`)."""
   path = os.fspath(path)
   dtype = dtype_of(dtype, "dtype")
   raw = _config_json(path)
   if "model_type" in raw:
     convert.check_supported(raw)
-    tokenizer, vocab_size, load = load_tokenizer(path), raw["vocab_size"], convert.load_hf
+    vocab_size, load = raw["vocab_size"], convert.load_hf
   else:
-    tokenizer, vocab_size = workdir.load_tokenizer(path), raw["model"]["vocab_size"]
+    vocab_size = raw["model"]["vocab_size"]
     load = _finetuned_encoder if workdir.is_finetuned(path) else _pretraining_workdir
+  tokenizer = tokenizer or checkpoint_tokenizer(path)
   if tokenizer.vocab_size > vocab_size:  # before the weights
     raise CheckpointError(
         f"{path}: the tokenizer has {tokenizer.vocab_size} ids but the checkpoint's "

@@ -259,6 +259,14 @@ class Tokenizer:
       batch["attention_mask"][r, :len(ids)] = 1
     return batch
 
+  @property
+  def library(self) -> tokenizers.Tokenizer | bytes:
+    """What the tokenizer is in its library: a `tokenizers.Tokenizer` (WordPiece, BPE,
+    any tokenizer.json; not to be modified: `from_library` a changed copy), or a
+    SentencePiece model's serialised proto (bytes). `from_library` inverts it."""
+    backend = self._backend
+    return backend.proto if isinstance(backend, _SentencePieceBackend) else backend.tok
+
   def id_to_token(self, i: int) -> str:
     t = self._backend.id_to_token(int(i))
     if t is None:
@@ -425,6 +433,14 @@ def _from_tokenizer_json(path: str) -> Tokenizer:
     tok = tokenizers.Tokenizer.from_file(path)
   except Exception as e:  # the library raises a bare Exception on malformed JSON
     raise DataError(f"{path} is not a tokenizer.json ({str(e).splitlines()[0]}).")
+  return from_library(tok)
+
+
+def from_library(tok: tokenizers.Tokenizer | bytes) -> Tokenizer:
+  """The `Tokenizer` of a `tokenizers.Tokenizer` (its style from its special tokens) or
+  of a SentencePiece model proto (bytes; XLM-R's ids): `Tokenizer.library`'s inverse."""
+  if isinstance(tok, bytes):
+    return Tokenizer(_SentencePieceBackend(tok), "roberta")
   backend = _HFBackend(tok)
   return Tokenizer(backend, _style_of(backend))
 

@@ -7,7 +7,9 @@ evaluation of `config`, handed with pretraining's objective to
 
 from __future__ import annotations
 
+import functools
 import os
+from typing import Callable
 
 import flax.linen as nn
 import jax
@@ -24,13 +26,16 @@ from bertjax.data import tokenizer as tok_lib
 from bertjax.errors import ConfigError, at_least
 from bertjax import model as model_lib
 from bertjax.parallel import mesh as mesh_lib
-from bertjax.train import objective, state as state_lib, trainer as trainer_lib
+from bertjax.train import continued, objective, state as state_lib, trainer as trainer_lib
 from bertjax.train.trainer import Evaluator, Trainer
 
 
-def get_tokenizer(config, workdir: str) -> tok_lib.Tokenizer:
-  """The workdir's tokenizer on resume; else the configured file; else one trained on
-  the corpus (saved into the workdir so the checkpoint carries it)."""
+def get_tokenizer(config, workdir: str, fresh: Callable[[], tok_lib.Tokenizer] | None = None
+                  ) -> tok_lib.Tokenizer:
+  """The workdir's tokenizer on resume; else `fresh()` (continued pretraining: the
+  checkpoint's, extended; made on process 0, which saves it for the others) or the
+  configured file; else one trained on the corpus (saved into the workdir so the
+  checkpoint carries it)."""
   saved = os.path.join(workdir, files.TOKENIZER_DIR)
   tcfg = config.data.tokenizer
   resumed = epath.Path(saved).is_dir()  # The workdir may be remote (gs://).
@@ -39,15 +44,17 @@ def get_tokenizer(config, workdir: str) -> tok_lib.Tokenizer:
     multihost_utils.sync_global_devices("bertjax: tokenizer directory checked")
   if resumed:
     tokenizer = tok_lib.load_tokenizer(saved)
-    if tcfg.path:  # The checkpoint was trained with the saved one: refuse another.
+    if tcfg.path and fresh is None:  # Trained with the saved one: refuse another.
       tok_lib.check_same_vocabulary(
           tok_lib.load_tokenizer(tcfg.path), tokenizer, f"config.data.tokenizer.path="
           f"{tcfg.path}", f"the run being resumed in {workdir}", "drop "
           "--config.data.tokenizer.path to resume with the run's own tokenizer, or use a "
           "new --workdir to train with this one")
   else:
-    if tcfg.path:
+    if tcfg.path and fresh is None:
       tokenizer = tok_lib.load_tokenizer(tcfg.path)
+    elif fresh is not None and jax.process_index() == 0:
+      tokenizer = fresh()
     elif jax.process_index() == 0:  # Training is not deterministic across processes.
       sentences = mixture.tokenizer_sentences(config.data, config.seed)
       logging.info("Training a %s tokenizer (%d tokens) on %d sentences.", tcfg.kind,
@@ -57,10 +64,10 @@ def get_tokenizer(config, workdir: str) -> tok_lib.Tokenizer:
           kind=tcfg.kind, vocab_size=tcfg.vocab_size, lowercase=tcfg.lowercase)
     if jax.process_index() == 0:
       tokenizer.save(saved)
-    if multihost and not tcfg.path:  # The others read process 0's trained tokenizer.
+    if multihost and (fresh is not None or not tcfg.path):  # Process 0's is read.
       multihost_utils.sync_global_devices("bertjax: tokenizer saved")
       tokenizer = tok_lib.load_tokenizer(saved)
-  if tokenizer.vocab_size != config.model.vocab_size:
+  if fresh is None and tokenizer.vocab_size != config.model.vocab_size:
     raise ConfigError(
         f"config.model.vocab_size={config.model.vocab_size} but the tokenizer has "
         f"{tokenizer.vocab_size} tokens; set --config.model.vocab_size="
@@ -146,7 +153,8 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   trainer_lib.check_config(config)
   at_least("train.eval_every", t.eval_every, 1)
   at_least("train.eval_batches", t.eval_batches, 0)
-  pipeline.check_config(config.data, model, t.num_steps)
+  continued.check_config(config)
+  pipeline.check_config(config.data, model, t.num_steps, trains_tokenizer=not config.init_from)
   phases.stages(config.data, t.num_steps, t.batch_size, phases.BatchSchedule.from_config(t))
   phase_inputs(config)
 
@@ -160,10 +168,17 @@ def phase_inputs(config: ml_collections.ConfigDict) -> list[dict[str, float]]:
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
-  """Runs (or resumes) pretraining in `workdir`; returns the last eval metrics ({} when
-  stopped by SIGTERM before the first evaluation)."""
+  """Runs (or resumes) pretraining in `workdir`, from `config.init_from` when set
+  (`continued`); returns the last eval metrics ({} when stopped by SIGTERM before the
+  first evaluation)."""
+  start = continued.open_run(config, workdir) if config.init_from else None
+  config = start.config if start else config
   check_config(config)
   epath.Path(workdir).mkdir(parents=True, exist_ok=True)
+  tokenizer = None
+  if start is not None:  # The vocabulary rows follow the (extended) tokenizer.
+    tokenizer = get_tokenizer(config, workdir, start.new_tokenizer)
+    config = start.finish(tokenizer, workdir)
   workdir_lib.save_config(workdir, config)
   setup = state_lib.build_trainer(config)
   model = setup.model.config
@@ -171,7 +186,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   phases.check_divisible(
       phases.stages(config.data, config.train.num_steps, config.train.batch_size, batches),
       mesh_lib.data_parallel_size(setup.mesh, setup.rules), config.train.grad_accum_steps)
-  tokenizer = get_tokenizer(config, workdir)
+  tokenizer = tokenizer or get_tokenizer(config, workdir)
   data = pipeline.build_pretraining_data(
       config.data, tokenizer, batch_size=config.train.batch_size // jax.process_count(),
       seed=config.seed, nsp=model.nsp, process_index=jax.process_index(),
@@ -184,4 +199,5 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
                    f"{state_lib.param_count(setup.abstract.params):,}", dict(setup.mesh.shape))
   evaluate = evaluators(setup, data, config.train.eval_batches, config.train.eval_every,
                         config.train.eval_final_length)
-  return trainer.fit(iter(data.train), evaluate).get("eval", {})
+  init = start and functools.partial(start.initial_params, setup, tokenizer)
+  return trainer.fit(iter(data.train), evaluate, init).get("eval", {})
