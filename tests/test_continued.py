@@ -24,6 +24,7 @@ from bertjax.train import continued, pretrain, state as state_lib
 from configs import continued as continued_config
 from tests import faults
 from tests.helpers import perturb
+from tests.modernbert_helpers import hf_modernbert
 
 CORPUS = ["The package manager dpkg installs packages and debhelper builds them.",
           "A daemon started by systemd logs to the journal through journald.",
@@ -276,3 +277,27 @@ def test_a_workdir_of_another_run_is_refused(checkpoints, corpus, tmp_path):
   (workdir / "init_from.json").write_text(json.dumps({"init_from": "/elsewhere"}))
   with pytest.raises(BertjaxError, match="continued from /elsewhere"):
     continued.open_run(cont_config(checkpoints["wordpiece"], corpus), str(workdir))
+
+
+def test_a_modernbert_and_a_bertjax_workdir_continue(corpus, tmp_path, caplog):
+  """configs/continued.py:modernbert from a Hugging Face ModernBERT: its encoder and MLM
+  head loaded, the authors' attention output dropout on, two steps trained; the
+  workdir it leaves continues in turn (init_from a bertjax workdir) from its weights."""
+  c = cont_config(hf_modernbert(str(tmp_path / "hf")), corpus, num_steps=2, eval_every=2)
+  c_mb = continued_config.get_config("modernbert")
+  c.model, c.data.masked_lm_prob_phases = c_mb.model, c_mb.data.masked_lm_prob_phases
+  c.model.dtype = "float32"
+  c.data.max_seq_length, c.data.max_predictions_per_seq = 32, 10
+  caplog.set_level("INFO")
+  _, _, setup, params = _start(c, str(tmp_path / "start"))
+  theirs = pretrained_lib.load_pretrained(c.init_from).params
+  jax.tree.map(np.testing.assert_array_equal, theirs, params)
+  assert setup.model.config.family == "modernbert"
+  assert setup.model.config.attention_output_dropout == 0.1
+  assert "initialised fresh: nothing" in caplog.text
+  first = str(tmp_path / "first")
+  pretrain.run(c, first)
+  trained = faults.saved_state(first)["params"]
+  c.init_from = first
+  _, _, _, again = _start(c, str(tmp_path / "second"))
+  jax.tree.map(np.testing.assert_array_equal, trained, again)
