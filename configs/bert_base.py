@@ -192,6 +192,9 @@ def get_config(arg=None):
   # theta): the model being trained. True: during an earlier phase, also at the final
   # phase's, logged as eval_final/... (the curve of the model the run ends with).
   c.train.eval_final_length = False
+  # True: evaluate the weights a new run starts from too (logged at step 0): the
+  # baseline of continued pretraining (config.init_from).
+  c.train.eval_at_start = False
   c.train.checkpoint_every = 10_000  # Steps between checkpoints.
   c.train.max_to_keep = 3  # Checkpoints kept in the workdir.
   # Skip the update (parameters and optimizer state, its step count included, stay as

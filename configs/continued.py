@@ -44,6 +44,7 @@ def get_config(arg=None):
   c.train.schedule = "linear"
   c.train.decay_start = "warmup_end"  # From the peak to 0 at the last step.
   c.train.eval_every = 500
+  c.train.eval_at_start = True  # The checkpoint's held-out MLM: the baseline.
   c.train.eval_batches = 20
   c.train.checkpoint_every = 500
   c.train.log_every = 50

@@ -204,7 +204,8 @@ def test_learned_words_are_the_domains_most_useful():
 def test_sigterm_resume_is_bit_exact_and_never_reloads_the_checkpoint(
     checkpoints, corpus, tmp_path, on_train_batch, monkeypatch):
   """A continued run with a tokens file, stopped by SIGTERM before step 3 and rerun,
-  ends with the uninterrupted run's metrics and state bit for bit; the rerun resumes
+  ends with the uninterrupted run's metrics and state bit for bit (the held-out
+  metrics of the start, `eval_at_start`, logged once at step 0); the rerun resumes
   from its own checkpoint without reading init_from's weights (read once per run)."""
   reads = []
   load = continued.load_pretrained
@@ -221,7 +222,8 @@ def test_sigterm_resume_is_bit_exact_and_never_reloads_the_checkpoint(
   on_train_batch(lambda n, _: None)
   pretrain.run(c, stopped)
   assert len(reads) == 2  # resumed from step 3: init_from not read again
-  faults.assert_same_metrics(stopped, reference)
+  faults.assert_same_metrics(stopped, reference)  # the start's eval once, at step 0
+  assert [r["step"] for r in faults.metrics(reference) if r["split"] == "eval"] == [0, 6]
   faults.assert_same_arrays(faults.saved_state(stopped), faults.saved_state(reference))
   record = json.load(open(os.path.join(stopped, "init_from.json")))
   assert record["rows"] % 64 == 0 and record["init_from"] == c.init_from

@@ -76,7 +76,7 @@ def get_tokenizer(config, workdir: str, fresh: Callable[[], tok_lib.Tokenizer] |
 
 
 def evaluators(setup: state_lib.Setup, data: pipeline.PretrainingData, batches: int,
-               every: int, final_too: bool) -> list[Evaluator]:
+               every: int, final_too: bool, at_start: bool = False) -> list[Evaluator]:
   """Every `every` steps, the held-out MLM (+ NSP, SBO) metrics over `batches` of each
   source's eval batches (0: all) and the accuracy of always predicting the corpus's
   most frequent token, logged as eval/NAME (all sources together: the sums of theirs)
@@ -84,7 +84,8 @@ def evaluators(setup: state_lib.Setup, data: pipeline.PretrainingData, batches: 
   step just taken (its length and inputs, e.g. ModernBERT's global rope theta: the
   model the run trains then); with `final_too` (config.train.eval_final_length)
   'eval_final' runs at the final phase's too (its figures are eval's once the final
-  phase runs). Both log seq_length (and the inputs) beside the metrics."""
+  phase runs). Both log seq_length (and the inputs) beside the metrics; with `at_start`
+  (config.train.eval_at_start) both also evaluate a new run's initial weights."""
   eval_step = jax.jit(objective.make_eval_step(setup.model),
                       in_shardings=(setup.shardings.params, setup.batch_sharding))
   last: dict[tuple[int, int], dict[str, float]] = {}  # (step, phase) -> its metrics
@@ -127,10 +128,10 @@ def evaluators(setup: state_lib.Setup, data: pipeline.PretrainingData, batches: 
     return out
 
   out = [Evaluator("eval", lambda params, step: evaluate(
-      params, step, held_out.phase_of(data.held_out, step)), every)]
+      params, step, held_out.phase_of(data.held_out, step)), every, at_start)]
   if final_too and len(data.held_out) > 1:
     out.append(Evaluator("eval_final", lambda params, step: evaluate(
-        params, step, data.held_out[-1]), every))
+        params, step, data.held_out[-1]), every, at_start))
   return out
 
 
@@ -198,6 +199,6 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   trainer.info("Model: %s parameters; mesh %s.",
                    f"{state_lib.param_count(setup.abstract.params):,}", dict(setup.mesh.shape))
   evaluate = evaluators(setup, data, config.train.eval_batches, config.train.eval_every,
-                        config.train.eval_final_length)
+                        config.train.eval_final_length, config.train.eval_at_start)
   init = start and functools.partial(start.initial_params, setup, tokenizer)
   return trainer.fit(iter(data.train), evaluate, init).get("eval", {})
