@@ -17,7 +17,7 @@ transformers = pytest.importorskip("transformers")
 
 from bertjax.checkpoint import pretrained as pretrained_lib  # pylint: disable=wrong-import-position
 from bertjax.checkpoint import vocab_rows
-from bertjax.data import sources, tokenizer as tok_lib, vocab_extension
+from bertjax.data import pipeline, sources, tokenizer as tok_lib, vocab_extension
 from bertjax.errors import BertjaxError, CheckpointError, ConfigError, DataError
 from bertjax.hf import convert, files
 from bertjax.train import continued, pretrain, state as state_lib
@@ -303,3 +303,29 @@ def test_a_modernbert_and_a_bertjax_workdir_continue(corpus, tmp_path, caplog):
   c.init_from = first
   _, _, _, again = _start(c, str(tmp_path / "second"))
   jax.tree.map(np.testing.assert_array_equal, trained, again)
+
+
+def test_a_hugging_face_loop_continues_the_same_way(checkpoints, corpus, tmp_path):
+  """`benchmark continued_hf`: from a continued run's workdir (vocabulary extended),
+  the rebuilt start exported to transformers gives the run's held-out figures at step
+  0, and without dropout its AdamW loop on the run's batches ends where the run does."""
+  from bertjax.benchmarks import continued_hf  # pylint: disable=g-import-not-at-top
+  c = cont_config(checkpoints["wordpiece"], corpus, num_steps=4, eval_every=4,
+                  checkpoint_every=4)
+  c.vocab_extension.tokens_file = _tokens_file(tmp_path)
+  c.model.dropout_rate = c.model.attention_dropout_rate = 0.0
+  c.data.corpus = f"general:0.5=embedded,domain:0.5={corpus}"
+  run = str(tmp_path / "run")
+  pretrain.run(c, run)
+  config, tokenizer, params, model = continued_hf.rebuild(run)
+  start = str(tmp_path / "hf_start")
+  convert.save_hf(start, params, model, tokenizer)
+  data = pipeline.build_pretraining_data(
+      config.data, tokenizer, batch_size=config.train.batch_size, seed=config.seed,
+      nsp=False, num_steps=config.train.num_steps)
+  _, hf = continued_hf.train_hf(config, start, data, torch)
+  ours = continued_hf.bertjax_results(run)
+  for k in ("general/mlm_loss", "domain/mlm_loss", "mlm_loss", "mlm_accuracy"):
+    np.testing.assert_allclose(hf["start"][k], ours["start"][k], rtol=1e-4, err_msg=k)
+    np.testing.assert_allclose(hf["end"][k], ours["end"][k], rtol=2e-3, err_msg=k)
+  assert hf["end"]["mlm_loss"] < hf["start"]["mlm_loss"]

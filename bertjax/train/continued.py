@@ -161,10 +161,11 @@ class Start:
   record: dict | None = None
   given: ml_collections.ConfigDict | None = None  # the config as given (its own model)
   _loaded: tuple[Pretrained, tok_lib.Tokenizer] | None = None
+  _base: tok_lib.Tokenizer | None = None  # what `new_tokenizer` extends
 
   def loaded(self) -> tuple[Pretrained, tok_lib.Tokenizer]:
     """The checkpoint (read once), and the tokenizer whose ids its vocabulary rows
-    follow (its own, else `config.data.tokenizer.path`'s)."""
+    follow (its own, else `config.data.tokenizer.path`'s, which may extend it)."""
     if self._loaded is None:
       path, given_path = self.config.init_from, self.config.data.tokenizer.path
       given = tok_lib.load_tokenizer(given_path) if given_path else None
@@ -183,14 +184,15 @@ class Start:
               f"config.data.tokenizer.path={given_path} lacks {len(missing)} of the tokens "
               f"of config.init_from={path}'s tokenizer (e.g. {missing[0]!r}): give the "
               "checkpoint's tokenizer or one extending it, or leave the field empty.")
-      pretrained = load_pretrained(path, tokenizer=given or own)
-      self._loaded = pretrained, own or given
+      pretrained = load_pretrained(path, tokenizer=own or given)
+      self._loaded, self._base = (pretrained, own or given), given or own
     return self._loaded
 
   def new_tokenizer(self) -> tok_lib.Tokenizer:
     """The run's tokenizer: the checkpoint's (or the given one), extended as
     `config.vocab_extension` says."""
-    tokenizer = self.loaded()[0].tokenizer
+    self.loaded()
+    tokenizer = self._base
     if not extending(self.config):
       return tokenizer
     v = self.config.vocab_extension
