@@ -81,12 +81,12 @@ def _text(kind: str, word: str) -> str:
   return " " + word if kind == "byte_level_bpe" else word
 
 
-def surface(tokenizer: tok_lib.Tokenizer, word: str) -> str | None:
+def surface(tokenizer: tok_lib.Tokenizer, word: str, kind: str | None = None) -> str | None:
   """The vocabulary entry that stands for `word` at the start of a word ('dpkg',
   'Ġdpkg', '▁dpkg'), normalised as the tokenizer normalises; None when the tokenizer
   cannot hold it as one token (it splits at punctuation or whitespace, or holds a
-  character the model does not know)."""
-  kind, lib = kind_of(tokenizer), tokenizer.library
+  character the model does not know). `kind`: `kind_of(tokenizer)`, when known."""
+  kind, lib = kind or kind_of(tokenizer), tokenizer.library
   if kind == "sentencepiece":
     sp = spm.SentencePieceProcessor(model_proto=lib)
     ids = sp.encode(word)
@@ -123,7 +123,7 @@ def learn_words(tokenizer: tok_lib.Tokenizer, sentences: Sequence[str], n: int
     if int(i) in domain.special_ids:
       continue
     word = domain.decode([int(i)]).strip()  # '\ufffd': a byte-level token's partial character
-    s = surface(tokenizer, word) if word and "\ufffd" not in word else None
+    s = surface(tokenizer, word, kind) if word and "\ufffd" not in word else None
     if s is None or _has(tokenizer, s):
       continue
     pieces = len(tokenizer.tokenize(_text(kind, word)))
@@ -138,7 +138,7 @@ def extend(tokenizer: tok_lib.Tokenizer, words: Sequence[str]
   extended tokenizer and the entries added for the words, in id order (a word it has,
   or cannot hold as one token, adds none)."""
   kind = kind_of(tokenizer)
-  entries = list(dict.fromkeys(s for s in (surface(tokenizer, w) for w in words)
+  entries = list(dict.fromkeys(s for s in (surface(tokenizer, w, kind) for w in words)
                                if s is not None and not _has(tokenizer, s)))
   if not entries:
     return tokenizer, []
