@@ -237,7 +237,8 @@ def test_finetuning_field_out_of_range(field, value, names):
 @pytest.mark.parametrize("recipe", ["bert_base", "bert_large", "bert_tiny", "roberta_base",
                                     "spanbert_base", "xlmr_base", "xlmr_large",
                                     "modernbert_base", "modernbert_large",
-                                    "modernbert_tiny"])
+                                    "modernbert_tiny", "electra_small", "electra_base",
+                                    "electra_large", "electra_tiny"])
 def test_every_pretraining_recipe_passes(recipe):
   pretraining(importlib.import_module(f"configs.{recipe}").get_config())
 

@@ -184,8 +184,8 @@ def test_convert_errors_name_the_family(workdir, tmp_path, monkeypatch, capsys):
     convert_cli.main(["--to=hf", f"--src={unknown}", f"--dst={tmp_path / 'out'}"])
   err = capsys.readouterr().err.strip()
   assert err == (f"error: {unknown} holds a model of family 'neobert', which this "
-                 "bertjax does not have (bert, modernbert): use the bertjax version that "
-                 "wrote it.")
+                 f"bertjax does not have ({', '.join(sorted(model_lib.FAMILIES))}): use "
+                 "the bertjax version that wrote it.")
   # A third family in bertjax.model without its conversion table in bertjax/hf/.
   monkeypatch.setitem(model_lib.FAMILIES, "neobert", dataclasses.replace(
       model_lib.FAMILIES["modernbert"], name="neobert"))
