@@ -15,6 +15,7 @@ from bertjax.checkpoint import pretrained as pretrained_lib  # pylint: disable=w
 from bertjax.hf import convert
 from bertjax.tasks import finetune
 from configs.finetune import glue
+from tests.electra_helpers import hf_electra
 from tests.helpers import perturb
 from tests.modernbert_helpers import hf_modernbert
 from tests.tasks_helpers import fixture_tokenizer
@@ -30,12 +31,17 @@ FAMILIES = {
                    {"attention_dropout": "attention_dropout",
                     "embedding_dropout": "embedding_dropout", "mlp_dropout": "mlp_dropout",
                     "classifier_dropout": "classifier_dropout"}),
+    "electra": (dict(dropout_rate=0.1, attention_dropout_rate=0.1),
+                {"hidden_dropout_prob": "dropout_rate",
+                 "attention_probs_dropout_prob": "attention_dropout_rate"}),
 }
 
 
 def _hf_dir(family: str, directory: str) -> str:
   if family == "modernbert":
     return hf_modernbert(directory)
+  if family == "electra":  # a discriminator, its pretraining dropouts off
+    return hf_electra(directory, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
   tok = fixture_tokenizer(directory)
   config = transformers.BertConfig(vocab_size=400, hidden_size=32, num_hidden_layers=2,
                                    num_attention_heads=2, intermediate_size=64,
