@@ -1,11 +1,11 @@
 """Continued pretraining of a published checkpoint on a domain corpus (domain-adaptive
 pretraining: BioBERT and SciBERT from BERT, clinical or legal ModernBERTs): the model
 section is the checkpoint's (`config.init_from`), so it lists only what a run chooses
-(the dtype, the attention path, scan and remat); every other field, dropouts and heads
-included, comes from the checkpoint (bertjax/train/continued.py). `arg` picks the
-family's recipe: 'bert' (BERT, RoBERTa, XLM-R: MLM at 15% with the checkpoint's
-heads) or 'modernbert' (MLM at 30%, packed rows, StableAdamW, as ModernBERT's authors
-pretrain). The numbers are a starting point (a short run at a learning rate below the
+(the dtype, the attention path, scan and remat); every other field, dropouts included,
+comes from the checkpoint (bertjax/train/continued.py); the heads trained are
+`config.objectives`'. `arg` picks the family's recipe: 'bert' (BERT, RoBERTa, XLM-R:
+MLM at 15% on packed rows) or 'modernbert' (MLM at 30%, packed rows, StableAdamW, as
+ModernBERT's authors pretrain). The numbers are a starting point (a short run at a learning rate below the
 checkpoint's peak, decayed linearly), not a paper's recipe. docs/continued_pretraining.md
 runs it on the real MiniLM.
 
@@ -25,6 +25,9 @@ def get_config(arg=None):
   if family not in ("bert", "modernbert"):
     raise ValueError(f"configs/continued.py:{family}: use :bert or :modernbert.")
   c = bert_base.get_config() if family == "bert" else modernbert_base.get_config()
+  # MLM alone, on packed rows (as RoBERTa and ModernBERT continue): a checkpoint's NSP
+  # head is kept in it but not trained; ('mlm', 'nsp') trains it (fresh where absent).
+  c.objectives = ("mlm",)
   model = c.model
   c.model = ml_collections.ConfigDict()  # The rest is the checkpoint's.
   for field in ("dtype", "param_dtype", "attention_impl", "scan_layers", "remat_policy"):
@@ -44,8 +47,8 @@ def get_config(arg=None):
   c.train.schedule = "linear"
   c.train.decay_start = "warmup_end"  # From the peak to 0 at the last step.
   c.train.eval_every = 500
-  c.train.eval_at_start = True  # The checkpoint's held-out MLM: the baseline.
   c.train.eval_batches = 20
+  c.evals.eval.at_start = True  # The checkpoint's held-out MLM: the baseline.
   c.train.checkpoint_every = 500
   c.train.log_every = 50
   if family == "modernbert":  # Its pretraining's masking, packing and optimizer.

@@ -48,6 +48,9 @@ from configs import bert_base
 
 def get_config(arg=None):
   c = bert_base.get_config(arg)
+  # Pretraining objectives by name (bertjax/objectives/): the masked-LM loss; the
+  # 'rtd' head rides along on model.rtd.
+  c.objectives = ("mlm",)
   m = c.model = ml_collections.ConfigDict()
   m.family = "electra"  # ELECTRA's discriminators and generators (bertjax/model/electra.py).
   m.vocab_size = 30522  # BERT's uncased WordPiece vocabulary, as every released ELECTRA.

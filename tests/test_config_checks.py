@@ -328,6 +328,7 @@ def test_finetune_resume_refuses_another_tokenizer(tmp_path):
   _one_line_naming(e.value, ["config.tokenizer=", "600 tokens", "400-token"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flag,message", [
     ("--config.model.dropout_rate=1.5", "error: config.model.dropout_rate=1.5 must lie in [0, 1)."),
     ("--config.mesh.data=3", "error: config.mesh={'data': 3, 'fsdp': 1, 'tensor': 1} needs 3 "

@@ -109,7 +109,7 @@ def test_the_checkpoint_is_loaded_its_missing_heads_start_fresh(checkpoints, cor
   sizes); the encoder and MLM head are its weights; the NSP head and pooler it lacks
   start fresh and are named, as are the fresh optimizer, schedule and step."""
   c = cont_config(checkpoints["wordpiece"], corpus)
-  c.model.nsp = c.model.pooler = True  # BertForMaskedLM has neither
+  c.objectives, c.model.pooler = ("mlm", "nsp"), True  # BertForMaskedLM has neither
   caplog.set_level("INFO")
   _, tokenizer, setup, params = _start(c, str(tmp_path / "run"))
   ours = pretrained_lib.load_pretrained(checkpoints["wordpiece"])
@@ -205,7 +205,7 @@ def test_sigterm_resume_is_bit_exact_and_never_reloads_the_checkpoint(
     checkpoints, corpus, tmp_path, on_train_batch, monkeypatch):
   """A continued run with a tokens file, stopped by SIGTERM before step 3 and rerun,
   ends with the uninterrupted run's metrics and state bit for bit (the held-out
-  metrics of the start, `eval_at_start`, logged once at step 0); the rerun resumes
+  metrics of the start, `evals.eval.at_start`, logged once at step 0); the rerun resumes
   from its own checkpoint without reading init_from's weights (read once per run)."""
   reads = []
   load = continued.load_pretrained

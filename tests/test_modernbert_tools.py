@@ -153,6 +153,7 @@ def test_ettin_and_mmbert_directories_load(variant, hf_dir, tmp_path):
   assert _max_diff(out["mlm_logits"], ref.numpy(), out["attention_mask"]) < 1e-5
 
 
+@pytest.mark.slow
 def test_converted_workdir_goes_on_pretraining(workdir, tmp_path):
   """The converted workdir resumes as a pretraining run of its model (the optimizer
   starts afresh at step 0): three steps move its weights a little, not to a random
@@ -208,6 +209,7 @@ def _cli(*args) -> str:
   return proc.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("source", ["workdir", "hf_dir"])
 def test_embed_layers_and_word_pooling_equal_transformers(source, request, hf_dir,
                                                           reference, tmp_path):
@@ -248,6 +250,7 @@ def test_embed_layers_and_word_pooling_equal_transformers(source, request, hf_di
                                  atol=1e-6)
 
 
+@pytest.mark.slow
 def test_embed_wsd_and_fill_mask_programs(workdir, hf_dir, reference):
   """`python -m bertjax.embed wsd` runs 1-NN WSD on the workdir; `python -m
   bertjax.fill_mask` prints, and `Pretrained.fill_mask` gives, transformers' top

@@ -38,6 +38,7 @@ import numpy as np
 from absl import flags
 from etils import epath
 
+from bertjax import objectives as objectives_lib
 from bertjax.checkpoint import files, workdir as workdir_lib
 from bertjax.data import phases, pipeline, held_out as held_out_lib
 from bertjax.errors import ConfigError
@@ -73,7 +74,7 @@ def rebuild(run: str):
 def _check(config) -> None:
   t, d = config.train, config.data
   if (config.model.get("family", "bert") != "bert" or t.optimizer != "adamw"
-      or d.isolate_documents or config.model.get("nsp") or config.model.get("sbo")
+      or d.isolate_documents or objectives_lib.names_of(config) != ("mlm",)
       or t.grad_accum_steps != 1 or t.batch_by_tokens or d.length_phases):
     raise ConfigError("continued_hf compares AdamW runs of the BERT family with MLM "
                       "alone, one length, no isolated documents, no accumulation: this "
@@ -163,7 +164,7 @@ def bertjax_results(run: str) -> dict:
   train = [r for r in rows if r["split"] == "train"]
   if not evals or evals[0]["step"] != 0:
     raise ConfigError(f"{run} has no evaluation of its start: run it with "
-                      "--config.train.eval_at_start=True (configs/continued.py does).")
+                      "--config.evals.eval.at_start=True (configs/continued.py does).")
   return {"start": evals[0], "end": evals[-1], "last_window_loss": train[-1]["loss"]}
 
 

@@ -144,8 +144,11 @@ def _finetuned_encoder(path: str) -> tuple[Any, dict, TaskHead]:
           head)
 
 
-def _pretraining_workdir(path: str) -> tuple[Any, Any]:
-  return workdir.saved_model(path), workdir.restore_params(path)
+def _pretraining_workdir(path: str, network: str | None = None) -> tuple[Any, Any]:
+  """The config and parameters of the pretraining workdir's network `network` (default:
+  the one its objectives export; `workdir.saved_network`)."""
+  member = workdir.saved_network(path, name=network)
+  return member.config, member.params(workdir.restore_params(path))
 
 
 def _config_json(path: str) -> dict:
@@ -182,22 +185,28 @@ def checkpoint_tokenizer(path: str) -> Tokenizer:
   return workdir.load_tokenizer(path)
 
 
-def load_pretrained(path: str, dtype: str = "float32", tokenizer: Tokenizer | None = None
-                    ) -> Pretrained:
+def load_pretrained(path: str, dtype: str = "float32", network: str | None = None,
+                    tokenizer: Tokenizer | None = None) -> Pretrained:
   """A Hugging Face model dir (config.json with a model_type of `bertjax.hf.convert`'s
   tables: BERT, RoBERTa, XLM-R, ModernBERT; weights; tokenizer files), a bertjax
-  pretraining workdir (config.json, checkpoints/, tokenizer/) or a fine-tuning workdir
-  (its encoder, and its task head in `head`), with parameters and computation in
-  `dtype`; with `tokenizer`, that one instead of the checkpoint's files (`checkpoint_tokenizer`)."""
+  pretraining workdir (config.json, checkpoints/, tokenizer/: the network its
+  objectives export, or the one named `network` where they train several) or a
+  fine-tuning workdir (its encoder, and its task head in `head`), with parameters and
+  computation in `dtype`; with `tokenizer`, that one instead of the checkpoint's files
+  (`checkpoint_tokenizer`)."""
   path = os.fspath(path)
   dtype = dtype_of(dtype, "dtype")
   raw = _config_json(path)
+  if network and ("model_type" in raw or workdir.is_finetuned(path)):
+    raise CheckpointError(f"network={network!r}: {path} holds one network (only a "
+                          "pretraining workdir holds several); leave it out.")
   if "model_type" in raw:
     convert.check_supported(raw)
     vocab_size, load = raw["vocab_size"], convert.load_hf
   else:
     vocab_size = raw["model"]["vocab_size"]
-    load = _finetuned_encoder if workdir.is_finetuned(path) else _pretraining_workdir
+    load = (_finetuned_encoder if workdir.is_finetuned(path) else
+            functools.partial(_pretraining_workdir, network=network))
   tokenizer = tokenizer or checkpoint_tokenizer(path)
   if tokenizer.vocab_size > vocab_size:  # before the weights
     raise CheckpointError(
