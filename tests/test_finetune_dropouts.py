@@ -1,8 +1,8 @@
 """Fine-tuning defaults equal Hugging Face's for every family (`hf.convert.hf_dropouts`,
 `tasks.finetune.load_start`): a bertjax-pretrained checkpoint, saved with its
 pretraining's dropouts, fine-tunes with the dropouts the same weights exported to
-transformers fine-tune with (ModernBERT's training-only `attention_output_dropout` 0.1
-becomes 0)."""
+transformers fine-tune with (BERT, ModernBERT, ELECTRA, DeBERTa; ModernBERT's
+training-only `attention_output_dropout` 0.1 becomes 0)."""
 
 import dataclasses
 
@@ -15,6 +15,7 @@ from bertjax.checkpoint import pretrained as pretrained_lib  # pylint: disable=w
 from bertjax.hf import convert
 from bertjax.tasks import finetune
 from configs.finetune import glue
+from tests.deberta_helpers import hf_deberta
 from tests.electra_helpers import hf_electra
 from tests.helpers import perturb
 from tests.modernbert_helpers import hf_modernbert
@@ -34,6 +35,10 @@ FAMILIES = {
     "electra": (dict(dropout_rate=0.1, attention_dropout_rate=0.1),
                 {"hidden_dropout_prob": "dropout_rate",
                  "attention_probs_dropout_prob": "attention_dropout_rate"}),
+    "deberta": (dict(dropout_rate=0.1, attention_dropout_rate=0.1),
+                {"hidden_dropout_prob": "dropout_rate",
+                 "attention_probs_dropout_prob": "attention_dropout_rate",
+                 "pooler_dropout": "pooler_dropout", "cls_dropout": "cls_dropout"}),
 }
 
 
@@ -42,6 +47,8 @@ def _hf_dir(family: str, directory: str) -> str:
     return hf_modernbert(directory)
   if family == "electra":  # a discriminator, its pretraining dropouts off
     return hf_electra(directory, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+  if family == "deberta":
+    return hf_deberta(directory, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
   tok = fixture_tokenizer(directory)
   config = transformers.BertConfig(vocab_size=400, hidden_size=32, num_hidden_layers=2,
                                    num_attention_heads=2, intermediate_size=64,
