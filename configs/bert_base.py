@@ -52,9 +52,10 @@ def get_config(arg=None):
   # data.masking='span'). Each puts its head on the model: ('mlm',) is RoBERTa's.
   c.objectives = ("mlm", "nsp")
   # Continued pretraining (bertjax/train/continued.py): a bertjax workdir or a Hugging
-  # Face dir (BERT, RoBERTa, XLM-R, ModernBERT) whose encoder and heads the run starts
-  # from (heads it lacks start fresh; the optimizer, schedule and step start afresh; its
-  # tokenizer is used unless data.tokenizer.path is given). The model section must agree
+  # Face dir (BERT, RoBERTa, XLM-R, ModernBERT, ELECTRA, DeBERTa) whose encoder and the
+  # heads of config.objectives the run starts from (heads it lacks start fresh; the
+  # optimizer, schedule and step start afresh; its tokenizer is used unless
+  # data.tokenizer.path is given). The model section must agree
   # with it: configs/continued.py takes it from the checkpoint. '' = random weights.
   c.init_from = ""
   c.vocab_extension = ml_collections.ConfigDict()  # New tokens (with init_from only).

@@ -3,8 +3,8 @@ pretraining: BioBERT and SciBERT from BERT, clinical or legal ModernBERTs): the 
 section is the checkpoint's (`config.init_from`), so it lists only what a run chooses
 (the dtype, the attention path, scan and remat); every other field, dropouts included,
 comes from the checkpoint (bertjax/train/continued.py); the heads trained are
-`config.objectives`'. `arg` picks the family's recipe: 'bert' (BERT, RoBERTa, XLM-R:
-MLM at 15% on packed rows) or 'modernbert' (MLM at 30%, packed rows, StableAdamW, as
+`config.objectives`'. `arg` picks the family's recipe: 'bert' (BERT, RoBERTa, XLM-R,
+ELECTRA, DeBERTa: MLM at 15% on packed rows) or 'modernbert' (MLM at 30%, packed rows, StableAdamW, as
 ModernBERT's authors pretrain). The numbers are a starting point (a short run at a learning rate below the
 checkpoint's peak, decayed linearly), not a paper's recipe. docs/continued_pretraining.md
 runs it on the real MiniLM.

@@ -23,6 +23,8 @@ from bertjax.hf import convert, files
 from bertjax.train import continued, pretrain, state as state_lib
 from configs import continued as continued_config
 from tests import faults
+from tests.deberta_helpers import hf_deberta
+from tests.electra_helpers import hf_electra
 from tests.helpers import perturb
 from tests.modernbert_helpers import hf_modernbert
 
@@ -60,9 +62,21 @@ def _hf_checkpoint(directory, kind: str) -> str:
   return str(directory)
 
 
+class _Checkpoints(dict):
+  """kind -> its tiny Hugging Face checkpoint, made when first asked for."""
+
+  def __init__(self, factory):
+    super().__init__()
+    self.factory = factory
+
+  def __missing__(self, kind):
+    self[kind] = _hf_checkpoint(self.factory.mktemp(kind), kind)
+    return self[kind]
+
+
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
-  return {kind: _hf_checkpoint(tmp_path_factory.mktemp(kind), kind) for kind in KINDS}
+  return _Checkpoints(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
@@ -125,12 +139,12 @@ def test_the_checkpoint_is_loaded_its_missing_heads_start_fresh(checkpoints, cor
   assert "optimizer state, the learning-rate schedule and the step start fresh" in log
 
 
-def test_new_rows_are_the_mean_of_their_pieces_and_padding_is_silent(checkpoints, corpus,
-                                                                      tmp_path):
+def test_new_rows_are_the_mean_of_their_pieces_and_padding_rows_start_low(checkpoints,
+                                                                           corpus, tmp_path):
   """A tokens file adds each domain word as one token; its embedding row and MLM bias
   are the means of the rows of the pieces the old tokenizer split it into; the
-  vocabulary is padded to a multiple of 64, and the padding rows (embedding 0, bias 10
-  below the lowest) take no probability worth counting."""
+  vocabulary is padded to a multiple of 64, the padding rows with embedding 0 and a
+  bias 10 below the lowest (that they take no probability: the export test)."""
   c = cont_config(checkpoints["wordpiece"], corpus)
   c.vocab_extension.tokens_file = _tokens_file(tmp_path)
   start, tokenizer, setup, params = _start(c, str(tmp_path / "run"))
@@ -151,19 +165,16 @@ def test_new_rows_are_the_mean_of_their_pieces_and_padding_is_silent(checkpoints
   assert np.all(emb(params)[pad] == 0)
   bias = params["mlm"]["bias"]
   assert np.allclose(bias[pad], bias[:tokenizer.vocab_size].min() - vocab_rows.PAD_MARGIN)
-  workdir = str(tmp_path / "saved")
-  pretrained_lib.save_workdir(workdir, params, setup.model.config, tokenizer)
-  logits = pretrained_lib.load_pretrained(workdir).logits(TEXTS)["mlm_logits"]
-  probs = np.exp(logits - logits.max(-1, keepdims=True))
-  assert (probs[..., pad].sum(-1) / probs.sum(-1)).max() < 1e-3
 
 
-@pytest.mark.parametrize("kind", list(KINDS))
+@pytest.mark.parametrize("kind", [pytest.param(k, marks=[pytest.mark.slow] if i else [])
+                                  for i, k in enumerate(KINDS)])
 def test_an_extended_model_exports_and_transformers_predicts_as_bertjax(kind, checkpoints,
                                                                         corpus, tmp_path):
   """WordPiece (BERT), byte-level BPE (RoBERTa), SentencePiece (XLM-R): after the
-  extension each domain word is one token; the export writes the extended tokenizer
-  and transformers' AutoTokenizer gives bertjax's ids, its MLM class bertjax's logits."""
+  extension each domain word is one token; the padding rows take no probability worth
+  counting; the export writes the extended tokenizer and transformers' AutoTokenizer
+  gives bertjax's ids, its MLM class bertjax's logits."""
   c = cont_config(checkpoints[kind], corpus)
   c.vocab_extension.tokens_file = _tokens_file(tmp_path)
   _, tokenizer, setup, params = _start(c, str(tmp_path / "run"))
@@ -176,6 +187,9 @@ def test_an_extended_model_exports_and_transformers_predicts_as_bertjax(kind, ch
   batch = transformers.AutoTokenizer.from_pretrained(exported)(TEXTS, padding=True,
                                                                 return_tensors="np")
   logits = ours.logits(TEXTS)
+  probs = np.exp(logits["mlm_logits"] - logits["mlm_logits"].max(-1, keepdims=True))
+  assert probs.shape[-1] > tokenizer.vocab_size  # padded
+  assert (probs[..., tokenizer.vocab_size:].sum(-1) / probs.sum(-1)).max() < 1e-3
   np.testing.assert_array_equal(batch["input_ids"], logits["input_ids"])
   model = transformers.AutoModelForMaskedLM.from_pretrained(exported).eval()
   with torch.no_grad():
@@ -201,6 +215,7 @@ def test_learned_words_are_the_domains_most_useful():
   assert added == words and all(len(extended.tokenize(w)) == 1 for w in words)
 
 
+@pytest.mark.slow
 def test_sigterm_resume_is_bit_exact_and_never_reloads_the_checkpoint(
     checkpoints, corpus, tmp_path, on_train_batch, monkeypatch):
   """A continued run with a tokens file, stopped by SIGTERM before step 3 and rerun,
@@ -227,6 +242,24 @@ def test_sigterm_resume_is_bit_exact_and_never_reloads_the_checkpoint(
   faults.assert_same_arrays(faults.saved_state(stopped), faults.saved_state(reference))
   record = json.load(open(os.path.join(stopped, "init_from.json")))
   assert record["rows"] % 64 == 0 and record["init_from"] == c.init_from
+
+
+def test_a_recorded_run_reopens_without_reading_the_checkpoint(checkpoints, corpus, tmp_path,
+                                                                monkeypatch):
+  """A new run records its start (WORKDIR/init_from.json: the checkpoint's model, the
+  padded rows); reopened, it takes its model section from the record and reads no
+  weights of init_from (the trainer then restores its own checkpoint: the SIGTERM
+  test)."""
+  c = cont_config(checkpoints["wordpiece"], corpus)
+  c.vocab_extension.tokens_file = _tokens_file(tmp_path)
+  workdir = str(tmp_path / "run")
+  start = continued.open_run(c, workdir)
+  os.makedirs(workdir)
+  first = start.finish(start.new_tokenizer(), workdir)
+  monkeypatch.setattr(continued, "load_pretrained", lambda *a, **k: pytest.fail("read"))
+  again = continued.open_run(c, workdir)
+  assert again.record["rows"] == first.model.vocab_size == again.config.model.vocab_size
+  assert again.config.to_dict() == first.to_dict()
 
 
 def _bad(checkpoints, corpus, tmp_path, case):
@@ -281,22 +314,61 @@ def test_a_workdir_of_another_run_is_refused(checkpoints, corpus, tmp_path):
     continued.open_run(cont_config(checkpoints["wordpiece"], corpus), str(workdir))
 
 
-def test_a_modernbert_and_a_bertjax_workdir_continue(corpus, tmp_path, caplog):
-  """configs/continued.py:modernbert from a Hugging Face ModernBERT: its encoder and MLM
-  head loaded, the authors' attention output dropout on, two steps trained; the
-  workdir it leaves continues in turn (init_from a bertjax workdir) from its weights."""
-  c = cont_config(hf_modernbert(str(tmp_path / "hf")), corpus, num_steps=2, eval_every=2)
+def _modernbert_config(corpus, directory):
+  """configs/continued.py:modernbert's model and masking from a Hugging Face ModernBERT,
+  tiny."""
+  c = cont_config(hf_modernbert(directory), corpus, num_steps=2, eval_every=2)
   c_mb = continued_config.get_config("modernbert")
   c.model, c.data.masked_lm_prob_phases = c_mb.model, c_mb.data.masked_lm_prob_phases
   c.model.dtype = "float32"
   c.data.max_seq_length, c.data.max_predictions_per_seq = 32, 10
+  return c
+
+
+# family -> (a tiny Hugging Face checkpoint of it in a directory, the modules a run of
+# ('mlm',) initialises fresh, those of the checkpoint it leaves untrained).
+FAMILIES = {
+    "modernbert": (hf_modernbert, "nothing", "nothing"),
+    "deberta": (hf_deberta, "nothing", "nothing"),
+    "electra": (hf_electra, "mlm", "rtd"),  # a discriminator: no MLM head
+}
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_every_family_continues_from_its_hugging_face_checkpoint(family, corpus, tmp_path,
+                                                                 caplog):
+  """ModernBERT (configs/continued.py:modernbert: the authors' attention output dropout
+  on), DeBERTa-v3 (its checkpoint's 7 unused vocabulary rows kept) and an ELECTRA
+  discriminator: the model section is the checkpoint's, its encoder and the MLM head
+  where it has one are its weights; what starts fresh and what is left is logged."""
+  make, fresh, left = FAMILIES[family]
+  directory = make(str(tmp_path / "hf"))
+  if family == "modernbert":
+    c = _modernbert_config(corpus, directory)
+  else:
+    c = cont_config(directory, corpus)
+    c.data.max_seq_length, c.data.max_predictions_per_seq = 32, 5
   caplog.set_level("INFO")
-  _, _, setup, params = _start(c, str(tmp_path / "start"))
-  theirs = pretrained_lib.load_pretrained(c.init_from).params
-  jax.tree.map(np.testing.assert_array_equal, theirs, params)
-  assert setup.model.config.family == "modernbert"
-  assert setup.model.config.attention_output_dropout == 0.1
-  assert "initialised fresh: nothing" in caplog.text
+  _, tokenizer, setup, params = _start(c, str(tmp_path / "start"))
+  theirs = pretrained_lib.load_pretrained(directory)
+  model = setup.model.config
+  assert model.family == family and model.hidden_size == theirs.config.hidden_size
+  assert model.vocab_size == theirs.config.vocab_size >= tokenizer.vocab_size
+  for name in theirs.params:
+    if name in params:
+      jax.tree.map(np.testing.assert_array_equal, theirs.params[name], params[name])
+  assert f"initialised fresh: {fresh}; in the checkpoint but not trained: {left}." in (
+      caplog.text)
+  if family == "modernbert":
+    assert model.attention_output_dropout == 0.1
+
+
+@pytest.mark.slow
+def test_a_modernbert_and_a_bertjax_workdir_continue(corpus, tmp_path):
+  """configs/continued.py:modernbert from a Hugging Face ModernBERT, two steps trained;
+  the workdir it leaves continues in turn (init_from a bertjax workdir) from its
+  weights."""
+  c = _modernbert_config(corpus, str(tmp_path / "hf"))
   first = str(tmp_path / "first")
   pretrain.run(c, first)
   trained = faults.saved_state(first)["params"]
@@ -305,6 +377,7 @@ def test_a_modernbert_and_a_bertjax_workdir_continue(corpus, tmp_path, caplog):
   jax.tree.map(np.testing.assert_array_equal, trained, again)
 
 
+@pytest.mark.slow
 def test_a_hugging_face_loop_continues_the_same_way(checkpoints, corpus, tmp_path):
   """`benchmark continued_hf`: from a continued run's workdir (vocabulary extended),
   the rebuilt start exported to transformers gives the run's held-out figures at step

@@ -11,8 +11,10 @@ weights (`bertjax.train.pretrain.run` calls `open_run`, then the `Start` it retu
   except the run's own choices, which the config sets: `TRAINING_FIELDS`, every
   dropout and the family's own heads. configs/continued.py gives only those. The
   heads the run trains are those of `config.objectives` (`bertjax.objectives`: 'nsp'
-  puts BERT's NSP head on, whether the checkpoint has one or not); a config without
-  `config.objectives` keeps the checkpoint's.
+  puts BERT's NSP head on, whether the checkpoint has one or not; an ELECTRA
+  discriminator's 'rtd' head, which no objective reads yet, is left out unless
+  config.model.rtd says otherwise); a config without `config.objectives` keeps the
+  checkpoint's.
 - The weights: the encoder and every head of the run the checkpoint has (MLM, NSP,
   ...); the heads it lacks start fresh from `config.seed`, named in the log, as do the
   optimizer state, the learning-rate schedule and the step (its heads the run does not
@@ -41,7 +43,7 @@ import numpy as np
 from absl import logging
 from etils import epath
 
-from bertjax import model as model_lib, objectives as objectives_lib
+from bertjax import model as model_lib
 from bertjax.checkpoint import files, vocab_rows
 from bertjax.checkpoint.pretrained import (Pretrained, checkpoint_family, checkpoint_tokenizer,
                                            load_pretrained)
@@ -103,9 +105,8 @@ def with_model(config: ml_collections.ConfigDict, checkpoint: Any, rows: int
         f"config.model.{k}={v!r} but {source} holds {k}={theirs[k]!r}: set --config.model."
         f"{k}={theirs[k]!r}, or take the model section from the checkpoint "
         "(--config=configs/continued.py).")
-  if "objectives" in config:  # They choose the heads (the booleans are set from them).
-    by_objectives = {h for o in objectives_lib.REGISTRY.values() for h in o.heads}
-    theirs = {k: v for k, v in theirs.items() if k not in by_objectives}
+  if "objectives" in config:  # They choose the heads: none rides along unread.
+    theirs = {k: v for k, v in theirs.items() if k not in {h.name for h in family.heads}}
   merged = {**theirs, **{k: v for k, v in given.items() if k in training or k not in theirs},
             "vocab_size": rows}
   out = ml_collections.ConfigDict(config.to_dict())
@@ -121,7 +122,8 @@ def _check_family(config, family: str) -> None:
     raise ConfigError(
         f"config.model.family={name!r} but config.init_from={config.init_from} holds a "
         f"{family!r} model: set --config.model.family={family}, or use --config=configs/"
-        f"continued.py:{family}, whose model section is the checkpoint's.")
+        f"continued.py{':modernbert' if family == 'modernbert' else ''}, whose model "
+        "section is the checkpoint's.")
 
 
 def _sentences(config) -> list[str]:
