@@ -17,7 +17,7 @@ transformers = pytest.importorskip("transformers")
 
 from bertjax.checkpoint import pretrained as pretrained_lib  # pylint: disable=wrong-import-position
 from bertjax.checkpoint import vocab_rows
-from bertjax.data import pipeline, sources, tokenizer as tok_lib, vocab_extension
+from bertjax.data import manifest, pipeline, prepare, sources, tokenizer as tok_lib, vocab_extension
 from bertjax.errors import BertjaxError, CheckpointError, ConfigError, DataError
 from bertjax.hf import convert, files
 from bertjax.train import continued, pretrain, state as state_lib
@@ -402,3 +402,43 @@ def test_a_hugging_face_loop_continues_the_same_way(checkpoints, corpus, tmp_pat
     np.testing.assert_allclose(hf["start"][k], ours["start"][k], rtol=1e-4, err_msg=k)
     np.testing.assert_allclose(hf["end"][k], ours["end"][k], rtol=2e-3, err_msg=k)
   assert hf["end"]["mlm_loss"] < hf["start"]["mlm_loss"]
+
+
+def test_prepare_tokenizes_with_the_extended_checkpoint_tokenizer(checkpoints, corpus,
+                                                                 tmp_path):
+  """`prepare --config` of a continued config tokenizes with the run's tokenizer: the
+  checkpoint's, extended by the config's tokens file (the same ids a run makes); the
+  run given that prepared tokenizer with the extension still on is a one-line error."""
+  c = cont_config(checkpoints["wordpiece"], corpus)
+  c.vocab_extension.tokens_file = _tokens_file(tmp_path)
+  made = tok_lib.load_tokenizer(prepare._continued_tokenizer(c, None, str(tmp_path)))
+  start = continued.open_run(c, str(tmp_path / "run"))
+  assert manifest.fingerprint(made) == manifest.fingerprint(start.new_tokenizer())
+  assert all(len(made.tokenize(w)) == 1 for w in WORDS)
+  c.data.tokenizer.path = str(tmp_path / "tokenizer")
+  with pytest.raises(ConfigError, match="already extends config.init_from's tokenizer "
+                     r"\(5 more ids.*drop config.vocab_extension") as e:
+    continued.open_run(c, str(tmp_path / "run2")).new_tokenizer()
+  assert "\n" not in str(e.value)
+
+
+@pytest.mark.slow
+def test_a_continued_run_reads_the_corpus_prepared_for_it(checkpoints, corpus, tmp_path):
+  """`prepare --config` with init_from and a tokens file, then the run with the flags it
+  prints: the run reads the prepared examples with the prepared (extended) tokenizer,
+  its vocabulary rows padded past it."""
+  c = cont_config(checkpoints["wordpiece"], corpus, num_steps=2, eval_every=2)
+  c.vocab_extension.tokens_file = _tokens_file(tmp_path)
+  out = str(tmp_path / "prepared")
+  lines = list(prepare.prepare_config(c, input_spec=None, tokenizer_path=None,
+                                      output=out, workers=1))
+  assert lines[-1] == (f"train with --config.data.corpus={out} --config.data.tokenizer.path="
+                       f"{out}/tokenizer --config.vocab_extension.tokens_file='' "
+                       "--config.vocab_extension.num_new_tokens=0")
+  c.data.corpus, c.data.tokenizer.path = out, f"{out}/tokenizer"
+  c.vocab_extension.tokens_file = ""
+  run = str(tmp_path / "run")
+  assert pretrain.run(c, run)["mlm_loss"] > 0
+  record = json.load(open(os.path.join(run, "init_from.json")))
+  assert record["tokenizer_size"] == tok_lib.load_tokenizer(f"{out}/tokenizer").vocab_size
+  assert record["rows"] % 64 == 0 and record["rows"] > record["tokenizer_size"]

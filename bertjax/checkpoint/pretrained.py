@@ -24,7 +24,8 @@ import numpy as np
 
 from bertjax.checkpoint import files, workdir
 from bertjax.checkpoint.manager import Checkpointer
-from bertjax.data.tokenizer import Tokenizer, load_tokenizer
+from bertjax.data import vocab_extension
+from bertjax.data.tokenizer import Tokenizer
 from bertjax.errors import CheckpointError, DataError
 from bertjax import model as model_lib
 from bertjax.hf import convert
@@ -180,9 +181,8 @@ def checkpoint_tokenizer(path: str) -> Tokenizer:
   """The tokenizer files of what `load_pretrained(path)` reads (a Hugging Face dir's,
   a workdir's tokenizer/), or the one-line error of their absence."""
   path = os.fspath(path)
-  if "model_type" in _config_json(path):
-    return load_tokenizer(path)
-  return workdir.load_tokenizer(path)
+  _config_json(path)  # a checkpoint
+  return vocab_extension.checkpoint_tokenizer(path)
 
 
 def load_pretrained(path: str, dtype: str = "float32", network: str | None = None,

@@ -17,12 +17,19 @@ Words come from a file (`read_tokens_file`) or are learned from a corpus
 (`learn_words`): a tokenizer of the same kind trained on the domain by
 `tokenizer.train_tokenizer` proposes its word-start tokens, ranked by the tokens they
 save (occurrences in the domain times the old tokenizer's extra pieces).
+
+`run_tokenizer(config, given)` is what a continued run's config (`config.init_from`,
+`config.vocab_extension`) tokenizes with: the continued run
+(`bertjax.train.continued`) and `prepare --config` both make it.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from typing import Sequence
+
+import ml_collections
 
 import numpy as np
 import sentencepiece as spm
@@ -30,8 +37,8 @@ import tokenizers
 from etils import epath
 from sentencepiece import sentencepiece_model_pb2
 
-from bertjax.data import tokenizer as tok_lib
-from bertjax.errors import DataError
+from bertjax.data import mixture, tokenizer as tok_lib
+from bertjax.errors import ConfigError, DataError
 
 KINDS = ("wordpiece", "byte_level_bpe", "sentencepiece")
 _DOMAIN_VOCAB = 32768  # the ids of the domain tokenizer that proposes words (at most)
@@ -239,3 +246,63 @@ def row_sources(old: tok_lib.Tokenizer, new: tok_lib.Tokenizer) -> list[tuple[in
 def padded_size(size: int, multiple: int) -> int:
   """`size` rounded up to a multiple of `multiple` (<= 1: unchanged)."""
   return -(-size // multiple) * multiple if multiple > 1 else size
+
+
+def extending(config) -> bool:
+  """Whether `config.vocab_extension` adds tokens."""
+  v = config.vocab_extension
+  return bool(v.tokens_file or v.num_new_tokens)
+
+
+def checkpoint_tokenizer(path: str) -> tok_lib.Tokenizer:
+  """The tokenizer files of checkpoint `path`: a Hugging Face dir's (its config.json
+  names a model_type), else a bertjax workdir's tokenizer/; a one-line DataError when
+  it holds none."""
+  config_file = epath.Path(path) / "config.json"
+  hf = config_file.exists() and "model_type" in json.loads(config_file.read_text())
+  directory = path if hf else os.path.join(path, "tokenizer")
+  if not hf and not epath.Path(directory).is_dir():
+    raise DataError(f"{path} has no tokenizer/ directory (a bertjax workdir's) nor a "
+                    "Hugging Face config.json: give the tokenizer the checkpoint was "
+                    "trained with as config.data.tokenizer.path.")
+  return tok_lib.load_tokenizer(directory)
+
+
+def _sentences(config) -> list[str]:
+  """The sentences new tokens are learned from: `vocab_extension.corpus` (a source of
+  the run's mixture by name, or a corpus spec), '' the run's corpus."""
+  spec = config.vocab_extension.corpus
+  named = {s.name: s.spec for s in mixture.sources_of(config.data)}
+  data = ml_collections.ConfigDict(config.data.to_dict())
+  if spec:
+    data.corpus, data.languages = named.get(spec, spec), ""
+  return mixture.tokenizer_sentences(data, config.seed)
+
+
+def run_tokenizer(config, base: tok_lib.Tokenizer
+                  ) -> tuple[tok_lib.Tokenizer, list[str], list[str]]:
+  """`base` (the checkpoint's tokenizer, or config.data.tokenizer.path's) extended as
+  `config.vocab_extension` says: (the tokenizer, the words asked for, the entries
+  added). A one-line ConfigError when config.data.tokenizer.path already extends the
+  checkpoint's (a prepared corpus's tokenizer: extended when it was prepared)."""
+  if not extending(config):
+    return base, [], []
+  if config.data.tokenizer.path:
+    try:
+      own = checkpoint_tokenizer(config.init_from)
+    except (DataError, OSError):
+      own = None
+    if own is not None and base.vocab_size > own.vocab_size:
+      raise ConfigError(
+          f"config.data.tokenizer.path={config.data.tokenizer.path} already extends "
+          f"config.init_from's tokenizer ({base.vocab_size - own.vocab_size} more ids; a "
+          "prepared corpus's is extended when prepared): drop config.vocab_extension "
+          "(--config.vocab_extension.tokens_file='' "
+          "--config.vocab_extension.num_new_tokens=0).")
+  v = config.vocab_extension
+  if v.tokens_file:
+    words = read_tokens_file(v.tokens_file)
+  else:
+    words = learn_words(base, _sentences(config), v.num_new_tokens)
+  extended, added = extend(base, words)
+  return extended, words, added

@@ -47,7 +47,7 @@ from bertjax import model as model_lib
 from bertjax.checkpoint import files, vocab_rows
 from bertjax.checkpoint.pretrained import (Pretrained, checkpoint_family, checkpoint_tokenizer,
                                            load_pretrained)
-from bertjax.data import mixture, vocab_extension
+from bertjax.data import vocab_extension
 from bertjax.data import tokenizer as tok_lib
 from bertjax.errors import BertjaxError, CheckpointError, ConfigError, at_least
 
@@ -58,12 +58,6 @@ TRAINING_FIELDS = ("dtype", "param_dtype", "attention_impl", "scan_layers", "rem
                    "global_rope_theta_phases")
 
 
-def extending(config) -> bool:
-  """Whether `config.vocab_extension` adds tokens."""
-  v = config.vocab_extension
-  return bool(v.tokens_file or v.num_new_tokens)
-
-
 def check_config(config) -> None:
   """`config.vocab_extension` in range, and only with `config.init_from`."""
   v = config.vocab_extension
@@ -72,7 +66,7 @@ def check_config(config) -> None:
   if v.tokens_file and v.num_new_tokens:
     raise ConfigError("config.vocab_extension.tokens_file and num_new_tokens both name new "
                       "tokens: set one of them.")
-  if extending(config) and not config.init_from:
+  if vocab_extension.extending(config) and not config.init_from:
     raise ConfigError("config.vocab_extension extends a checkpoint's vocabulary: set "
                       "config.init_from (a bertjax workdir or a Hugging Face dir).")
 
@@ -124,17 +118,6 @@ def _check_family(config, family: str) -> None:
         f"{family!r} model: set --config.model.family={family}, or use --config=configs/"
         f"continued.py{':modernbert' if family == 'modernbert' else ''}, whose model "
         "section is the checkpoint's.")
-
-
-def _sentences(config) -> list[str]:
-  """The sentences new tokens are learned from: `vocab_extension.corpus` (a source of
-  the run's mixture by name, or a corpus spec), '' the run's corpus."""
-  spec = config.vocab_extension.corpus
-  named = {s.name: s.spec for s in mixture.sources_of(config.data)}
-  data = ml_collections.ConfigDict(config.data.to_dict())
-  if spec:
-    data.corpus, data.languages = named.get(spec, spec), ""
-  return mixture.tokenizer_sentences(data, config.seed)
 
 
 def _info(msg: str, *args) -> None:
@@ -202,18 +185,12 @@ class Start:
     `config.vocab_extension` says."""
     self.loaded()
     tokenizer = self._base
-    if not extending(self.config):
-      return tokenizer
-    v = self.config.vocab_extension
-    if v.tokens_file:
-      words = vocab_extension.read_tokens_file(v.tokens_file)
-    else:
-      words = vocab_extension.learn_words(tokenizer, _sentences(self.config), v.num_new_tokens)
-    extended, added = vocab_extension.extend(tokenizer, words)
-    _info("Vocabulary extension: %d of %d words added (%s%s); %d new ids in all, %d -> %d "
-          "tokens.", len(added), len(words), ", ".join(added[:12]),
-          ", ..." if len(added) > 12 else "", extended.vocab_size - tokenizer.vocab_size,
-          tokenizer.vocab_size, extended.vocab_size)
+    extended, words, added = vocab_extension.run_tokenizer(self.config, tokenizer)
+    if words:
+      _info("Vocabulary extension: %d of %d words added (%s%s); %d new ids in all, %d -> "
+            "%d tokens.", len(added), len(words), ", ".join(added[:12]),
+            ", ..." if len(added) > 12 else "", extended.vocab_size - tokenizer.vocab_size,
+            tokenizer.vocab_size, extended.vocab_size)
     return extended
 
   def finish(self, tokenizer: tok_lib.Tokenizer, workdir: str) -> ml_collections.ConfigDict:
@@ -223,7 +200,7 @@ class Start:
     ckpt_rows = self.checkpoint_model.vocab_size
     if self.record is not None:
       rows = self.record["rows"]
-    elif extending(self.config) or tokenizer.vocab_size > ckpt_rows:
+    elif vocab_extension.extending(self.config) or tokenizer.vocab_size > ckpt_rows:
       rows = vocab_extension.padded_size(max(ckpt_rows, tokenizer.vocab_size),
                                          self.config.vocab_extension.pad_to_multiple)
     else:
