@@ -57,9 +57,11 @@ def _ours(cfg, params, head, scan, ids, mask, **inputs):
   cfg = el.ElectraConfig.from_config({**cfg.to_dict(), "scan_layers": scan})
   model = el.FAMILY.pretraining(cfg, (head,))
   params = el.FAMILY.to_layout(params, scan)
-  hidden = model.apply({"params": params}, ids, mask, method=lambda m, *a: m.encoder(
-      *a, output_hidden_states=True, **inputs))["hidden_states"]
-  logits = model.apply({"params": params}, ids, mask, **inputs)[f"{head}_logits"]
+  # Jitted: one compiled program each, not an eager dispatch of every op.
+  hidden = jax.jit(lambda p, i: model.apply({"params": p}, ids, mask, method=lambda m, *a: (
+      m.encoder(*a, output_hidden_states=True, **i))))(params, inputs)["hidden_states"]
+  logits = jax.jit(lambda p, i: model.apply({"params": p}, ids, mask, **i))(
+      params, inputs)[f"{head}_logits"]
   return np.asarray(hidden), np.asarray(logits)
 
 
