@@ -14,6 +14,7 @@ from typing import Sequence
 import numpy as np
 
 from bertjax.data import manifest, sources
+from bertjax.data import tokenizer as tok_lib
 from bertjax.errors import ConfigError, DataError
 
 # What n_i of eq. 11.7 counts (config.data.language_counts).
@@ -91,9 +92,10 @@ def tokenizer_sentences(data_cfg, seed: int) -> list[str]:
       raise DataError(f"corpus {spec!r} is prepared (tokenized): give the tokenizer it "
                       f"was prepared with, --config.data.tokenizer.path={spec}/tokenizer")
   if not languages:
-    return [s for d in sources.load_documents(data_cfg.corpus, field) for s in d]
-  per_language = [[s for d in sources.load_documents(spec, field) for s in d]
-                  for _, spec in languages]
+    return [s for d in sources.load_documents(data_cfg.corpus, field)
+            for s in tok_lib.running_text(d)]
+  per_language = [[s for d in sources.load_documents(spec, field)
+                   for s in tok_lib.running_text(d)] for _, spec in languages]
   return sample_sentences(per_language, data_cfg.language_alpha,
                           sum(map(len, per_language)), np.random.default_rng(seed),
                           language_counts(data_cfg))
