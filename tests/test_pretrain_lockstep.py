@@ -13,7 +13,13 @@ pipeline on a slice of the embedded corpus), step by step:
   StableAdamW as the authors build it (fully decoupled weight decay off biases and
   norms, no clipping), their schedules (warm-up, held, a restart at a lower peak with
   a new weight decay, then 1-sqrt to alpha_f);
-- ModernBERT, packed rows (FULL-SENTENCES, documents isolated).
+- ModernBERT, packed rows (FULL-SENTENCES, documents isolated);
+- ModernBERT, the one-run recipe (configs/modernbert_base.py's pieces, packed rows):
+  rows of 16 tokens then 32 with the batch sized by tokens (16 rows, then 8) after a
+  batch-size warm-up (8 rows of 16 for 4 steps), the global layers' rope theta 10k
+  then 160k (transformers' inverse frequencies set to the phase's theta, as the
+  authors' context-extension run starts with the new theta), the restart at the
+  second phase's first step, masking at 30% in training.
 
 Packed rows with documents isolated reach transformers as what they mean: each
 document of a row its own row (its tokens, the labels at its masked positions), so
@@ -51,7 +57,9 @@ pytest.importorskip("optimi")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 36
 LR = 3e-3  # Peak learning rate of both families' runs.
-RUNS = ("bert/padded", "bert/packed", "modernbert/padded", "modernbert/packed")
+RUNS = ("bert/padded", "bert/packed", "modernbert/padded", "modernbert/packed",
+        "modernbert/recipe")
+THETAS = (10_000.0, 160_000.0)  # The recipe run's global rope theta in each length phase.
 SENTENCES = 900  # Of the embedded corpus: enough rows for 36 batches of 8.
 
 
@@ -112,7 +120,28 @@ def run_config(run: str, directory: str):
   c.train.decouple_lr = True
   c.train.b1, c.train.b2, c.train.eps = 0.9, 0.98, 1e-6
   c.train.max_grad_norm = 0.0
+  if layout == "recipe":
+    c.data.isolate_documents = True
+    c.data.packing = "full_sentences"
+    c.data.max_predictions_per_seq = 5  # 15% of 32 (held-out rows) ...
+    c.data.masked_lm_prob = 0.15
+    c.data.masked_lm_prob_phases = ((1.0, 0.3),)  # ... training at 30%.
+    c.data.length_phases = ((0.5, 16), (0.5, 32))
+    c.model.global_rope_theta_phases = THETAS
+    c.model.global_rope_theta = THETAS[-1]
+    c.train.batch_by_tokens = True
+    c.train.batch_warmup_tokens, c.train.batch_warmup_sizes = 512, 1
   return c
+
+
+def set_global_theta(hf, theta: float) -> None:
+  """transformers' ModernBERT with its global layers' rotary base set to `theta` (its
+  inverse frequencies recomputed as its rotary module computes them)."""
+  rotary = hf.model.rotary_emb
+  rotary.config.rope_parameters["full_attention"]["rope_theta"] = theta
+  inv_freq, _ = rotary.compute_default_rope_parameters(rotary.config,
+                                                       layer_type="full_attention")
+  rotary.full_attention_inv_freq.copy_(inv_freq)
 
 
 def hf_batch(batch: dict[str, np.ndarray], pad_id: int, nsp: bool) -> dict:
@@ -190,11 +219,17 @@ def lockstep(run: str, steps: int = STEPS) -> dict:
   assert not unexpected and set(hf_params) <= set(start), (missing, unexpected)
   ref = hf_reference.pretraining_optimizer(hf, c.train)
   out = {"loss": [], "hf_loss": [], "lr": [], "hf_lr": [], "param_diff": [],
-         "update_diff": [], "moved_diff": [], "predictions": [], "documents": []}
+         "update_diff": [], "moved_diff": [], "predictions": [], "documents": [],
+         "shapes": [], "rows": []}
   before_ours = {k: start[k] for k in hf_params}
   before_hf = {k: p.detach().numpy().copy() for k, p in hf_params.items()}
   for step in range(steps):
     batch = next(stream)
+    if run.endswith("recipe"):  # The length phase's theta, on both sides.
+      theta = THETAS[batch["input_ids"].shape[1] == c.data.max_seq_length]
+      np.testing.assert_array_equal(batch["global_rope_theta"], theta)
+      set_global_theta(hf, theta)
+      out["shapes"].append(list(batch["input_ids"].shape))
     inputs = hf_batch(batch, tokenizer.pad_id, cfg.nsp if cfg.family == "bert" else None)
     out["hf_lr"].append(ref.opt.param_groups[0]["lr"])
     with jax.set_mesh(setup.mesh), nn.logical_axis_rules(setup.rules):
@@ -206,6 +241,7 @@ def lockstep(run: str, steps: int = STEPS) -> dict:
     out["lr"].append(float(metrics["learning_rate"]))
     out["predictions"].append(int(batch["masked_lm_weights"].sum()))
     out["documents"].append(len(inputs["input_ids"]))
+    out["rows"].append(len(batch["input_ids"]))
     ours = exported(state.params)
     worst, d_update, n_update, d_moved, n_moved = (0.0, ""), 0.0, 0.0, 0.0, 0.0
     for k, p in hf_params.items():
@@ -284,11 +320,14 @@ def test_the_runs_exercise_what_they_claim(runs):
   the ModernBERT schedule restarts at half the peak and decays to 0.001 of it."""
   for run in RUNS:
     r = result(runs, run)
-    several = any(d > 8 for d in r["documents"])
-    assert several == run.endswith("packed"), run
+    several = any(d > rows for d, rows in zip(r["documents"], r["rows"]))
+    assert several == (not run.endswith("padded")), run
   lr = result(runs, "modernbert/packed")["hf_lr"]
   assert max(lr) == pytest.approx(LR) and lr[18:27] == [pytest.approx(LR / 2)] * 9
   assert lr[-1] < LR / 2 * 0.2
+  # The recipe: warm-up batches of 8 rows of 16, then 16 rows of 16, then 8 of 32.
+  shapes = result(runs, "modernbert/recipe")["shapes"]
+  assert shapes == [[8, 16]] * 4 + [[16, 16]] * 14 + [[8, 32]] * 18
 
 
 def summary(runs: dict) -> list[str]:
