@@ -240,6 +240,9 @@ def hf_loop(config, train_path: str, tokenizer_dir: str, seed: int, out_dir: str
     batch["attention_mask"] = torch.ones_like(batch["input_ids"])
     losses.append(hf_reference.train_step(model, dict(batch), ref.opt, ref.schedule,
                                           ref.max_grad_norm))
+    if (step + 1) % 100 == 0:
+      print(f"step {step + 1}: loss {np.mean(losses[-100:]):.4f}, "
+            f"{time.time() - t_model:.0f} s", file=sys.stderr, flush=True)
   t_steps = time.time()
   model.save_pretrained(out_dir)
   return {"data_s": t_data - t0, "model_s": t_model - t_data, "steps_s": t_steps - t_model,
@@ -442,9 +445,13 @@ def main(argv) -> None:
                f"--seed={seed}", f"--steps={f.steps}",
                f"--torch_threads={f.torch_threads}"]
         start, load = time.time(), os.getloadavg()[0]
-        done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        log = os.path.join(directory, f"{arm}_seed{seed}.log")  # The run's stderr.
+        with open(log, "w") as err:
+          done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=err, text=True,
+                                check=False)
         if done.returncode:
-          raise SystemExit(f"{key} failed:\n{done.stderr[-3000:]}")
+          with open(log) as err:
+            raise SystemExit(f"{key} failed:\n{err.read()[-3000:]}")
         (line,) = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")]
         run = json.loads(line[len("RESULT "):])
         run.update(wall_s=time.time() - start, load=load,
