@@ -78,8 +78,14 @@ def get_config(arg=None):
   c.model.param_dtype = "float32"  # Master-weight dtype (keep float32).
 
   c.data = ml_collections.ConfigDict()
-  c.data.corpus = ""  # 'embedded' (ships with Python) or a path / glob / directory.
-  c.data.text_field = "text"  # JSON-lines and TFDS corpora: the key holding the text.
+  # 'embedded' (ships with Python), or a path / glob / directory, local or gs://, of
+  # text, JSON lines (.gz, .zst: Dolma), Parquet (FineWeb, DCLM), Arrow or a `datasets`
+  # save_to_disk directory; or tfds:NAME; or a prepared directory. A weighted mixture:
+  # 'NAME:WEIGHT=SPEC,...', e.g. 'general:0.3=/data/fineweb,domain:0.7=/data/notes'
+  # (sources interleaved by weight, evaluated each on its own: eval/NAME/...).
+  c.data.corpus = ""
+  # The key (JSON lines, TFDS) or column (Parquet, Arrow) holding the text.
+  c.data.text_field = "text"
   c.data.max_seq_length = 512  # Tokens per example, [CLS] and [SEP]s included.
   c.data.max_predictions_per_seq = 80  # Masked positions gathered per example.
   c.data.masked_lm_prob = 0.15  # Fraction of tokens chosen for prediction.
@@ -114,7 +120,9 @@ def get_config(arg=None):
   # predictions scale with the length unless given (80 at 512 -> 20 at 128). The paper:
   # 90% of the steps at 128, then 512. () trains at max_seq_length throughout.
   c.data.length_phases = ((0.9, 128), (0.1, 512))
-  c.data.languages = ""  # Multilingual: 'en=/data/en/*.txt,sw=/data/sw/*.txt' (no corpus).
+  # Multilingual: 'en=/data/en/*.txt,sw=/data/sw/*.txt' (corpus ''), sampled with
+  # language_alpha below, or 'en:0.6=...,sw:0.4=...' with weights of your own.
+  c.data.languages = ""
   c.data.language_alpha = 0.3  # Languages sampled with q_i ~ p_i^alpha (XLM-R: 0.3).
   # p_i = n_i / sum_j n_j of eq. 11.7 counts each language's 'sentences' (the
   # textbook's n_i), or its 'tokens' or 'characters' (tokenizer text and batches alike).
@@ -175,7 +183,11 @@ def get_config(arg=None):
   c.train.max_grad_norm = 1.0  # Global-norm clipping; 0 disables.
   c.train.log_every = 100  # Steps between metric logs (the only host syncs).
   c.train.eval_every = 10_000  # Steps between held-out evaluations.
-  c.train.eval_batches = 50  # Held-out batches per evaluation (0: all).
+  c.train.eval_batches = 50  # Held-out batches per evaluation and source (0: all).
+  # Held-out evaluation runs at the current length phase's length and inputs (rope
+  # theta): the model being trained. True: during an earlier phase, also at the final
+  # phase's, logged as eval_final/... (the curve of the model the run ends with).
+  c.train.eval_final_length = False
   c.train.checkpoint_every = 10_000  # Steps between checkpoints.
   c.train.max_to_keep = 3  # Checkpoints kept in the workdir.
   # Skip the update (parameters and optimizer state, its step count included, stay as

@@ -19,7 +19,8 @@ import pytest
 
 from bertjax.errors import ConfigError
 from bertjax.model import attention as attn
-from bertjax.model.config import ModelConfig, default_dtype, dtype_of
+from bertjax.model.bert import ModelConfig
+from bertjax.model.config import default_dtype, dtype_of
 
 B, T, N, D = 2, 384, 2, 16
 WINDOW = 40  # Tiles of 128 (forward) and 32 (backward): key tiles are skipped.
@@ -121,6 +122,71 @@ def test_attention_dropout_only_on_xla():
     with pytest.raises(ConfigError, match="attention_dropout_rate=0.0"):
       attn.attention(q, k, v, padding, impl=impl, dropout_rate=0.1,
                      dropout_rng=jax.random.key(1))
+
+
+def _biased_by_hand(q, k, v, padding, segments, window, bias):
+  """softmax(Q K^T / sqrt(D) + bias) V in float64, query i seeing key j iff j is real,
+  of i's document and within the window: [B, T, N, D]."""
+  q, k, v, bias = (np.asarray(t, np.float64) for t in (q, k, v, bias))
+  T = q.shape[1]
+  scores = np.einsum("bind,bjnd->bnij", q, k) / np.sqrt(q.shape[-1]) + bias
+  i, j = np.arange(T)[:, None], np.arange(T)[None, :]
+  seen = np.asarray(padding, bool)[:, None, None, :] & (np.abs(i - j) <= window)
+  if segments is not None:
+    seg = np.asarray(segments)
+    seen = seen & (seg[:, None, :, None] == seg[:, None, None, :])
+  scores = np.where(seen, scores, -np.inf)
+  with np.errstate(invalid="ignore"):  # padding queries that see no key: NaN, unread
+    p = np.exp(scores - scores.max(-1, keepdims=True))
+    return np.einsum("bnij,bjnd->bind", p / p.sum(-1, keepdims=True), v)
+
+
+@pytest.mark.parametrize("bias_batch,bias_heads", [(2, 2), (1, 2), (2, 1)])
+def test_score_bias_is_added_to_the_scaled_scores(bias_batch, bias_heads):
+  """attention(..., bias) is softmax(Q K^T / sqrt(D) + bias) V written out by hand, on
+  padded rows of three documents within a window, for a bias [B or 1, N or 1, T, T];
+  the dropout path (at a vanishing rate) adds the same bias."""
+  b, t, n, d = 2, 24, 2, 8
+  keys = jax.random.split(jax.random.key(3), 4)
+  q, k, v = (jax.random.normal(key, (b, t, n, d)) for key in keys[:3])
+  bias = 3.0 * jax.random.normal(keys[3], (bias_batch, bias_heads, t, t))
+  padding = (jnp.arange(t)[None] < jnp.array([[t], [17]])).astype(jnp.int32)
+  segments = jnp.broadcast_to(jnp.arange(t) // 8, (b, t))
+  want = _biased_by_hand(q, k, v, padding, segments, 5, bias)
+  real = np.asarray(padding, bool)
+  got = attn.attention(q, k, v, padding, segments, window=5, bias=bias, impl="xla")
+  np.testing.assert_allclose(np.asarray(got)[real], want[real], atol=1e-5)
+  dropped = attn.attention(q, k, v, padding, segments, window=5, bias=bias, impl="xla",
+                           dropout_rate=1e-9, dropout_rng=jax.random.key(0))
+  np.testing.assert_allclose(np.asarray(dropped)[real], want[real], atol=1e-5)
+  plain = attn.attention(q, k, v, padding, segments, window=5, impl="xla")
+  assert not np.allclose(np.asarray(plain)[real], want[real], atol=1e-3)  # it matters
+
+
+def test_score_bias_goes_to_xla_only(caplog):
+  """resolve_impl with a bias: '' picks 'xla' on every platform and says why at start-up;
+  a kernel named explicitly is a one-line ConfigError, as is a kernel or a misshapen
+  bias handed to `attention`."""
+  with caplog.at_level(logging.INFO):
+    for platform, dtype in (("gpu", jnp.bfloat16), ("tpu", jnp.bfloat16),
+                            ("cpu", jnp.float32)):
+      assert attn.resolve_impl("", platform=platform, dtype=dtype, dropout=False,
+                               seq_len=512, bias=True) == "xla"
+      assert attn.resolve_impl("xla", platform=platform, dtype=dtype, dropout=False,
+                               seq_len=512, bias=True) == "xla"
+  lines = [r.getMessage() for r in caplog.records if "score bias" in r.getMessage()]
+  assert len(lines) == 3 and all("-> 'xla'" in line for line in lines), lines
+  for impl, platform in (("cudnn", "gpu"), ("pallas_gpu", "gpu"), ("splash", "tpu")):
+    with pytest.raises(ConfigError) as e:
+      attn.resolve_impl(impl, platform=platform, dtype=jnp.bfloat16, dropout=False,
+                        seq_len=512, bias=True)
+    assert "\n" not in str(e.value) and "takes no attention score bias" in str(e.value)
+  q = jnp.ones((1, 8, 2, 4))
+  padding = jnp.ones((1, 8), jnp.int32)
+  with pytest.raises(ConfigError, match="'splash' takes no attention score bias"):
+    attn.attention(q, q, q, padding, bias=jnp.zeros((1, 1, 8, 8)), impl="splash")
+  with pytest.raises(ConfigError, match=r"bias of shape \(1, 3, 8, 8\)"):
+    attn.attention(q, q, q, padding, bias=jnp.zeros((1, 3, 8, 8)))
 
 
 @pytest.mark.parametrize("platform,dtype,dropout,seq_len,want", [

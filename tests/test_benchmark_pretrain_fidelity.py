@@ -15,7 +15,8 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("optimi")
 
 from bertjax.benchmarks import pretrain_fidelity as pf  # pylint: disable=wrong-import-position
-from bertjax.data import builders, sources  # pylint: disable=wrong-import-position
+from bertjax import model as model_lib  # pylint: disable=wrong-import-position
+from bertjax.data import builders, pipeline, sources  # pylint: disable=wrong-import-position
 from bertjax.data import tokenizer as tok_lib  # pylint: disable=wrong-import-position
 from configs import modernbert_tiny  # pylint: disable=wrong-import-position
 
@@ -51,6 +52,18 @@ def test_both_sides_get_the_same_tokens(setup):
   theirs = pf.stream_rows(pf.read_documents(corpus["train"]), hf_tok, T)
   assert len(theirs) > 20
   np.testing.assert_array_equal(ours.input_ids[:len(theirs)], theirs)
+
+
+def test_every_arm_is_a_valid_config_that_changes_what_it_names(setup):
+  """Each bertjax_<variant> arm sets fields the recipe has, to other values, and the
+  result passes bertjax's checks."""
+  _, corpus, c = setup
+  base = pf.arm_config(c, 6, "bertjax", corpus["train"], corpus["tokenizer"]["bertjax"], 0)
+  for arm in pf.ARMS:
+    config = pf.arm_config(c, 6, arm, corpus["train"], corpus["tokenizer"]["bertjax"], 0)
+    changed = pf.VARIANTS.get(arm.removeprefix("bertjax_"), {})
+    assert all(base.data[k] != v == config.data[k] for k, v in changed.items()), arm
+    pipeline.check_config(config.data, model_lib.config_from(config.model), 6)
 
 
 def test_tiny_comparison(setup):

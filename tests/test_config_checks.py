@@ -17,7 +17,7 @@ from bertjax import api
 from bertjax.checkpoint import files, workdir as workdir_lib
 from bertjax.data import tokenizer as tok_lib
 from bertjax.errors import CheckpointError, ConfigError
-from bertjax.model.config import ModelConfig
+from bertjax.model.bert import ModelConfig
 from bertjax.parallel import distributed, mesh as mesh_lib
 from bertjax.tasks import finetune, sweep
 from bertjax.train import pretrain
@@ -110,6 +110,8 @@ PRETRAINING = [
     ("train.profile_steps", (5, 2), ["config.train.profile_steps=(5, 2)"]),
     ("train.profile_steps", (0, 3), ["config.train.profile_steps=(0, 3)"]),
     ("data.text_field", "", ["config.data.text_field=''"]),
+    ("data.corpus", "general:0=/a.parquet,domain:1=/b", ["config.data.corpus",
+                                                         "weights must be positive"]),
     ("checkpoint.on_corrupt", "skip", ["config.checkpoint.on_corrupt='skip'"]),
     ("distributed.initialization_timeout_s", 0,
      ["config.distributed.initialization_timeout_s=0"]),

@@ -9,6 +9,8 @@ import sys
 import time
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from bertjax.data import (builders, manifest, multilingual, permutation, pipeline, prepare,
@@ -144,8 +146,8 @@ def _build(prepared, name, tokens="tokens6", nsp=True, **cfg):
 
 def test_prepared_packed_pipeline_equals_the_in_memory_one(prepared, tokenizer):
   """One tokenized shard: the prepared rows are the in-memory rows, so training and
-  evaluation batches (isolated documents, whole-word masks) are the same bit for bit,
-  and so are the global batches of 2 processes."""
+  evaluation batches (isolated documents, whole-word masks; held out at each phase's
+  length) are the same bit for bit, and so are the global batches of 2 processes."""
   kw = dict(packing="full_sentences", length_phases=((0.5, 32), (0.5, 64)),
             isolate_documents=True, masking="whole_word")
   spec = _build(prepared, "packed1", "tokens1", nsp=False, **kw)
@@ -169,10 +171,13 @@ def test_prepared_packed_pipeline_equals_the_in_memory_one(prepared, tokenizer):
       np.testing.assert_array_equal(x[k], y[k], err_msg=f"{k} of batch {batch}")
       np.testing.assert_array_equal(np.concatenate([h[k] for h in halves_x]), x[k],
                                     err_msg=f"{k} of global batch {batch}")
-  assert len(ours.eval_batches) == len(raw.eval_batches)
-  for x, y in zip(ours.eval_batches, raw.eval_batches):
-    for k in x:
-      np.testing.assert_array_equal(x[k], y[k], err_msg=k)
+  for phase in (0, 1):  # each length phase's held-out rows (eval-32, eval-64)
+    a, b = ours.held_out[phase].all(), raw.held_out[phase].all()
+    assert len(a) == len(b) > 0
+    for x, y in zip(a, b):
+      assert x["input_ids"].shape[1] == (32, 64)[phase]
+      for k in x:
+        np.testing.assert_array_equal(x[k], y[k], err_msg=k)
 
 
 def test_each_process_reads_only_the_rows_it_trains_on(prepared, tokenizer, monkeypatch):
@@ -223,6 +228,13 @@ def test_manifest_disagreement_is_one_config_error(prepared, tokenizer):
       pipeline.build_pretraining_data(_cfg(corpus=spec, **kw), tokenizer, batch_size=4,
                                       seed=0, nsp=nsp, num_steps=10)
     assert "\n" not in str(e.value)
+  # Prepared before each phase was evaluated at its own length: no eval-32.
+  info = manifest.load(spec)
+  info["splits"]["train-32"] = info["splits"]["train-64"]
+  with pytest.raises(ConfigError, match="no held-out rows eval-32 .*rerun the") as e:
+    manifest.check(info, spec, _cfg(length_phases=((0.5, 32), (0.5, 64))),
+                   info["tokenizer"]["fingerprint"], nsp=True, lengths=[32, 64])
+  assert "\n" not in str(e.value)
   other = load_tokenizer(str(prepared / "tok"))
   other.vocab_size -= 1  # as if another vocabulary
   with pytest.raises(ConfigError, match="another tokenizer.*tokenizer.path="):
@@ -298,7 +310,7 @@ def test_prepared_stream_restores_and_mixes_languages_by_sentences(prepared, tok
   data = pipeline.build_pretraining_data(cfg, tokenizer, batch_size=4, seed=0, nsp=True)
   q = multilingual.sampling_probabilities([manifest.load(spec)["text"]["sentences"], 120],
                                           0.3)
-  assert data.stats["language_weights"] == {"big": round(q[0], 4), "small": round(q[1], 4)}
+  assert data.stats["source_weights"] == {"big": round(q[0], 4), "small": round(q[1], 4)}
   it = iter(data.train)
   for _ in range(3):
     next(it)
@@ -357,18 +369,26 @@ def _prepare(python, *flags):
   return out.stdout
 
 
-@pytest.mark.parametrize("nsp", [True, False])
-def test_beam_writes_the_shards_and_manifest_of_the_worker_pool(prepared, beam_python, nsp):
+@pytest.mark.parametrize("name", ["nsp", "parquet"])
+def test_beam_writes_the_shards_and_manifest_of_the_worker_pool(prepared, beam_python,
+                                                                 documents, name):
   """`prepare --config` on Apache Beam (DirectRunner, two SDK worker processes, in the
   Beam environment: apache-beam, protobuf<7) and on the worker pool (--workers=2, this
-  environment) write the same files byte for byte, and the same manifest but its wall
-  time; NSP pairs over two length phases, and packed rows."""
-  name = "nsp" if nsp else "packed"
-  flags = ["--config=configs/bert_tiny.py", f"--input={prepared / 'tokens6'}",
-           f"--config.data.max_seq_length={T}", "--config.data.max_predictions_per_seq=10",
-           "--config.data.dupe_factor=2", f"--config.model.nsp={nsp}"]
-  if nsp:
-    flags.append(f"--config.data.length_phases=((0.5,32),(0.5,{T}))")
+  environment) write the same files byte for byte, and the same manifests and summaries
+  but their wall time and own paths: NSP pairs over two length phases from a tokenized
+  directory; packed rows of a Parquet corpus (stage 1, on the worker pool either way,
+  reads it a row group at a time into OUTPUT/tokens). (A mixture prepares each source
+  so: tests/test_data_mixture.py.)"""
+  flags = ["--config=configs/bert_tiny.py", f"--config.data.max_seq_length={T}",
+           "--config.data.max_predictions_per_seq=10", "--config.data.dupe_factor=2"]
+  if name == "nsp":
+    flags += [f"--input={prepared / 'tokens6'}", "--config.model.nsp=True",
+              f"--config.data.length_phases=((0.5,32),(0.5,{T}))"]
+  else:
+    pq.write_table(pa.table({"text": [" ".join(d) for d in documents]}),
+                   prepared / "corpus.parquet", row_group_size=50)
+    flags += ["--config.model.nsp=False", f"--tokenizer={prepared / 'tok'}",
+              f"--input={prepared / 'corpus.parquet'}"]
   pool, beam = (prepared / f"{name}_pool", prepared / f"{name}_beam")
   _prepare(sys.executable, *flags, f"--output={pool}", "--workers=2")
   printed = _prepare(beam_python, *flags, f"--output={beam}", "--runner=DirectRunner",
@@ -378,13 +398,18 @@ def test_beam_writes_the_shards_and_manifest_of_the_worker_pool(prepared, beam_p
   ours, theirs = _files(beam), _files(pool)
   assert sorted(ours) == sorted(theirs)
   shards = [p for p in ours if p.endswith(rows_lib.SUFFIX)]
-  assert len(shards) == 6 * (3 if nsp else 2)  # 6 tokenized shards x the splits
+  # 6 tokenized shards x 4 splits; 1 tokenized shard x 2 splits.
+  assert len(shards) == (6 * 4 if name == "nsp" else 2)
+  own = lambda blob: {**json.loads(blob), "seconds": 0, "input": 0}  # wall time, paths
   for path in ours:
-    if path != manifest.MANIFEST:
+    if path.endswith(".json") and os.path.basename(path) in (
+        manifest.MANIFEST, manifest.SETTINGS, manifest.SUMMARY):
+      assert own(ours[path]) == own(theirs[path]), path
+    else:
       assert ours[path] == theirs[path], path
-  built, expected = (json.loads(files[manifest.MANIFEST]) for files in (ours, theirs))
-  assert built["builder"] == ("nsp" if nsp else "full_sentences")
-  assert {**built, "seconds": 0} == {**expected, "seconds": 0}
+  built = json.loads(ours[manifest.MANIFEST])
+  assert built["builder"] == ("nsp" if name == "nsp" else "full_sentences")
+  assert ("eval-32" in built["splits"]) == (name == "nsp")
 
 
 def test_beam_runner_without_beam_is_one_config_error(prepared, monkeypatch):

@@ -15,8 +15,7 @@ from bertjax import api
 from bertjax.data import tokenizer as tokenizer_lib
 from bertjax.embeddings import analysis, extract, wsd
 from bertjax.errors import ConfigError, DataError
-from bertjax.model.bert import BertForPreTraining
-from bertjax.model.config import ModelConfig
+from bertjax.model.bert import FAMILY, ModelConfig
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
 CORPUS = ["the river bank was muddy after the rain .",
@@ -45,7 +44,7 @@ def tiny():
   config = ModelConfig(vocab_size=tok.vocab_size, hidden_size=32, num_layers=4,
                        num_heads=2, intermediate_size=64, max_position_embeddings=64,
                        dropout_rate=0.0, attention_dropout_rate=0.0)
-  model = BertForPreTraining(config)
+  model = FAMILY.pretraining(config)
   params = model.init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))["params"]
   return api.Pretrained(config, params, tok, model)
 
@@ -132,7 +131,7 @@ def test_long_inputs_are_windowed_not_truncated(tiny):
   for w, (s, e) in enumerate(spans):
     row = np.array([tiny.tokenizer.build_inputs(ids[s:e])[0]], np.int32)
     hs = tiny.model.apply({"params": tiny.params}, row, np.ones_like(row),
-                          method=BertForPreTraining.encode)["hidden_states"][-1][0]
+                          method="encode")["hidden_states"][-1][0]
     j = np.flatnonzero(owner == w)
     np.testing.assert_allclose(vectors[j], np.asarray(hs)[1 + j - s], atol=1e-5)
   with pytest.raises(ConfigError, match="max_length=3"):

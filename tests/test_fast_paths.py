@@ -16,7 +16,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from bertjax.checkpoint import manager as ckpt_lib, workdir as workdir_lib
-from bertjax.model import BertForPreTraining, ModelConfig, layers
+from bertjax.model import ModelConfig, bert, layers
 from bertjax.model.layout import scan_params, to_layout, unscan_params
 from bertjax.parallel import mesh as mesh_lib
 from bertjax.train import state as state_lib
@@ -32,13 +32,13 @@ def setup():
   cfg = ModelConfig.from_config(config.model)
   batch = {k: jnp.asarray(v) for k, v in synthetic_batch(config, 4).items()}
   inputs = {k: batch[k] for k in INPUTS}
-  params = nn.unbox(BertForPreTraining(cfg).init(jax.random.key(0), **inputs)["params"])
+  params = nn.unbox(bert.FAMILY.pretraining(cfg).init(jax.random.key(0), **inputs)["params"])
   return config, cfg, inputs, params
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "deterministic"))
 def _apply(cfg, params, inputs, deterministic=True, rngs=None):
-  return BertForPreTraining(cfg).apply({"params": params}, **inputs,
+  return bert.FAMILY.pretraining(cfg).apply({"params": params}, **inputs,
                                        deterministic=deterministic, rngs=rngs)
 
 
@@ -61,7 +61,7 @@ def test_layout_round_trip_is_exact(setup):
   kernel = scanned["encoder"]["layers"]["attention"]["query"]["kernel"]
   assert kernel.shape == (cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.head_dim)
   jax.tree.map(np.testing.assert_array_equal, unscan_params(scanned), params)
-  scanned_init = nn.unbox(BertForPreTraining(dataclasses.replace(cfg, scan_layers=True))
+  scanned_init = nn.unbox(bert.FAMILY.pretraining(dataclasses.replace(cfg, scan_layers=True))
                          .init(jax.random.key(0), **setup[2])["params"])
   assert jax.tree.structure(scanned_init) == jax.tree.structure(scanned)
   assert jax.tree.map(jnp.shape, scanned_init) == jax.tree.map(jnp.shape, scanned)
@@ -74,7 +74,7 @@ def test_scan_equals_unscanned_forward_backward_hidden_states(setup):
   grads = jax.jit(jax.grad(_loss(cfg, inputs, None)))(params)
   scanned_grads = jax.jit(jax.grad(_loss(scfg, inputs, None)))(scan_params(params))
   _close(unscan_params(scanned_grads), grads)
-  encode = lambda c, p: BertForPreTraining(c).apply(  # noqa: E731
+  encode = lambda c, p: bert.FAMILY.pretraining(c).apply(  # noqa: E731
       {"params": p}, inputs["input_ids"], inputs["attention_mask"], method="encode")
   plain, scanned = encode(cfg, params), encode(scfg, scan_params(params))
   assert scanned["hidden_states"].shape == (cfg.num_layers + 1, 4, 16, cfg.hidden_size)
@@ -136,10 +136,11 @@ def test_layer_norm_statistics_are_float32_for_bf16_inputs():
   """Rows with a large mean and a small spread: bf16 statistics would lose the spread."""
   cfg = ModelConfig(dtype=jnp.bfloat16, hidden_size=256, num_heads=4, layer_norm_eps=1e-5)
   x = (300.0 + jax.random.normal(jax.random.key(0), (4, 256))).astype(jnp.bfloat16)
-  ln = layers.layer_norm(cfg, "ln")
+  ln = layers.layer_norm(cfg, "ln", cfg.layer_norm_eps)
   variables = ln.init(jax.random.key(1), x)
   got = ln.apply(variables, x)
-  ref = layers.layer_norm(dataclasses.replace(cfg, dtype=jnp.float32), "ln").apply(
+  ref = layers.layer_norm(dataclasses.replace(cfg, dtype=jnp.float32), "ln",
+                         cfg.layer_norm_eps).apply(
       variables, x.astype(jnp.float32))
   assert got.dtype == jnp.bfloat16
   np.testing.assert_allclose(got.astype(jnp.float32), ref, atol=0.05)

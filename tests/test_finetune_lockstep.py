@@ -231,7 +231,7 @@ def lockstep(name: str, dropout: bool, steps: int = STEPS) -> dict:
   import flax.linen as nn  # pylint: disable=g-import-not-at-top
   from bertjax.benchmarks import hf_reference  # pylint: disable=g-import-not-at-top
   from bertjax.parallel import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
-  from bertjax.hf import bert as hf_bert  # pylint: disable=g-import-not-at-top
+  from bertjax.hf import bert as hf_bert, table as hf_table  # pylint: disable=g-import-not-at-top
   from bertjax.tasks import finetune, get_task  # pylint: disable=g-import-not-at-top
 
   c = task_setup(name)
@@ -276,7 +276,7 @@ def lockstep(name: str, dropout: bool, steps: int = STEPS) -> dict:
       node = tree
       for key in e.path:
         node = node[key]
-      out[e.key] = hf_bert._to_hf(e.kind, np.asarray(node))  # pylint: disable=protected-access
+      out[e.key] = hf_table.to_hf(e.kind, np.asarray(node))
     return out
 
   hf_params = dict(hf.named_parameters())

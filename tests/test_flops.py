@@ -124,10 +124,10 @@ def _modernbert_tiny(seq: int, **model):
 def test_modernbert_attention_pairs_are_the_masks_pairs(seq, window):
   """The pairs a windowed layer scores are the ones attention's reference mask keeps
   (|i - j| <= w, both ends, rows cut at the edges), whatever T against w."""
-  from bertjax.model import attention, modernbert  # pylint: disable=g-import-not-at-top
+  from bertjax.model import attention, stack  # pylint: disable=g-import-not-at-top
   mask = attention.xla_mask(jnp.ones((1, seq), jnp.int32), None, window)
-  assert modernbert.attention_pairs(seq, window) == int(jnp.sum(mask))
-  assert modernbert.attention_pairs(seq, None) == seq * seq
+  assert stack.attention_pairs(seq, window) == int(jnp.sum(mask))
+  assert stack.attention_pairs(seq, None) == seq * seq
 
 
 def test_modernbert_hand_count():
@@ -158,7 +158,7 @@ def test_modernbert_agrees_with_xla_cost_analysis(seq):
   10% of ours with every layer global, and ours (the pairs the model keeps) is lower
   by exactly the masked pairs' 12 * B * E FLOPs each."""
   import dataclasses  # pylint: disable=g-import-not-at-top
-  from bertjax.model import modernbert  # pylint: disable=g-import-not-at-top
+  from bertjax.model import stack  # pylint: disable=g-import-not-at-top
   config = _modernbert_tiny(seq)
   model, xla = _xla_train_step_flops(config)
   cfg = model.config
@@ -166,5 +166,5 @@ def test_modernbert_agrees_with_xla_cost_analysis(seq):
   dense = flops.train_flops(dataclasses.replace(cfg, global_attn_every_n_layers=1), 8, seq,
                             seq // 8)["total"]
   assert abs(xla - dense) / dense < 0.10, (xla, dense)
-  masked = 2 * (seq * seq - modernbert.attention_pairs(seq, cfg.window))  # blocks 1, 2
+  masked = 2 * (seq * seq - stack.attention_pairs(seq, cfg.window))  # blocks 1, 2
   assert dense - ours == 12 * 8 * cfg.hidden_size * masked

@@ -125,7 +125,7 @@ def test_state_dict_round_trip(cls, biases):
   assert ("mlm" in params) == (cls == "ModernBertForMaskedLM")
   assert ("head" in params) == (task is not None)
   for scan in (False, True):
-    back = conv.params_to_hf(mb.to_layout(params, scan), cfg, task)
+    back = conv.params_to_hf(mb.FAMILY.to_layout(params, scan), cfg, task)
     assert sorted(back) == sorted(state), cls
     for k, v in state.items():
       np.testing.assert_array_equal(back[k], v, err_msg=k)
@@ -176,8 +176,8 @@ def test_save_pretrained_loads_and_exports_back(tmp_path):
   ids = np.random.default_rng(0).integers(3, 64, (2, T)).astype(np.int32)
   mask = (np.arange(T)[None] < np.array([[T], [11]])).astype(np.int32)
   ids = np.where(mask > 0, ids, 0)
-  params = mb.to_layout(params, True)
-  ours = np.asarray(mb.ModernBertForPreTraining(cfg).apply({"params": params}, ids, mask)
+  params = mb.FAMILY.to_layout(params, True)
+  ours = np.asarray(mb.FAMILY.pretraining(cfg).apply({"params": params}, ids, mask)
                     ["mlm_logits"])
   ref = _logits(model, ids, mask)
   real = mask.astype(bool)

@@ -6,7 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bertjax.model import BertForPreTraining, ModelConfig
+from bertjax.errors import ConfigError
+from bertjax.model import ModelConfig, bert, stack
 from bertjax.train import state as state_lib
 from configs import bert_base, bert_large, roberta_base, xlmr_base, xlmr_large
 
@@ -64,7 +65,7 @@ def _tiny(**kw):
 
 def test_shapes_and_masked_positions_gather():
   cfg = _tiny()
-  model = BertForPreTraining(cfg)
+  model = bert.FAMILY.pretraining(cfg)
   ids = jnp.array(np.random.default_rng(0).integers(1, 50, (3, 10)), jnp.int32)
   pos = jnp.array([[1, 2], [3, 4], [0, 9]], jnp.int32)
   params = nn.unbox(model.init(jax.random.key(0), ids, masked_lm_positions=pos))["params"]
@@ -81,7 +82,7 @@ def test_shapes_and_masked_positions_gather():
 def test_padding_does_not_change_real_tokens():
   """A padded row's real positions equal the unpadded row's (the mask works)."""
   cfg = _tiny()
-  model = BertForPreTraining(cfg)
+  model = bert.FAMILY.pretraining(cfg)
   ids = jnp.array([[2, 7, 8, 9, 3]], jnp.int32)
   padded = jnp.pad(ids, ((0, 0), (0, 4)))
   params = nn.unbox(model.init(jax.random.key(1), ids))["params"]
@@ -93,7 +94,7 @@ def test_padding_does_not_change_real_tokens():
 
 def test_document_isolation_blocks_cross_document_attention():
   """With segment_ids, changing document 2 leaves document 1's outputs unchanged."""
-  model = BertForPreTraining(_tiny())
+  model = bert.FAMILY.pretraining(_tiny())
   a = jnp.array([[2, 7, 8, 3, 2, 9, 10, 3]], jnp.int32)
   b = a.at[0, 5].set(11)
   seg = jnp.array([[1, 1, 1, 1, 2, 2, 2, 2]], jnp.int32)
@@ -103,8 +104,49 @@ def test_document_isolation_blocks_cross_document_attention():
   assert not np.allclose(run(a)[:, 4:], run(b)[:, 4:])
 
 
+def test_pretraining_heads_by_name_each_reading_its_own_inputs():
+  """The pretraining model carries the heads it is built with, each under its name
+  (drawn as in the model with every head) giving '<name>_logits'; a head reads only
+  its inputs (SBO's span positions: a model without SBO declares none, and an input
+  no part reads is refused); an SBO model given no span inputs skips that head."""
+  cfg = _tiny(sbo=True)
+  every = bert.FAMILY.pretraining(cfg)
+  assert every.heads == ("mlm", "nsp", "sbo")
+  chosen = bert.FAMILY.pretraining(cfg, heads=("mlm", "sbo"))
+  params = nn.unbox(chosen.init_params(jax.random.key(0)))
+  assert set(params) == {"encoder", "mlm", "sbo"}
+  jax.tree.map(np.testing.assert_array_equal, params,
+               {k: v for k, v in nn.unbox(every.init_params(jax.random.key(0))).items()
+                if k != "nsp"})
+  ids = jnp.ones((2, 8), jnp.int32)
+  span = {k: jnp.array([[0, 2], [1, 3]], jnp.int32) for k in chosen.inputs if "span" in k}
+  assert len(span) == 3
+  out = chosen.apply({"params": params}, ids, masked_lm_positions=span["span_left_positions"],
+                     **span)
+  assert set(out) == {"mlm_logits", "sbo_logits"} and out["sbo_logits"].shape == (2, 2, 50)
+  assert set(chosen.apply({"params": params}, ids)) == {"mlm_logits"}
+  mlm_only = bert.FAMILY.pretraining(cfg, heads=("mlm",))
+  assert not [k for k in mlm_only.inputs if "span" in k]
+  with pytest.raises(TypeError, match="span_left_positions"):
+    mlm_only.apply({"params": params}, ids, **span)
+  with pytest.raises(ConfigError, match="no 'rtd' pretraining head"):
+    bert.FAMILY.pretraining(cfg, heads=("mlm", "rtd")).init_params(jax.random.key(0))
+
+
+def test_trunk_depth_orders_the_encoder_bottom_up():
+  """What fine-tuning freezes reads: embedding 0, block i at i + 1, the final norm with
+  the top block, the pooler and the heads outside the trunk."""
+  depth = lambda *path: stack.trunk_depth(path, 4)  # noqa: E731
+  assert depth("encoder", "embeddings", "LayerNorm", "scale") == 0
+  assert depth("encoder", "layer_0", "attention") == 1
+  assert depth("encoder", "layer_3", "output", "kernel") == 4
+  assert depth("encoder", "final_norm", "scale") == 4
+  assert depth("encoder", "pooler", "kernel") is None
+  assert depth("head", "classifier", "kernel") is None and depth("mlm", "bias") is None
+
+
 def test_roberta_positions_start_past_padding():
-  from bertjax.model.layers import position_ids_for
+  from bertjax.model.bert import position_ids_for
   cfg = _tiny(type_vocab_size=1, pad_token_id=1, position_offset=2)
   pos = position_ids_for(cfg, jnp.array([[0, 5, 6, 2, 1, 1]]))
   np.testing.assert_array_equal(pos, [[2, 3, 4, 5, 1, 1]])

@@ -148,7 +148,7 @@ def test_packed_rows_predict_as_full_rows(case, tmp_path):
   """A random ModernBERT fine-tuned from scratch (config.model of the family): each
   example's outputs from its full-length row, from bucketed rows and from packed rows
   (several examples a row: documents isolated, rotary positions restarting, the
-  example's pooled vector from `slot_features`, 'cls' or 'mean') are equal."""
+  example's pooled vector from the encoder's `slots`, 'cls' or 'mean') are equal."""
   name, _, pooling = case.partition("_")
   c = glue.get_config("sst2") if name == "sst2" else ner.get_config()
   c.tokenizer = modernbert_tokenizer(str(tmp_path / "tok"))
@@ -336,7 +336,7 @@ def test_top_k_layers_freeze_the_blocks_below_and_the_final_norm_at_zero():
   with the top block and freezes with `top_k_layers=0`."""
   cfg = mb.ModernBertConfig(vocab_size=64, hidden_size=32, num_layers=4, num_heads=2,
                             intermediate_size=48, pad_token_id=0, local_attention=8)
-  params = jax.eval_shape(mb.ModernBertForPreTraining(cfg).init_params, jax.random.key(0))
+  params = jax.eval_shape(mb.FAMILY.pretraining(cfg).init_params, jax.random.key(0))
   c = glue.get_config("sst2")
   for k, frozen in ((1, {"embeddings", "layer_0", "layer_1", "layer_2"}),
                     (0, {"embeddings", "layer_0", "layer_1", "layer_2", "layer_3",

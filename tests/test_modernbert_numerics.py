@@ -11,7 +11,7 @@ import pytest
 
 from bertjax.hf import modernbert as conv
 from bertjax.errors import ConfigError
-from bertjax.model import modernbert as mb
+from bertjax.model import modernbert as mb, stack
 from tests.helpers import perturb
 
 torch = pytest.importorskip("torch")
@@ -42,8 +42,8 @@ def hf_mlm():
 def _ours(cfg, params, scan, **inputs):
   cfg = mb.ModernBertConfig.from_config({**cfg.to_dict(), "scan_layers": scan,
                                "dtype": jnp.float32, "param_dtype": jnp.float32})
-  model = mb.ModernBertForPreTraining(cfg)
-  params = mb.to_layout(params, scan)
+  model = mb.FAMILY.pretraining(cfg)
+  params = mb.FAMILY.to_layout(params, scan)
   hidden = model.apply({"params": params}, inputs["input_ids"], inputs.get("attention_mask"),
                        method=lambda m, *a: m.encoder(
                            *a, position_ids=inputs.get("position_ids"),
@@ -141,7 +141,7 @@ def test_sequence_classification_head_matches_hf(pooling):
 
     @nn.compact
     def __call__(self, ids, mask):
-      hidden = mb.ModernBertEncoder(cfg, name="encoder")(ids, mask)["last_hidden_state"]
+      hidden = stack.Encoder(cfg, mb.FAMILY, name="encoder")(ids, mask)["last_hidden_state"]
       return _HeadScope(cfg, self.pooled, name="head")(hidden, mask)
 
   ids = _ids(np.random.default_rng(3), (2, T))
@@ -167,7 +167,8 @@ class _HeadScope(nn.Module):
 
   @nn.compact
   def __call__(self, hidden, mask):
-    x = mb.task_features(self.config, hidden, mask, True, self.pooled)
+    x = mb.task_features(self.config, {"last_hidden_state": hidden, "attention_mask": mask},
+                         True, self.pooled)
     return mb.classifier(self.config, 3, "classifier" if self.pooled else "tagger")(x)
 
 
@@ -185,7 +186,7 @@ def test_gradients_are_finite_and_scan_agrees(hf_mlm):
                                "attention_dropout": dropout, "mlp_dropout": dropout,
                                "embedding_dropout": dropout, "dtype": jnp.float32,
                                "param_dtype": jnp.float32})
-    model = mb.ModernBertForPreTraining(c)
+    model = mb.FAMILY.pretraining(c)
 
     def loss(p):
       out = model.apply({"params": p}, ids, mask, segment_ids=seg,
@@ -193,11 +194,11 @@ def test_gradients_are_finite_and_scan_agrees(hf_mlm):
                         rngs=None if rng is None else {"dropout": rng})
       return jnp.sum(jax.nn.log_softmax(out["mlm_logits"])[..., 5] * mask)
 
-    return jax.grad(loss)(jax.tree.map(jnp.asarray, mb.to_layout(params, scan)))
+    return jax.grad(loss)(jax.tree.map(jnp.asarray, mb.FAMILY.to_layout(params, scan)))
 
   plain = grads(False)
   assert all(np.isfinite(x).all() for x in jax.tree.leaves(plain))
-  scanned = mb.to_layout(grads(True, remat="full"), False)
+  scanned = mb.FAMILY.to_layout(grads(True, remat="full"), False)
   diff = max(jax.tree.leaves(jax.tree.map(lambda a, b: float(np.abs(a - b).max()),
                                           plain, scanned)))
   assert diff < 1e-5
@@ -219,9 +220,11 @@ def test_window_and_config_errors_are_one_line():
                                     pad_token_id=0), **bad})
   with pytest.raises(ConfigError, match="family"):
     mb.ModernBertConfig.from_config({"family": "bert"})
-  model = mb.ModernBertForPreTraining(cfg)
+  model = mb.FAMILY.pretraining(cfg)
   params = jax.eval_shape(model.init_params, jax.random.key(0))
-  with pytest.raises(ConfigError, match="SBO"):
+  # No part of a ModernBERT model reads SpanBERT's span inputs: they never reach it.
+  assert not [k for k in model.inputs if k.startswith("span_")]
+  with pytest.raises(TypeError, match="span_left_positions"):
     jax.eval_shape(lambda p: model.apply({"params": p}, jnp.ones((1, 8), jnp.int32),
                                          span_left_positions=jnp.zeros((1, 2), jnp.int32)),
                    params)
@@ -234,6 +237,10 @@ SIZES = {  # Hugging Face's config.json sizes (the rest at ModernBertConfig's de
                  num_attention_heads=12),
     "large": dict(num_hidden_layers=28, hidden_size=1024, intermediate_size=2624,
                   num_attention_heads=16),
+    # Every bias on: each carries one logical axis name per dimension too.
+    "base_biases": dict(num_hidden_layers=22, hidden_size=768, intermediate_size=1152,
+                        num_attention_heads=12, attention_bias=True, mlp_bias=True,
+                        norm_bias=True, classifier_bias=True),
 }
 
 
@@ -242,7 +249,7 @@ SIZES = {  # Hugging Face's config.json sizes (the rest at ModernBertConfig's de
 def test_full_size_parameter_counts_equal_hf(size, scan):
   hf_config = transformers.ModernBertConfig(**SIZES[size])
   cfg = conv.model_config_from_hf(hf_config.to_dict(), scan_layers=scan)
-  boxed = jax.eval_shape(mb.ModernBertForPreTraining(cfg).init_params, jax.random.key(0))
+  boxed = jax.eval_shape(mb.FAMILY.pretraining(cfg).init_params, jax.random.key(0))
   for leaf in jax.tree.leaves(boxed, is_leaf=lambda x: isinstance(x, nn.Partitioned)):
     assert isinstance(leaf, nn.Partitioned) and len(leaf.names) == leaf.value.ndim
   params = nn.unbox(boxed)
@@ -268,8 +275,8 @@ def test_sharded_forward_and_gradient_match_one_device(hf_mlm):
   _, cfg, params = hf_mlm
   cfg = mb.ModernBertConfig.from_config({**cfg.to_dict(), "scan_layers": True, "dtype": jnp.float32,
                                "param_dtype": jnp.float32})
-  model = mb.ModernBertForPreTraining(cfg)
-  params = jax.tree.map(jnp.asarray, mb.to_layout(params, True))
+  model = mb.FAMILY.pretraining(cfg)
+  params = jax.tree.map(jnp.asarray, mb.FAMILY.to_layout(params, True))
   ids = _ids(np.random.default_rng(5), (4, T))
   seg = np.repeat([[1] * 14 + [2] * 6 + [0] * 4], 4, axis=0).astype(np.int32)
   mask = (seg > 0).astype(np.int32)
@@ -302,7 +309,7 @@ def test_initialisation_follows_hf():
   torch.manual_seed(0)
   hf = transformers.ModernBertForMaskedLM(transformers.ModernBertConfig(**sizes))
   cfg = conv.model_config_from_hf(hf.config.to_dict())
-  ours = conv.params_to_hf(nn.unbox(mb.ModernBertForPreTraining(cfg).init_params(
+  ours = conv.params_to_hf(nn.unbox(mb.FAMILY.pretraining(cfg).init_params(
       jax.random.key(0))), cfg)
   for key, theirs in _state(hf).items():
     a, b = np.asarray(ours[key]), theirs

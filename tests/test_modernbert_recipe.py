@@ -258,7 +258,7 @@ def test_attention_output_dropout_drops_the_output_only():
   stay allowed); exclusive with Hugging Face's attention_dropout; left out of
   config.json with a warning."""
   cfg = mb.ModernBertConfig(**SMALL, attention_output_dropout=0.5)
-  model = mb.ModernBertForPreTraining(cfg)
+  model = mb.FAMILY.pretraining(cfg)
   params = model.init_params(jax.random.key(0))
   ids = jnp.asarray(np.random.default_rng(0).integers(1, 64, (2, 12)), jnp.int32)
   rates, attend = [], attention_lib.attention
@@ -286,14 +286,14 @@ def test_per_row_theta_is_the_configs_theta():
   """`global_rope_theta` [B] per row computes what a config with that theta computes
   (two rows at two thetas), and the length phases' checks are one line each."""
   cfg = mb.ModernBertConfig(**SMALL, global_rope_theta=160_000.0)
-  model = mb.ModernBertForPreTraining(cfg)
+  model = mb.FAMILY.pretraining(cfg)
   params = model.init_params(jax.random.key(0))
   ids = jnp.asarray(np.random.default_rng(0).integers(1, 64, (2, 20)), jnp.int32)
   mixed = jax.jit(lambda p: model.apply(
       {"params": p}, ids, global_rope_theta=jnp.asarray([10_000.0, 160_000.0])))(params)
   mixed = mixed["mlm_logits"]
   for row, theta in enumerate((10_000.0, 160_000.0)):
-    alone = mb.ModernBertForPreTraining(mb.ModernBertConfig(**SMALL, global_rope_theta=theta))
+    alone = mb.FAMILY.pretraining(mb.ModernBertConfig(**SMALL, global_rope_theta=theta))
     want = jax.jit(lambda p, a=alone, r=row: a.apply({"params": p}, ids[r:r + 1]))(params)
     want = want["mlm_logits"]
     np.testing.assert_allclose(mixed[row:row + 1], want, atol=2e-6)

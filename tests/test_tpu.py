@@ -20,7 +20,7 @@ import pytest
 from bertjax.benchmarks import flops
 from bertjax.benchmarks import plan as plan_lib
 from bertjax.errors import ConfigError
-from bertjax.model import ModelConfig, layers
+from bertjax.model import ModelConfig, bert
 from tests.helpers import tiny_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -140,7 +140,7 @@ def test_chip_table_hbm_is_what_the_compiler_offers():
 def _attention(impl, x, pad, segments, variables):
   cfg = ModelConfig(hidden_size=32, num_heads=2, num_layers=1, vocab_size=64,
                     attention_dropout_rate=0.0, dropout_rate=0.0, attention_impl=impl)
-  return layers.SelfAttention(cfg).apply(variables, x, layers.encoder_mask(pad, segments),
+  return bert.SelfAttention(cfg).apply(variables, x, (pad, segments),
                                          True)
 
 
@@ -157,8 +157,8 @@ def test_splash_attention_equals_the_plain_path(packed):
   segments = ((jnp.arange(T)[None] >= lengths[:, None] // 2).astype(jnp.int32)
               if packed else None)
   cfg = ModelConfig(hidden_size=32, num_heads=2, num_layers=1, vocab_size=64)
-  variables = layers.SelfAttention(cfg).init(jax.random.key(1), x,
-                                             layers.encoder_mask(pad, segments), True)
+  variables = bert.SelfAttention(cfg).init(jax.random.key(1), x,
+                                             (pad, segments), True)
   real = pad[..., None] > 0
 
   def loss(impl, x, variables):
@@ -183,13 +183,13 @@ def test_splash_refuses_dropout_and_odd_lengths():
   cfg = ModelConfig(hidden_size=32, num_heads=2, num_layers=1, vocab_size=64,
                     attention_impl="splash")
   x, pad = jnp.ones((1, 128, 32)), jnp.ones((1, 128), jnp.int32)
-  variables = layers.SelfAttention(cfg).init(jax.random.key(1), x,
-                                             layers.encoder_mask(pad), True)
+  variables = bert.SelfAttention(cfg).init(jax.random.key(1), x,
+                                             (pad, None), True)
   with pytest.raises(ConfigError, match="attention_dropout_rate=0.0"):
-    layers.SelfAttention(cfg).apply(variables, x, layers.encoder_mask(pad), False,
+    bert.SelfAttention(cfg).apply(variables, x, (pad, None), False,
                                     rngs={"dropout": jax.random.key(0)})
   with pytest.raises(ConfigError, match="divisible by 128"):
-    layers.SelfAttention(cfg).apply(variables, x[:, :96], layers.encoder_mask(pad[:, :96]),
+    bert.SelfAttention(cfg).apply(variables, x[:, :96], (pad[:, :96], None),
                                     True)
 
 

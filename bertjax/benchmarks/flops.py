@@ -1,10 +1,10 @@
 """Model FLOPs of a pretraining step, and each accelerator's peak FLOP/s, HBM size and
 bandwidth (`CHIPS`, with sources), for MFU and the pod plan.
 
-The FLOPs of a training step are its model family's (`Family.train_flops`: the
-matmuls of the forward and backward passes, attention over the pairs each layer scores,
-the MLM head at the predicted positions only; `bertjax/model/bert.py`,
-`bertjax/model/modernbert.py` give each formula); element-wise work (softmax, GELU,
+The FLOPs of a training step are its model's (`Family.train_flops`, the terms every
+family shares in `bertjax.model.stack.train_flops`: the matmuls of the forward and
+backward passes, attention over the pairs each layer scores, the MLM head at the
+predicted positions only, and a family's own heads); element-wise work (softmax, GELU,
 LayerNorm, the optimizer) is not model FLOPs, as in the PaLM MFU definition. Hugging
 Face's models compute the MLM logits at every position: their FLOPs are
 `train_flops(cfg, B, T, predictions=T)`.

@@ -164,19 +164,21 @@ def topology(name: str, num_slices: int = 1, hbm_gb: float = 0.0) -> Topology:
 
 
 def batch_spec(config, batch_size: int) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
-  """Shapes and dtypes of a pretraining batch as `bertjax.data.pipeline` makes it."""
+  """Shapes and dtypes of a pretraining batch as `bertjax.data.pipeline` makes it, with
+  the per-prediction inputs [B, P] of the model's heads (`Head.inputs`, e.g. SBO's
+  span positions)."""
   T, P, B = config.data.max_seq_length, config.data.max_predictions_per_seq, batch_size
+  cfg = model_lib.config_from(config.model)
   spec = {k: ((B, T), np.int32) for k in ("input_ids", "attention_mask", "token_type_ids")}
   spec.update({"masked_lm_positions": ((B, P), np.int32), "masked_lm_ids": ((B, P), np.int32),
                "masked_lm_weights": ((B, P), np.float32),
                "example_weights": ((B,), np.float32)})
-  if model_lib.config_from(config.model).nsp:
+  if cfg.nsp:
     spec["next_sentence_labels"] = ((B,), np.int32)
   elif config.data.isolate_documents:
     spec.update(segment_ids=((B, T), np.int32), position_ids=((B, T), np.int32))
-  if model_lib.config_from(config.model).sbo:
-    for k in ("span_left_positions", "span_right_positions", "span_relative_positions"):
-      spec[k] = ((B, P), np.int32)
+  for head in model_lib.family_of(cfg).pretraining(cfg).head_records:
+    spec.update({k: ((B, P), np.int32) for k in head.inputs if k not in spec})
   return spec
 
 

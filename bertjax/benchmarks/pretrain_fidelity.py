@@ -65,7 +65,7 @@ EVAL_SEED = 1234  # The held-out masks' draw, the same for every model.
 # bertjax_<name> -> the config.data fields that arm changes, and why it is an arm.
 VARIANTS = {
     # The documents' tokens back to back, no separator token between documents.
-    "stream": {"document_separator": False},
+    "stream": {"packing": "stream"},
     # Each token chosen with probability p (transformers' collator, the authors'),
     # instead of round(p x candidates) per row; room for the draws above the mean.
     "per_token": {"masked_lm_draw": "per_token", "max_predictions_per_seq": 30},
@@ -166,6 +166,7 @@ def arm_config(config, steps: int, arm: str, train_path: str, tokenizer: str,
   c.seed = seed
   c.data.corpus = train_path
   c.data.tokenizer.path = tokenizer
+  c.lock()  # A variant's field that the config lacks fails here.
   for k, v in VARIANTS.get(arm.removeprefix("bertjax_"), {}).items():
     c.data[k] = v
   return c

@@ -157,7 +157,7 @@ def bench_bertjax(config, batch: int, seq: int, predictions: int, devices,
   `step()` runs one step to completion; `finish()` the compile, FLOP and memory
   figures."""
   trainer = state_lib.build_trainer(config, mesh_lib.create_mesh(config.mesh, devices))
-  host = synthetic_batch(config, batch, seq, predictions, trainer.model.config.nsp,
+  host = synthetic_batch(config, batch, seq, predictions, "nsp" in trainer.model.heads,
                         docs_per_row)
   with jax.set_mesh(trainer.mesh), nn.logical_axis_rules(trainer.rules):
     state = trainer.init_state(config)
@@ -350,18 +350,25 @@ def masked_positions(config, seq: int) -> int:
   return max(1, round(rate * seq))
 
 
-def main(argv):
-  del argv
-  config = _CONFIG.value
-  if _DTYPE.value:
-    config.model.dtype = _DTYPES[_DTYPE.value]
-  batch = _BATCH.value or config.train.batch_size
-  seq = _SEQ.value or config.data.max_seq_length
+def sized(config, batch: int, seq: int, dtype: str = "") -> tuple[int, int, int]:
+  """Sets `config` to a benchmark's `dtype` ('' keeps config.model.dtype, 'fp32',
+  'bf16'), global `batch` and length `seq` (0: the recipe's), with position embeddings
+  enough for that length. Returns (batch, seq, masked positions a row)."""
+  if dtype:
+    config.model.dtype = _DTYPES[dtype]
+  batch = batch or config.train.batch_size
+  seq = seq or config.data.max_seq_length
   config.train.batch_size, config.data.max_seq_length = batch, seq
   offset = model_lib.config_from(config.model).position_offset
   if seq + offset > config.model.max_position_embeddings:
     config.model.max_position_embeddings = seq + offset
-  predictions = masked_positions(config, seq)
+  return batch, seq, masked_positions(config, seq)
+
+
+def main(argv):
+  del argv
+  config = _CONFIG.value
+  batch, seq, predictions = sized(config, _BATCH.value, _SEQ.value, _DTYPE.value)
   if _STEPS.value < 2:
     raise ConfigError("--steps must be at least 2 (a median and a spread).")
   frameworks = [_ONLY.value] if _ONLY.value else ["bertjax"] + (

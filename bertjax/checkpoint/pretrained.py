@@ -98,7 +98,8 @@ class Pretrained:
   def logits(self, texts: str | Sequence[str], text_pairs=None, max_length: int = 512
              ) -> dict[str, np.ndarray]:
     """Pretraining heads on a batch: numpy `input_ids`, `attention_mask` [B, T],
-    `mlm_logits` [B, T, vocab] (float32) and, with NSP, `nsp_logits` [B, 2]."""
+    `mlm_logits` [B, T, vocab] (float32) and every other head's logits it computes
+    without inputs of its own (with NSP, `nsp_logits` [B, 2])."""
     if not self.has_mlm:
       raise CheckpointError("this checkpoint has no MLM head (it holds the encoder only).")
     batch, length = self._inputs(texts, text_pairs, max_length)
@@ -106,10 +107,8 @@ class Pretrained:
                        batch["attention_mask"], batch["token_type_ids"])
     result = {"input_ids": batch["input_ids"][:, :length],
               "attention_mask": batch["attention_mask"][:, :length],
-              "mlm_logits": np.asarray(out["mlm_logits"][:, :length])}
-    if "nsp_logits" in out:
-      result["nsp_logits"] = np.asarray(out["nsp_logits"])
-    return result
+              "mlm_logits": np.asarray(out.pop("mlm_logits")[:, :length])}
+    return {**result, **{k: np.asarray(v) for k, v in out.items()}}
 
   def fill_mask(self, text: str, top_k: int = 5) -> list[list[tuple[str, float]]]:
     """For each mask of `text` (the tokenizer's mask token; `[MASK]` is accepted for

@@ -6,7 +6,7 @@
 * training examples (its second stage, `--config`): `manifest.json`, `tokenizer/`,
   `unigram_counts.npy` and one directory of `rows` shards per split: `train-T/` for
   every sequence length T of the config's length phases, `eval-T/` for the held-out
-  documents at max_seq_length.
+  documents at each of those lengths (each phase is evaluated at its own).
 
 The manifest records how the examples were built (builder and its settings, held-out
 fraction, seed, lengths, the tokenizer's fingerprint), their counts per split and per
@@ -54,7 +54,8 @@ def kind_of(spec: str) -> str | None:
 
 
 def builder_name(nsp: bool, packing: str) -> str:
-  """'nsp' (BERT's sentence pairs) or the packing ('full_sentences', 'doc_sentences')."""
+  """'nsp' (BERT's sentence pairs) or the packing ('full_sentences', 'stream',
+  'doc_sentences')."""
   return "nsp" if nsp else packing
 
 
@@ -95,8 +96,8 @@ def eval_split(length: int) -> str:
 def check(manifest: dict[str, Any], spec: str, data_cfg, tokenizer_fingerprint: str, *,
           nsp: bool, lengths: Sequence[int]) -> None:
   """ConfigError (one line) unless `spec` was prepared as `data_cfg` (+ the model's
-  nsp) would build it, for every length in `lengths` and the evaluation at
-  data_cfg.max_seq_length, with the tokenizer of `tokenizer_fingerprint`."""
+  nsp) would build it, for every length in `lengths` (training and held-out rows),
+  with the tokenizer of `tokenizer_fingerprint`."""
   again = (f"prepare it again with this config (python -m bertjax.data.prepare "
            f"--config=... --input=TOKENIZED --output=DIR) or train with the settings it "
            f"was built with")
@@ -118,8 +119,13 @@ def check(manifest: dict[str, Any], spec: str, data_cfg, tokenizer_fingerprint: 
         f"prepared corpus {spec} was tokenized with another tokenizer than this run's "
         f"(fingerprint {manifest['tokenizer']['fingerprint']} vs {tokenizer_fingerprint}"
         f"): train with --config.data.tokenizer.path={spec}/{TOKENIZER_DIR}")
-  wanted = [train_split(t) for t in lengths] + [eval_split(data_cfg.max_seq_length)]
-  missing = [s for s in wanted if s not in manifest["splits"]]
+  missing = [train_split(t) for t in lengths if train_split(t) not in manifest["splits"]]
+  held = [eval_split(t) for t in lengths if eval_split(t) not in manifest["splits"]]
+  if held and not missing:
+    raise ConfigError(
+        f"prepared corpus {spec} has no held-out rows {', '.join(held)} (prepared before "
+        "each length phase was evaluated at its own length): rerun the python -m "
+        "bertjax.data.prepare --config command that built it, which adds them")
   if missing:
     raise ConfigError(
         f"prepared corpus {spec} has no {', '.join(missing)} (it holds "

@@ -4,7 +4,8 @@ q_i = p_i^alpha / sum_j p_j^alpha, which up-samples low-resource languages (alph
 keeps the corpus shares, alpha=0 makes all languages equally likely). n_i counts the
 language's sentences, as the equation does (`config.data.language_counts`: or its
 tokens or characters). Used for the tokenizer's training text and for pretraining
-batches (`pipeline.py` mixes per-language example streams with these weights).
+batches (`bertjax.data.mixture` parses the languages and interleaves their streams with
+these weights, as it does a weighted mixture's).
 """
 
 from __future__ import annotations
@@ -13,27 +14,10 @@ from typing import Sequence
 
 import numpy as np
 
-from bertjax.data import manifest, sources
-from bertjax.data import tokenizer as tok_lib
-from bertjax.errors import ConfigError, DataError
+from bertjax.errors import ConfigError
 
 # What n_i of eq. 11.7 counts (config.data.language_counts).
 COUNTS = ("sentences", "tokens", "characters")
-
-
-def parse_languages(spec: str) -> list[tuple[str, str]]:
-  """'en=/data/en/*.txt,de=tfds:wikipedia/20230601.de' -> [(language, corpus spec)]."""
-  out = []
-  for part in filter(None, (p.strip() for p in spec.split(","))):
-    name, sep, corpus = part.partition("=")
-    if not sep or not name.strip() or not corpus.strip():
-      raise ConfigError(f"language source {part!r} is not LANG=CORPUS: write e.g. "
-                        "'en=/data/en/*.txt,sw=/data/sw/*.txt'")
-    out.append((name.strip(), corpus.strip()))
-  names = [n for n, _ in out]
-  if len(set(names)) != len(names):
-    raise ConfigError(f"languages {names} repeat a name: give each language once")
-  return out
 
 
 def sampling_probabilities(sizes: Sequence[float], alpha: float) -> np.ndarray:
@@ -66,36 +50,15 @@ def text_size(sentences: Sequence[str], counts: str) -> int:
   return sum(len(s.split()) for s in sentences)
 
 
-def sample_sentences(per_language: Sequence[Sequence[str]], alpha: float, total: int,
-                     rng: np.random.Generator, counts: str = "sentences") -> list[str]:
-  """About `total` sentences drawn from the languages with probabilities q (n_i by
-  `counts`): each language contributes round(q_i * total) sentences, sampled without
-  replacement while it has enough and cycling over a shuffle when it must repeat.
-  Returned shuffled."""
-  q = sampling_probabilities([text_size(s, counts) for s in per_language], alpha)
+def sample_sentences(per_source: Sequence[Sequence[str]], q: Sequence[float], total: int,
+                     rng: np.random.Generator) -> list[str]:
+  """About `total` sentences drawn from the sources with probabilities q: each
+  contributes round(q_i * total) sentences, sampled without replacement while it has
+  enough and cycling over a shuffle when it must repeat. Returned shuffled."""
   out: list[str] = []
-  for sentences, share in zip(per_language, q):
+  for sentences, share in zip(per_source, q):
     n = int(round(share * total))
     order = np.concatenate([rng.permutation(len(sentences))
                             for _ in range(-(-n // len(sentences)))] or [[]])
     out.extend(sentences[k] for k in order[:n].astype(np.int64))
   return [out[k] for k in rng.permutation(len(out))]
-
-
-def tokenizer_sentences(data_cfg, seed: int) -> list[str]:
-  """The sentences to train a tokenizer on: the corpus's, or with
-  `config.data.languages` as many sentences as all languages hold, drawn with q."""
-  field = data_cfg.text_field
-  languages = parse_languages(data_cfg.languages)
-  for spec in [s for _, s in languages] or [data_cfg.corpus]:
-    if manifest.kind_of(spec):
-      raise DataError(f"corpus {spec!r} is prepared (tokenized): give the tokenizer it "
-                      f"was prepared with, --config.data.tokenizer.path={spec}/tokenizer")
-  if not languages:
-    return [s for d in sources.load_documents(data_cfg.corpus, field)
-            for s in tok_lib.running_text(d)]
-  per_language = [[s for d in sources.load_documents(spec, field)
-                   for s in tok_lib.running_text(d)] for _, spec in languages]
-  return sample_sentences(per_language, data_cfg.language_alpha,
-                          sum(map(len, per_language)), np.random.default_rng(seed),
-                          language_counts(data_cfg))

@@ -1,15 +1,18 @@
 """The pretraining input pipeline: examples -> grain -> masked batches.
 
-`build_pretraining_data` opens each corpus of `config.data` as example rows
-(`bertjax.data.rows`): a directory `prepare` built (`manifest.json`) is read in place,
-by random access, a row at a time; raw text (or a directory of tokenized documents)
-below `config.data.raw_text_limit_mb` is tokenized and built into rows in memory, the
-same way. It returns an infinite, checkpointable grain `IterDataset` of training
-batches plus evaluation batches made on demand.
+`build_pretraining_data` opens each source of `config.data` (the corpus, the sources
+of a weighted mixture, or the languages: `bertjax.data.mixture`) as example rows
+(`bertjax.data.corpora`): a directory `prepare` built (`manifest.json`) is read in
+place, by random access, a row at a time; raw text (or a directory of tokenized
+documents) below `config.data.raw_text_limit_mb` is tokenized and built into rows in
+memory, the same way. It returns an infinite, checkpointable grain `IterDataset` of
+training batches plus, per length phase, the held-out batches of every source made on
+demand (`bertjax.data.held_out`).
 
 Training order: element g of a source's stream is row permute(g mod n) of epoch
 g // n (`permutation.permute`: a fresh global shuffle every epoch that holds no table),
-sources mixed with the multilingual weights into one global stream; global batch i is
+sources interleaved by weight (`mixture.Interleave`: a mixture's weights, the
+languages' q) into one global stream; global batch i is
 its elements [i * B, (i + 1) * B), of which process p of P feeds the block
 [i * B + p * b, i * B + (p + 1) * b) (b = B / P: the rows its devices hold, as the
 meshes of `bertjax.parallel.mesh` order devices process after process). Each batch
@@ -24,13 +27,13 @@ max_seq_length (or the phase's length), P max_predictions_per_seq (or the phase'
 Batch dict (numpy): input_ids, attention_mask, token_type_ids [b, T] int32;
 masked_lm_positions, masked_lm_ids [b, P] int32; masked_lm_weights [b, P] float32;
 next_sentence_labels [b] int32 (0 = B follows A, 1 = random B; only with NSP);
-segment_ids, position_ids [b, T] int32 with config.data.isolate_documents.
+segment_ids, position_ids [b, T] int32 with config.data.isolate_documents; a length
+phase's constant inputs [b] float32 (ModernBERT's global_rope_theta).
 Evaluation batches add example_weights [b] float32 (0 for padding examples).
 """
 
 from __future__ import annotations
 
-import collections.abc
 import dataclasses
 import math
 import sys
@@ -41,9 +44,9 @@ from absl import flags, logging
 import grain
 import numpy as np
 
-from bertjax.data import (manifest, masking, multilingual, permutation, phases as phases_lib,
-                          prepare_tokens, builders, rows as rows_lib, seeds,
-                          sources as sources_lib)
+from bertjax.data import (builders, corpora, held_out as held_out_lib, manifest, masking,
+                          mixture, multilingual, permutation, phases as phases_lib,
+                          rows as rows_lib, seeds)
 from bertjax.data.phases import length_phases, masked_lm_prob_phases
 from bertjax.data import tokenizer as tok_lib
 from bertjax.errors import ConfigError, DataError, at_least, one_of, within
@@ -58,21 +61,26 @@ class PretrainingData:
 
   train: infinite `grain.IterDataset` of batches; `iter(train)` has `get_state()` /
     `set_state()` and is saved with `grain.checkpoint.CheckpointSave(iterator)`.
-  eval_batches: a sequence of fixed batches of the held-out documents (deterministic
-    masks, made when indexed; slicing gives a shorter sequence), the same count on
-    every process.
+  held_out: per length phase, its held-out evaluation (`held_out.HeldOut`: that
+    phase's length and inputs, each source's batches; deterministic masks, made when
+    indexed, the same count on every process).
   most_frequent_token: the commonest non-special id in the training tokens (the
     "always predict it" MLM baseline).
   stats: documents, train_documents, eval_documents, train_examples, eval_examples,
     tokens (training tokens), padding_fraction, phases, prepared, build_seconds;
-    language_weights with several languages, masking_phases with
+    source_weights with several sources, masking_phases with
     config.data.masked_lm_prob_phases.
   """
 
   train: grain.IterDataset
-  eval_batches: Sequence[dict[str, np.ndarray]]
+  held_out: list[held_out_lib.HeldOut]
   most_frequent_token: int
   stats: dict[str, Any]
+
+  @property
+  def eval_batches(self) -> held_out_lib.EvalBatches:
+    """The final length phase's held-out batches, every source's rows together."""
+    return self.held_out[-1].all()
 
 
 @dataclasses.dataclass(frozen=True, eq=False, repr=False)
@@ -201,16 +209,17 @@ class _Tag:
 def _phase_batches(phase: Phase, index: int, *, batch_size: int, seed: int, nsp: bool,
                    isolate: bool, position_offset: int, process_index: int,
                    process_count: int) -> grain.MapDataset:
-  """The stage's (infinite) batches for one process: the sources' streams mixed by
-  weight into the global stream of length phase `index`, from its element
+  """The stage's (infinite) batches for one process: the sources' streams interleaved
+  by weight into the global stream of length phase `index`, from its element
   `phase.first_element` on cut into blocks of `batch_size` elements, every
   `process_count`-th block (from `process_index`), then read and masked."""
   k = len(phase.sources)
   if k == 1:
     ds = grain.MapDataset.range(sys.maxsize)
   else:
-    ds = grain.MapDataset.mix([grain.MapDataset.range(sys.maxsize).map(_Tag(i))
-                               for i in range(k)], phase.weights)
+    ds = grain.MapDataset.select_from_datasets(
+        [grain.MapDataset.range(sys.maxsize).map(_Tag(i)) for i in range(k)],
+        mixture.Interleave(phase.weights))
   if phase.first_element:
     ds = ds[phase.first_element:]
   ds = ds.batch(batch_size, drop_remainder=True)[process_index::process_count]
@@ -304,10 +313,12 @@ def check_config(data_cfg, model, num_steps: int) -> None:
   masked_lm_prob_phases(d, num_steps)
   within("data.language_alpha", d.language_alpha, 0, 1)
   one_of("data.language_counts", d.language_counts, multilingual.COUNTS)
+  mixture.sources_of(d)
   within("data.eval_fraction", d.eval_fraction, 0, 1, "()")
   if not (isinstance(d.text_field, str) and d.text_field):
     raise ConfigError(f"config.data.text_field={d.text_field!r} must name the JSON / "
-                      "TFDS field holding the text, e.g. 'text'.")
+                      "TFDS field or the Parquet / Arrow column holding the text, e.g. "
+                      "'text'.")
   at_least("data.worker_count", d.worker_count, 0)
   at_least("data.raw_text_limit_mb", d.raw_text_limit_mb, 0)
   if not tok.path:  # A tokenizer is trained: it must be able to fill the vocabulary.
@@ -340,137 +351,6 @@ def _mask_schedule(cfg: masking.MaskingConfig, length: int, first: int,
   return out
 
 
-class EvalBatches(collections.abc.Sequence):
-  """This process's share of the evaluation examples as fixed masked batches.
-
-  Every process has ceil(N / (b * process_count)) batches: global batch i holds
-  examples [i * B, (i + 1) * B) (B = b * process_count) and process p its block
-  [i * B + p * b, i * B + (p + 1) * b); past the last example the rows are copies of
-  example 0 whose masked_lm_weights and example_weights are 0. Batch i is read and
-  masked when asked for; an example's mask depends only on the seed and its index, so
-  the global batches are the same whatever the process count. Slicing gives the
-  sequence of those batches.
-  """
-
-  def __init__(self, source, cfg: masking.MaskingConfig, *, batch_size: int, seed: int,
-               nsp: bool, isolate: bool, position_offset: int, process_index: int = 0,
-               process_count: int = 1, batches: range | None = None):
-    self._source, self._cfg, self._b, self._seed = source, cfg, batch_size, seed
-    self._nsp, self._isolate, self._offset = nsp, isolate, position_offset
-    self._p, self._count = process_index, process_count
-    self._batches = batches if batches is not None else range(
-        -(-len(source) // (batch_size * process_count)))
-
-  def __len__(self) -> int:
-    return len(self._batches)
-
-  def __getitem__(self, i):
-    if isinstance(i, slice):
-      return EvalBatches(self._source, self._cfg, batch_size=self._b, seed=self._seed,
-                         nsp=self._nsp, isolate=self._isolate,
-                         position_offset=self._offset, process_index=self._p,
-                         process_count=self._count, batches=self._batches[i])
-    index = (self._batches[i] * self._count + self._p) * self._b + np.arange(self._b)
-    real = index < len(self._source)
-    index = np.where(real, index, 0)
-    out = rows_lib.decode(self._source.read(index), isolate=self._isolate,
-                          position_offset=self._offset,
-                          word_starts=self._cfg.strategy != "token")
-    out.update(masking.mask_tokens(out["input_ids"], masking.RowStreams(self._seed, index),
-                                   self._cfg, word_starts=out.pop("word_starts", None)))
-    out["masked_lm_weights"] = out["masked_lm_weights"] * real[:, None]
-    out["example_weights"] = real.astype(np.float32)
-    if not self._nsp:
-      del out["next_sentence_labels"]
-    return out
-
-
-@dataclasses.dataclass
-class _Corpus:
-  """One corpus (language) as example rows.
-
-  train: {length: rows}; train_tokens: {length: real tokens in those rows}; held_out:
-  rows at max_seq_length; counts [V] int64 training token counts; text: documents,
-  sentences, tokens, characters of the whole corpus (n_i of the multilingual
-  sampling); documents: (train, held-out) counts.
-  """
-
-  train: dict[int, Any]
-  train_tokens: dict[int, int]
-  held_out: Any
-  counts: np.ndarray
-  text: dict[str, int]
-  documents: tuple[int, int]
-  prepared: bool
-
-
-def _prepared_corpus(spec: str, data_cfg, fingerprint: str, *, nsp: bool,
-                     lengths: list[int]) -> _Corpus:
-  """A directory built by `prepare --config`: checked against the config, read in place."""
-  info = manifest.load(spec)
-  manifest.check(info, spec, data_cfg, fingerprint, nsp=nsp, lengths=lengths)
-  return _Corpus(
-      train={t: manifest.split_rows(info, spec, manifest.train_split(t)) for t in lengths},
-      train_tokens={t: info["splits"][manifest.train_split(t)]["tokens"] for t in lengths},
-      held_out=manifest.split_rows(info, spec, manifest.eval_split(data_cfg.max_seq_length)),
-      counts=manifest.unigram_counts(info, spec), text=info["text"],
-      documents=(info["documents"]["train"], info["documents"]["eval"]), prepared=True)
-
-
-def _memory_corpus(spec: str, data_cfg, tokenizer, *, seed: int, k: int, nsp: bool,
-                   lengths: list[int], tokenized: bool) -> _Corpus:
-  """Raw text (or a tokenized directory) below the size limit, built in memory."""
-  limit = data_cfg.raw_text_limit_mb
-  size = (prepare_tokens.text_bytes(spec) if tokenized else sources_lib.text_bytes(spec))
-  if limit and size is not None and size > limit * 2**20:
-    raise DataError(
-        f"corpus {spec!r} holds {size / 2**20:,.0f} MB of text, more than "
-        f"config.data.raw_text_limit_mb={limit} that training builds in memory: prepare "
-        f"it once (python -m bertjax.data.prepare --config=YOUR_CONFIG --input={spec} "
-        f"--tokenizer=TOKENIZER --output=DIR) and train with --config.data.corpus=DIR")
-  if tokenized:
-    documents = list(prepare_tokens.read_documents(spec))
-    characters = prepare_tokens.summary(spec).get("characters", 0)
-  else:
-    text = sources_lib.load_documents(spec, data_cfg.text_field)
-    characters = sum(len(s) for d in text for s in d)
-    documents = builders.tokenize_documents(text, tokenizer)
-    del text
-  n = len(documents)
-  held = permutation.held_out(np.arange(n), n, data_cfg.eval_fraction,
-                              seeds.stream_seed(seed, seeds.SPLIT, k))
-  if n - int(held.sum()) < 2:
-    raise DataError(f"corpus {spec!r} has {n} non-empty documents: too few to hold out "
-                    f"{int(held.sum())} for evaluation and train on the rest; give more "
-                    "documents (blank lines separate them)")
-  train = [documents[i] for i in np.flatnonzero(~held)]
-  held_out = [documents[i] for i in np.flatnonzero(held)]
-  words, ids = tokenizer.word_starts(), rows_lib.id_dtype(tokenizer.vocab_size)
-
-  def build(docs, length, dupe_factor, *stream):
-    if nsp:
-      examples = builders.create_nsp_examples(
-          docs, tokenizer, max_seq_length=length, short_seq_prob=data_cfg.short_seq_prob,
-          dupe_factor=dupe_factor,
-          rng=np.random.default_rng(seeds.stream_seed(seed, *stream)))
-    else:
-      examples = builders.create_packed_examples(
-          docs, tokenizer, max_seq_length=length,
-          packing=data_cfg.packing, isolate_documents=True)
-    return rows_lib.MemoryRows(rows_lib.encode(examples, words, ids))
-
-  flat = np.concatenate([np.asarray(s, np.int64) for d in train for s in d])
-  built = {t: build(train, t, data_cfg.dupe_factor, seeds.TRAIN_EXAMPLES, k, i)
-           for i, t in enumerate(lengths)}
-  return _Corpus(
-      train=built, train_tokens={t: int(r.rows["length"].sum()) for t, r in built.items()},
-      held_out=build(held_out, data_cfg.max_seq_length, 1, seeds.EVAL_EXAMPLES, k),
-      counts=np.bincount(flat, minlength=tokenizer.vocab_size).astype(np.int64),
-      text={"documents": n, "sentences": sum(map(len, documents)),
-            "tokens": sum(len(s) for d in documents for s in d), "characters": characters},
-      documents=(len(train), len(held_out)), prepared=False)
-
-
 def build_pretraining_data(data_cfg, tokenizer, *, batch_size: int, seed: int, nsp: bool,
                            process_index: int = 0, process_count: int = 1,
                            position_offset: int = 0,
@@ -481,18 +361,20 @@ def build_pretraining_data(data_cfg, tokenizer, *, batch_size: int, seed: int, n
                            ) -> PretrainingData:
   """Builds the training stream and evaluation batches from `config.data`.
 
-  `batch_size` is the per-process batch (at max_seq_length: the evaluation batches';
-  `batch_schedule` sizes each length phase's from it, by tokens and with a batch-size
-  warm-up, `bertjax.data.phases.stages`); `phase_inputs` gives each length phase's
-  constant per-row model inputs (ModernBERT's `global_rope_theta`; () none). With `nsp`
-  the examples are BERT's sentence
-  pairs, otherwise packed rows (`config.data.packing`: RoBERTa's FULL-SENTENCES or
-  DOC-SENTENCES; `config.data.isolate_documents` adds segment_ids and position_ids
-  starting at `position_offset`, the model's). `config.data.length_phases` splits
-  `num_steps` into sequence-length phases and `config.data.masked_lm_prob_phases`
-  into masking-rate phases (the held-out batches stay at `masked_lm_prob`);
-  `config.data.languages` mixes per-language corpora with q_i ~ p_i^language_alpha.
-  A corpus directory written by
+  `batch_size` is the per-process batch at max_seq_length (`batch_schedule` sizes each
+  length phase's from it, by tokens and with a batch-size warm-up,
+  `bertjax.data.phases.stages`; a phase's held-out batches have its full batch's
+  rows); `phase_inputs` gives each length phase's constant per-row model inputs
+  (ModernBERT's `global_rope_theta`; () none), its training and held-out batches alike.
+  With `nsp` the examples are BERT's sentence pairs, otherwise packed rows
+  (`config.data.packing`: RoBERTa's FULL-SENTENCES or DOC-SENTENCES;
+  `config.data.isolate_documents` adds segment_ids and position_ids starting at
+  `position_offset`, the model's). `config.data.length_phases` splits `num_steps`
+  into sequence-length phases and `config.data.masked_lm_prob_phases` into
+  masking-rate phases (the held-out batches stay at `masked_lm_prob`). Several sources
+  (`mixture.sources_of`: a weighted mixture in `config.data.corpus`, or
+  `config.data.languages` with q_i ~ p_i^language_alpha) are interleaved by weight, and
+  held out and evaluated each on its own. A corpus directory written by
   `prepare --config` is read in place (its manifest checked against the config);
   other corpora are built in memory. Deterministic given `seed`.
   """
@@ -510,31 +392,30 @@ def build_pretraining_data(data_cfg, tokenizer, *, batch_size: int, seed: int, n
     raise ConfigError(f"{len(phase_inputs)} phase inputs for {len(phases)} length phases")
   rates = masked_lm_prob_phases(data_cfg, num_steps)
   lengths = sorted({t for _, t, _ in phases})
-  languages = multilingual.parse_languages(data_cfg.languages) or [
-      ("", data_cfg.corpus)]
+  sources = mixture.sources_of(data_cfg)
   counts_unit = multilingual.language_counts(data_cfg)
   fingerprint = None
-  corpora = []
-  for k, (_, spec) in enumerate(languages):
-    kind = manifest.kind_of(spec)
+  built = []
+  for source in sources:
+    kind = manifest.kind_of(source.spec)
     if kind == "examples":
       fingerprint = fingerprint or manifest.fingerprint(tokenizer)
-      corpora.append(_prepared_corpus(spec, data_cfg, fingerprint, nsp=nsp,
-                                      lengths=lengths))
+      built.append(corpora.prepared(source.spec, data_cfg, fingerprint, nsp=nsp,
+                                    lengths=lengths))
     else:
-      corpora.append(_memory_corpus(spec, data_cfg, tokenizer, seed=seed, k=k, nsp=nsp,
-                                    lengths=lengths, tokenized=kind == "tokens"))
-  counts = np.sum([c.counts for c in corpora], axis=0)
+      built.append(corpora.in_memory(source.spec, data_cfg, tokenizer, seed=seed, nsp=nsp,
+                                     lengths=lengths, tokenized=kind == "tokens"))
+  counts = np.sum([c.counts for c in built], axis=0)
   mask_cfg = masking.MaskingConfig.create(data_cfg, tokenizer, counts)
   counts[mask_cfg.special_ids] = 0
   weights = None
-  if len(languages) > 1:
-    sizes = [c.text[counts_unit] for c in corpora]
-    if not all(sizes):
+  if len(sources) > 1:
+    sizes = [c.text[counts_unit] for c in built]
+    if sources[0].weight is None and not all(sizes):
       raise DataError(f"config.data.language_counts={counts_unit!r} but a prepared corpus "
                       f"has no {counts_unit} count ({sizes}): prepare it again")
-    weights = tuple(multilingual.sampling_probabilities(
-        sizes, data_cfg.language_alpha).tolist())
+    weights = tuple(mixture.weights(sources, sizes, data_cfg.language_alpha).tolist())
+  inputs_of = lambda k: tuple(sorted(phase_inputs[k].items())) if phase_inputs else ()
   train_phases, masking_phases = [], []
   for stage in stages:
     length, rows = stage.length, stage.rows // process_count
@@ -542,64 +423,69 @@ def build_pretraining_data(data_cfg, tokenizer, *, batch_size: int, seed: int, n
       raise ConfigError(f"the global batch of {stage.rows} rows (from step "
                         f"{stage.first_step + 1}) does not split over {process_count} "
                         "processes; make every batch size a multiple of the process count")
-    sources = tuple(c.train[length] for c in corpora)
-    for (name, spec), source in zip(languages, sources):
-      if len(source) // process_count < rows:
-        raise DataError(f"corpus {spec!r} gives {len(source)} training examples of length "
-                        f"{length}, fewer than one batch of {rows} on each of "
+    phase_sources = tuple(c.train[length] for c in built)
+    for source, rows_k in zip(sources, phase_sources):
+      if len(rows_k) // process_count < rows:
+        raise DataError(f"corpus {source.spec!r} gives {len(rows_k)} training examples of "
+                        f"length {length}, fewer than one batch of {rows} on each of "
                         f"{process_count} processes: use a smaller batch or a bigger "
                         "corpus")
     schedule = _mask_schedule(
         dataclasses.replace(mask_cfg, max_predictions_per_seq=stage.predictions), length,
         stage.first_step, stage.steps, rates, mask_cfg.masked_lm_prob)
-    inputs = tuple(sorted(phase_inputs[stage.phase].items())) if phase_inputs else ()
-    train_phases.append(Phase(stage.steps, sources, weights, schedule[0][1],
+    train_phases.append(Phase(stage.steps, phase_sources, weights, schedule[0][1],
                               tuple(schedule[1:]), rows, stage.phase, stage.first_element,
-                              inputs))
+                              inputs_of(stage.phase)))
     for b, c in schedule:  # (a stage of the batch-size warm-up changes no masking)
       if not masking_phases or masking_phases[-1][1:] != (
           length, c.masked_lm_prob, c.max_predictions_per_seq):
         masking_phases.append((stage.first_step + b, length, c.masked_lm_prob,
                                c.max_predictions_per_seq))
-  held_out = rows_lib.concatenate([c.held_out for c in corpora])
-  first = train_phases[0].sources
-  first_length = first[0].dtype["ids"].shape[0]
-  first_rows = sum(len(s) for s in first)
-  first_tokens = sum(c.train_tokens[first_length] for c in corpora)
+  held_out = []
+  for k, (_, length, predictions) in enumerate(phases):
+    last = [s for s in stages if s.phase == k][-1]  # the phase's full batch
+    first = next(s for s in stages if s.phase == k).first_step
+    held_out.append(held_out_lib.HeldOut(
+        k, first, length, inputs_of(k), {s.name: c.held_out[length]
+                                         for s, c in zip(sources, built)},
+        dataclasses.replace(mask_cfg, max_predictions_per_seq=predictions),
+        dict(batch_size=last.rows // process_count,
+             seed=seeds.stream_seed(seed, seeds.EVAL_MASKS), nsp=nsp, isolate=isolate,
+             position_offset=position_offset, process_index=process_index,
+             process_count=process_count)))
+  first_length = stages[0].length
+  first_rows = sum(len(c.train[first_length]) for c in built)
+  first_tokens = sum(c.train_tokens[first_length] for c in built)
   return PretrainingData(
       train=make_train_dataset(
           train_phases, batch_size=batch_size, seed=seed, nsp=nsp,
           process_index=process_index, process_count=process_count,
           worker_count=data_cfg.worker_count, isolate=isolate,
           position_offset=position_offset),
-      eval_batches=EvalBatches(
-          held_out, mask_cfg, batch_size=batch_size,
-          seed=seeds.stream_seed(seed, seeds.EVAL_MASKS),
-          nsp=nsp, isolate=isolate, position_offset=position_offset,
-          process_index=process_index, process_count=process_count),
+      held_out=held_out,
       most_frequent_token=int(np.argmax(counts)),
       stats={
-          "documents": sum(sum(c.documents) for c in corpora),
-          "train_documents": sum(c.documents[0] for c in corpora),
-          "eval_documents": sum(c.documents[1] for c in corpora),
+          "documents": sum(sum(c.documents) for c in built),
+          "train_documents": sum(c.documents[0] for c in built),
+          "eval_documents": sum(c.documents[1] for c in built),
           "train_examples": first_rows,
           # Share of the train rows' positions that are padding (packing drives it to ~0).
           "padding_fraction": round(1.0 - first_tokens / max(first_rows * first_length, 1),
                                     4),
-          "eval_examples": len(held_out),
-          "tokens": int(sum(c.counts.sum() for c in corpora)),
+          "eval_examples": len(held_out[-1]),
+          "tokens": int(sum(c.counts.sum() for c in built)),
           "phases": [(steps, length, next(p for p, s in zip(train_phases, stages)
                                           if s.phase == k).mask_cfg.max_predictions_per_seq)
                      for k, (steps, length, _) in enumerate(phases)],
           # (first step, length, global rows) of each batch shape, when they vary.
           **({"batches": [(s.first_step, s.length, s.rows) for s in stages]}
              if len(stages) > len(phases) or batch_schedule.by_tokens else {}),
-          **({"language_weights": dict(zip([n for n, _ in languages],
-                                           np.round(weights, 4).tolist()))}
+          **({"source_weights": dict(zip([s.name for s in sources],
+                                         np.round(weights, 4).tolist()))}
              if weights else {}),
           # (first step, length, masking rate, P) of each masking-rate phase.
           **({"masking_phases": masking_phases}
              if data_cfg.masked_lm_prob_phases else {}),
-          "prepared": all(c.prepared for c in corpora),
+          "prepared": all(c.prepared for c in built),
           "build_seconds": round(time.perf_counter() - start, 3),
       })

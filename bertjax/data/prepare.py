@@ -19,6 +19,7 @@ processes, or `prepare_beam.build` on the Apache Beam `--runner`).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Iterator
 
@@ -26,7 +27,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from bertjax.console import cli
-from bertjax.data import manifest, multilingual, pipeline, prepare_examples, prepare_tokens
+from bertjax.data import manifest, mixture, pipeline, prepare_examples, prepare_tokens
 from bertjax.errors import ConfigError
 from bertjax import model as model_lib
 
@@ -42,6 +43,10 @@ def main(argv):
     if missing:
       raise app.UsageError(f"--{' and --'.join(missing)} needed (or --config=RECIPE to "
                            "build its training examples)")
+    if mixture.is_mixture(f.input):
+      raise app.UsageError("--input is a mixture: give --config=RECIPE with it as "
+                           "config.data.corpus, which prepares each source into "
+                           "OUTPUT/NAME")
     totals = prepare_tokens.prepare(f.input, f.tokenizer, f.output, f.workers,
                              f.chunk_documents, f.text_field)
     print(" | ".join(f"{k} {v:,}" for k, v in totals.items()))
@@ -56,20 +61,23 @@ def main(argv):
 def prepare_config(config, *, input_spec: str | None, tokenizer_path: str | None,
                    output: str, workers: int, chunk_documents: int = 1000,
                    runner: str | None = None, beam_options: str = "") -> Iterator[str]:
-  """The `prepare --config` command: for the corpus (or each of `config.data.languages`)
-  stage 1 when it is raw text (into OUTPUT[/LANG]/tokens), then stage 2 into
-  OUTPUT[/LANG] (on the Apache Beam `runner` with `beam_options` when given, see
-  `prepare_beam`); yields summary lines and the flags to train with."""
+  """The `prepare --config` command: for the corpus (or each source of a mixture or of
+  `config.data.languages`, `mixture.sources_of`) stage 1 when it is raw text (into
+  OUTPUT[/NAME]/tokens), then stage 2 into OUTPUT[/NAME] (on the Apache Beam `runner`
+  with `beam_options` when given, see `prepare_beam`); yields summary lines and the
+  flags to train with (the same sources and weights, each its prepared directory)."""
   # The sections the examples depend on, in range, as training checks them.
   model = model_lib.config_from(config.model)
   pipeline.check_config(config.data, model, config.train.num_steps)
   data = config.data
   beam = _beam() if runner else None  # before any work: Beam may not be installed
-  languages = multilingual.parse_languages(data.languages)
-  if languages and input_spec:
-    raise ConfigError("--input and config.data.languages both name corpora: give one")
-  jobs = ([(name, spec, os.path.join(output, name)) for name, spec in languages]
-          or [("", input_spec or data.corpus, output)])
+  sources = mixture.sources_of(data)
+  named = bool(sources[0].name)  # languages or a mixture: each into OUTPUT/NAME
+  if named and input_spec:
+    raise ConfigError("--input and the config's sources (config.data.languages or a "
+                      "mixture in config.data.corpus) both name corpora: give one")
+  jobs = ([(s.name, s.spec, os.path.join(output, s.name)) for s in sources]
+          if named else [("", input_spec or data.corpus, output)])
   for name, spec, out in jobs:
     tokens = spec
     if manifest.kind_of(spec) != "tokens":
@@ -92,8 +100,10 @@ def prepare_config(config, *, input_spec: str | None, tokenizer_path: str | None
     yield (f"{name + ': ' if name else ''}examples {' | '.join(parts)} | documents "
            f"{built['documents']['train']:,} + {built['documents']['eval']:,} held out | "
            f"seconds {built['seconds']:,}")
-  corpus_flag = (f"--config.data.languages='{','.join(f'{n}={o}' for n, _, o in jobs)}'"
-                 if languages else f"--config.data.corpus={output}")
+  prepared = [dataclasses.replace(s, spec=out) for s, (_, _, out) in zip(sources, jobs)]
+  field = "languages" if data.languages else "corpus"
+  corpus_flag = (f"--config.data.{field}='{mixture.spec_of(prepared)}'"
+                 if named else f"--config.data.corpus={output}")
   tokenizer_dir = os.path.join(jobs[0][2], manifest.TOKENIZER_DIR)
   yield f"train with {corpus_flag} --config.data.tokenizer.path={tokenizer_dir}"
 
@@ -112,14 +122,17 @@ def _beam():
 
 def define_flags() -> None:
   """Defined only when run as a program (importing the module defines no flags)."""
-  flags.DEFINE_string("input", None, "Corpus: file, glob, directory, tfds:NAME, embedded; "
-                      "with --config also a tokenized directory (default: its corpus).")
+  flags.DEFINE_string("input", None, "Corpus: file, glob, directory (text, JSON lines, "
+                      ".gz, .zst, Parquet, Arrow, a datasets save_to_disk directory; "
+                      "local or gs://), tfds:NAME, embedded; with --config also a "
+                      "tokenized directory (default: its corpus or sources).")
   flags.DEFINE_string("tokenizer", None, "vocab.txt, .model, tokenizer.json or dir "
                       "(with --config, default: config.data.tokenizer.path).")
   flags.DEFINE_string("output", None, "Directory for the shards.")
   flags.DEFINE_integer("workers", os.cpu_count() or 1, "Worker processes.")
   flags.DEFINE_integer("chunk_documents", 1000, "Documents per tokenized shard.")
-  flags.DEFINE_string("text_field", "text", "JSON-lines / TFDS text key.")
+  flags.DEFINE_string("text_field", "text", "JSON-lines / TFDS text key, Parquet / "
+                      "Arrow text column.")
   flags.DEFINE_string("runner", None, "With --config: build the examples on this Apache "
                       "Beam runner (DirectRunner, DataflowRunner, FlinkRunner, "
                       "SparkRunner, ...) instead of --workers processes; needs "

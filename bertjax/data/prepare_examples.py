@@ -8,8 +8,8 @@ From a tokenized directory (stage 1) it writes, for `config.data` and the model'
   access into the tokenized shards) or packed rows (FULL-SENTENCES / DOC-SENTENCES,
   each row's document boundaries kept so attention can be isolated per document);
   every row carries its word starts (whole-word and SpanBERT span masking);
-* `eval-T/` at max_seq_length from the held-out documents (the same held-out set the
-  in-memory pipeline takes: `permutation.held_out` of the same seed, decided per
+* `eval-T/` at each of those lengths from the held-out documents (the same held-out set
+  the in-memory pipeline takes: `permutation.held_out` of the same seed, decided per
   document from its index, so no process needs the corpus in memory);
 * `unigram_counts.npy` (the training tokens' counts) and `manifest.json`.
 
@@ -83,7 +83,6 @@ def _settings(data_cfg, nsp: bool, seed: int, tokens: str) -> dict[str, Any]:
       "eval_fraction": data_cfg.eval_fraction,
       "seed": seed,
       "train_lengths": manifest.phase_lengths(data_cfg),
-      "eval_length": data_cfg.max_seq_length,
       "tokenizer_fingerprint": prepare_tokens.summary(tokens).get("tokenizer_fingerprint"),
       "input": os.path.abspath(tokens),
   }
@@ -187,16 +186,16 @@ def plan(tokens: str, output: str, data_cfg, *, nsp: bool, seed: int) -> Plan:
   _write_json(settings_path, settings)
   init_worker(tokens, settings)  # The split's counts per shard, here too.
   splits = _worker["splits"]
-  lengths, eval_length = settings["train_lengths"], settings["eval_length"]
+  lengths = settings["train_lengths"]
   for held, name in ((False, "training"), (True, "held-out")):
     if len(splits[held]) < 2:
       raise DataError(f"{tokens} has {len(splits[False]) + len(splits[True])} documents: "
                       f"too few for 2 {name} ones; give more documents")
   shards = range(splits[False].shards)
   units = [("train", t, s) for t in lengths for s in shards]
-  units += [("eval", eval_length, s) for s in shards]
+  units += [("eval", t, s) for t in lengths for s in shards]
   names = {("train", t): manifest.train_split(t) for t in lengths}
-  names[("eval", eval_length)] = manifest.eval_split(eval_length)
+  names.update({("eval", t): manifest.eval_split(t) for t in lengths})
   for name in names.values():
     os.makedirs(os.path.join(output, name), exist_ok=True)
   out = Plan(tokens, output, settings, units, [], names)

@@ -8,32 +8,47 @@
   with code blocks, grammar rules and reST markup removed, wrapped lines re-flowed into
   paragraphs, split into one document per section heading, then into sentences. The
   result depends only on the Python version, so it is identical across machines.
-* a file, glob or directory (recursively, hidden files skipped); `.gz` is
-  decompressed on the fly.
-  - plain text: one sentence or paragraph a line, a blank line between documents;
-  - JSON lines (`.jsonl`, `.jsonl.gz`, `.json`): one document an object, its text in
-    `text_field`; newlines inside the text separate paragraphs.
+* a file, glob or directory (recursively, hidden files skipped), local or remote
+  (`gs://...` through etils.epath; remote globs match within one directory level,
+  `*` `?` `[...]`, no `**`: give the directory to read a tree); `.gz` and `.zst` are
+  decompressed on the fly. By file name (`bertjax.data.formats` reads the formats):
+  - plain text (any other name): one sentence or paragraph a line, a blank line
+    between documents;
+  - JSON lines (`.jsonl`, `.json`, also `.gz` / `.zst`: Dolma's `.json.zst`): one
+    document an object, its text in `text_field`; newlines inside the text separate
+    paragraphs;
+  - Parquet (`.parquet`: FineWeb, DCLM): one document a row, its text in the column
+    `text_field`, read a row group at a time;
+  - Arrow IPC (`.arrow`), and a directory Hugging Face `datasets` saved with
+    `save_to_disk` (its `state.json` lists its `data-*.arrow` files; a DatasetDict
+    directory gives its `train` split): one document a row, column `text_field`.
 * `tfds:NAME[/CONFIG][:SPLIT]` (e.g. `tfds:wikipedia/20230601.en`, `tfds:c4/en:train`):
   a prepared TFDS dataset read through `tfds.data_source` from ArrayRecord, no
   TensorFlow needed; the text is in `text_field`. `data_dir` is TFDS's data dir.
 
+A weighted mixture of such specs (`config.data.corpus='general:0.3=...,domain:0.7=...'`)
+is `bertjax.data.mixture`'s: each of its sources is one spec here.
+
 Paragraph lines are split into sentences with `split_sentences`. Bad input
-raises `DataError` before any document of that file is yielded (binary file) or is
-repaired (invalid UTF-8 bytes and lone surrogates of JSON escapes become U+FFFD; a
-text line longer than `MAX_LINE_CHARS` is cut into pieces, a JSON line is read whole),
-so a long preparation never dies midway.
+raises `DataError` before any document of that file is yielded (binary file, a
+Parquet / Arrow file without the text column) or is repaired (invalid UTF-8 bytes and
+lone surrogates of JSON escapes become U+FFFD; a text line longer than
+`MAX_LINE_CHARS` is cut into pieces, a JSON line is read whole), so a long preparation
+never dies midway; a file truncated midway (.gz, .zst) raises where its data ends.
 """
 
 from __future__ import annotations
 
 import glob
-import gzip
 import io
 import json
 import os
 import re
 from typing import Iterator
 
+from etils import epath
+
+from bertjax.data import formats
 from bertjax.errors import DataError
 
 TFDS_PREFIX = "tfds:"
@@ -86,28 +101,73 @@ def split_sentences(text: str) -> list[str]:
 
 
 def resolve_paths(spec: str) -> list[str]:
-  """Expands a path, directory (recursively, hidden files skipped) or glob."""
-  spec = os.path.expanduser(spec)
-  if os.path.isdir(spec):
-    paths = []
-    for root, dirs, files in os.walk(spec):
-      dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-      paths.extend(os.path.join(root, f) for f in sorted(files) if not f.startswith("."))
-    if not paths:
-      raise DataError(f"corpus directory {spec!r} holds no files: put text files "
-                      "(one sentence a line, blank line between documents) in it")
-    return paths
-  if os.path.isfile(spec):
-    return [spec]
-  paths = sorted(p for p in glob.glob(spec, recursive=True) if os.path.isfile(p))
-  if not paths:
+  """Expands a path, directory (recursively, hidden files skipped) or glob, local or
+  remote; a `datasets` save_to_disk directory is one path (`formats.is_hf_dataset`)."""
+  paths = (_remote_paths(spec) if formats.is_remote(spec)
+           else _local_paths(os.path.expanduser(spec)))
+  if paths is None:
     raise DataError(f"corpus {spec!r} matches no file: check the path or glob, or use "
                     "--config.data.corpus=embedded")
+  if not paths:
+    raise DataError(f"corpus directory {spec!r} holds no files: put text files "
+                    "(one sentence a line, blank line between documents) in it")
   return paths
 
 
+def _local_paths(spec: str) -> list[str] | None:
+  """The files of a local spec; None when nothing matches."""
+  if os.path.isdir(spec):
+    if formats.is_hf_dataset(spec):
+      return [spec]
+    paths = []
+    for root, dirs, files in os.walk(spec):
+      dirs[:] = _descend(root, dirs, paths)
+      paths.extend(os.path.join(root, f) for f in sorted(files) if not f.startswith("."))
+    return paths
+  if os.path.isfile(spec):
+    return [spec]
+  return sorted(p for p in glob.glob(spec, recursive=True) if os.path.isfile(p)) or None
+
+
+def _remote_paths(spec: str) -> list[str] | None:
+  """The files of a remote spec (epath: a file, a directory's tree, or a glob within
+  directory levels); None when nothing matches."""
+  scheme = spec.split("://", 1)[0] + "://"
+  path = epath.Path(spec)
+  if not any(c in spec for c in "*?["):
+    if path.is_dir():
+      if formats.is_hf_dataset(spec):
+        return [spec]
+      paths = []
+      for root, dirs, files in path.walk():
+        root = str(root)  # fsspec's walk may drop the scheme
+        root = root if "://" in root else scheme + root
+        dirs[:] = _descend(root, dirs, paths)
+        paths.extend(f"{root}/{f}" for f in sorted(files) if not f.startswith("."))
+      return paths
+    return [spec] if path.exists() else None
+  fixed = spec[:min(spec.index(c) for c in "*?[" if c in spec)].rsplit("/", 1)[0]
+  if "**" in spec:
+    raise DataError(f"corpus {spec!r}: remote globs match within directory levels (no "
+                    f"**): give the directory {fixed} to read its whole tree")
+  return sorted(str(p) for p in epath.Path(fixed).glob(spec[len(fixed) + 1:])
+                if not p.name.startswith(".") and not p.is_dir()) or None
+
+
+def _descend(root: str, dirs: list[str], paths: list[str]) -> list[str]:
+  """The subdirectories of `root` a walk enters (sorted, hidden ones skipped); a
+  `datasets` directory among them is added to `paths` whole instead."""
+  out = []
+  for d in sorted(d for d in dirs if not d.startswith(".")):
+    if formats.is_hf_dataset(f"{root}/{d}"):
+      paths.append(f"{root}/{d}")
+    else:
+      out.append(d)
+  return out
+
+
 def is_jsonl(path: str) -> bool:
-  return path.endswith((".jsonl", ".jsonl.gz", ".json", ".json.gz"))
+  return formats.base_name(path).endswith((".jsonl", ".json"))
 
 
 def iter_documents(spec: str, text_field: str = "text", data_dir: str | None = None
@@ -120,39 +180,64 @@ def iter_documents(spec: str, text_field: str = "text", data_dir: str | None = N
     yield from _tfds_documents(spec[len(TFDS_PREFIX):], text_field, data_dir)
     return
   for path in resolve_paths(spec):
-    if is_jsonl(path):
+    kind = formats.kind(path)
+    if kind == "jsonl":
       yield from _jsonl_documents(path, text_field)
-    else:
+    elif kind == "text":
       yield from _text_documents(path)
+    else:
+      for text in formats.texts(path, kind, text_field):
+        sentences = _paragraph_sentences(text)
+        if sentences:
+          yield sentences
 
 
-def load_documents(spec: str, text_field: str = "text") -> list[list[str]]:
-  """Loads a corpus whole: `'embedded'`, or any `iter_documents` spec (text or JSON
-  lines files, globs, directories, `.gz`, `tfds:NAME`).
+def load_documents(spec: str, text_field: str = "text",
+                   limit_chars: int | None = None) -> list[list[str]]:
+  """Loads a corpus whole: `'embedded'`, or any `iter_documents` spec (text, JSON
+  lines, Parquet, Arrow, `datasets` directories, globs, directories, `.gz`, `.zst`,
+  `tfds:NAME`).
 
   Returns documents (in a deterministic order), each a non-empty list of sentences.
-  Raises `DataError` when the spec matches nothing, a file is binary or the corpus
-  is empty.
+  Raises `DataError` when the spec matches nothing, a file is binary or unreadable,
+  the corpus is empty, or it holds more than `limit_chars` characters (None: no limit).
   """
   if not spec:
     raise DataError("config.data.corpus is empty: set it to 'embedded' or to a text "
                     "file, glob or directory (e.g. --config.data.corpus='/data/*.txt')")
-  documents = list(iter_documents(spec, text_field))
+  documents, characters = [], 0
+  for document in iter_documents(spec, text_field):
+    documents.append(document)
+    characters += sum(map(len, document))
+    if limit_chars is not None and characters > limit_chars:
+      raise too_large(spec, characters, limit_chars, "over")
   if not documents:
-    raise DataError(f"corpus {spec!r} contains no text: give files with one sentence a "
-                    "line and a blank line between documents")
+    raise DataError(f"corpus {spec!r} contains no text: give text files with one "
+                    "sentence a line and a blank line between documents, or records "
+                    f"whose {text_field!r} field / column holds text "
+                    "(config.data.text_field)")
   return documents
 
 
+def too_large(spec: str, size: int, limit: int, how: str = "") -> DataError:
+  """The one line refusing to build `spec` (`size` bytes of text) in memory."""
+  return DataError(
+      f"corpus {spec!r} holds {how + ' ' if how else ''}{size / 2**20:,.0f} MB of text, "
+      f"more than config.data.raw_text_limit_mb={limit / 2**20:g} that training builds "
+      f"in memory: prepare it once (python -m bertjax.data.prepare --config=YOUR_CONFIG "
+      f"--input={spec} --tokenizer=TOKENIZER --output=DIR) and train with "
+      "--config.data.corpus=DIR")
+
+
 def _open_lines(path: str, max_chars: int | None = None) -> Iterator[str]:
-  """Lines of a (gzipped) UTF-8 file, streamed, each cut into pieces of at most
-  `max_chars` (None: whole lines); binary files rejected up front."""
+  """Lines of a (.gz / .zst compressed) UTF-8 file, streamed, each cut into pieces of
+  at most `max_chars` (None: whole lines); binary files rejected up front."""
   try:
-    raw = gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
-    sample = raw.read(_BINARY_SAMPLE)
+    with formats.open_binary(path) as raw:
+      sample = raw.read(_BINARY_SAMPLE)
   except (OSError, EOFError) as e:
-    raise DataError(f"cannot read corpus file {path!r} ({e}): give a readable text or "
-                    ".gz file") from None
+    raise DataError(f"cannot read corpus file {path!r} ({e}): give a readable text, "
+                    ".gz or .zst file") from None
   if b"\x00" in sample:
     raise DataError(f"corpus file {path!r} is binary (contains NUL bytes): give UTF-8 "
                     "text, one sentence a line")
@@ -160,8 +245,8 @@ def _open_lines(path: str, max_chars: int | None = None) -> Iterator[str]:
   if text and text.count("\ufffd") > _MAX_REPLACED_FRACTION * len(text):
     raise DataError(f"corpus file {path!r} is binary (mostly not UTF-8): give UTF-8 "
                     "text, one sentence a line")
-  raw.seek(0)
-  with io.TextIOWrapper(raw, encoding="utf-8", errors="replace") as f:
+  with io.TextIOWrapper(formats.open_binary(path), encoding="utf-8",
+                        errors="replace") as f:
     try:
       while True:
         line = f.readline(-1 if max_chars is None else max_chars)
@@ -230,20 +315,19 @@ def _tfds_documents(name: str, text_field: str, data_dir: str | None
       yield sentences
 
 
-def text_bytes(spec: str) -> int | None:
-  """The size of a corpus's text in bytes (a .gz counts uncompressed, from its
-  trailer), or None when it cannot be told cheaply (the embedded corpus, TFDS)."""
+def text_bytes(spec: str, text_field: str = "text") -> int | None:
+  """About how many bytes of text a corpus holds, from its files' sizes and metadata
+  (`formats.text_bytes`: a .gz counts uncompressed, a Parquet file its text column),
+  or None when that cannot be told cheaply (the embedded corpus, TFDS, a .zst written
+  as a stream)."""
   if spec == EMBEDDED or spec.startswith(TFDS_PREFIX):
     return None
   total = 0
   for path in resolve_paths(spec):
-    if path.endswith(".gz"):
-      with open(path, "rb") as f:  # ISIZE: the uncompressed size modulo 2**32
-        f.seek(-4, os.SEEK_END)
-        size = int.from_bytes(f.read(4), "little")
-      total += max(size, os.path.getsize(path))
-    else:
-      total += os.path.getsize(path)
+    size = formats.text_bytes(path, formats.kind(path), text_field)
+    if size is None:
+      return None
+    total += size
   return total
 
 

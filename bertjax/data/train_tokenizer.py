@@ -27,7 +27,7 @@ import ml_collections
 
 from bertjax.console import cli
 from bertjax.console import progress
-from bertjax.data import multilingual
+from bertjax.data import mixture, multilingual
 from bertjax.data import tokenizer as tok_lib
 
 
@@ -40,7 +40,7 @@ def train(input_spec: str, languages: str, output: str, *, kind: str, vocab_size
                                         "language_alpha": alpha,
                                         "language_counts": language_counts,
                                         "text_field": text_field})
-  sentences = multilingual.tokenizer_sentences(data_cfg, seed)
+  sentences = mixture.tokenizer_sentences(data_cfg, seed)
   counted = progress.Progress("tokenizer", len(sentences), "sentences").wrap(sentences)
   tok = tok_lib.train_tokenizer(counted, kind=kind, vocab_size=vocab_size,
                                 lowercase=lowercase, model_type=model_type,
@@ -63,7 +63,10 @@ def main(argv):
 
 if __name__ == "__main__":
   # Defined only when run as a program, so importing the module defines no flags.
-  flags.DEFINE_string("input", None, "Corpus: file, glob, directory, tfds:NAME, embedded.")
+  flags.DEFINE_string("input", None, "Corpus: file, glob, directory (text, JSON lines, "
+                      ".gz, .zst, Parquet, Arrow, a datasets directory; local or gs://), "
+                      "tfds:NAME, embedded, or a mixture 'NAME:WEIGHT=SPEC,...' (sentences "
+                      "drawn by weight).")
   flags.DEFINE_string("languages", "", "Instead of --input: 'en=SPEC,sw=SPEC,...'.")
   flags.DEFINE_float("alpha", 0.3, "Language sampling exponent: q_i ~ p_i^alpha.")
   flags.DEFINE_enum("language_counts", "sentences", list(multilingual.COUNTS),
@@ -74,7 +77,8 @@ if __name__ == "__main__":
   flags.DEFINE_bool("lowercase", True, "Uncased (--nolowercase: cased).")
   flags.DEFINE_float("character_coverage", 0.9995, "SentencePiece character coverage.")
   flags.DEFINE_integer("seed", 0, "Seed of the language sampling.")
-  flags.DEFINE_string("text_field", "text", "JSON-lines / TFDS text key.")
+  flags.DEFINE_string("text_field", "text", "JSON-lines / TFDS text key, Parquet / "
+                      "Arrow text column.")
   flags.DEFINE_string("output", None, "Directory to write the tokenizer to.")
   flags.mark_flags_as_required(["output"])
   cli.run(main)

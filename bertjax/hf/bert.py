@@ -4,33 +4,28 @@ bertjax parameters (`load`, `export`); fine-tuned models out as Hugging Face's
 ForMultipleChoice (`export_finetuned`). `bertjax.hf.convert` reads and writes the
 directories.
 
-One table, `param_table(config, ...)`, lists every parameter as (bertjax path, Hugging
-Face key, kind); `kind` names the layout change between the two (`_to_bertjax` applies
-it, and an exporter applies its inverse). Hugging Face stores dense weights as
-[out, in]; bertjax stores kernels as [in, out], with attention kernels split per head:
-query/key/value [E, N, D] (bias [N, D]) and the attention output [N, D, E].
+One table, `param_table(config, ...)`, lists every parameter as an `Entry` (bertjax
+path, Hugging Face key, kind) of the engine `bertjax.hf.table`, which moves the arrays
+both ways (the kinds: query/key/value kernels [E, N, D] with biases [N, D], the
+attention output [N, D, E], dense kernels transposed).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
 from bertjax.errors import CheckpointError
-from bertjax.model.config import ModelConfig
+from bertjax.hf import table as engine
+from bertjax.hf.table import Entry
+from bertjax.model.bert import ModelConfig
 
 FAMILY = "bert"  # bertjax.model.FAMILIES
 MODEL_TYPES = ("bert", "roberta", "xlm-roberta")  # config.json model_type
 TOKENIZER_JSON = False  # vocab.txt, vocab.json + merges.txt or a SentencePiece model serve
 _WORD_EMBEDDINGS = "embeddings.word_embeddings.weight"
-
-
-class Entry(NamedTuple):
-  path: tuple[str, ...]  # into the bertjax params tree
-  key: str  # Hugging Face state-dict key, without the encoder prefix for encoder entries
-  kind: str  # 'copy' | 'dense' (transpose) | 'qkv' | 'qkv_bias' | 'attn_out'
 
 
 def check_supported(hf_config: dict[str, Any]) -> None:
@@ -79,11 +74,7 @@ def model_config_from_hf(hf_config: dict[str, Any], state_dict: dict | None = No
 
 def encoder_prefix(state_dict: dict) -> str:
   """'bert.', 'roberta.' or '' (a bare BertModel): what precedes the encoder keys."""
-  for key in state_dict:
-    if key.endswith(_WORD_EMBEDDINGS):
-      return key[:-len(_WORD_EMBEDDINGS)]
-  raise CheckpointError(f"the checkpoint has no '*{_WORD_EMBEDDINGS}': not a BERT-family "
-                        "encoder.")
+  return engine.encoder_prefix(state_dict, _WORD_EMBEDDINGS, "BERT-family")
 
 
 def mlm_style(state_dict: dict) -> str | None:
@@ -143,22 +134,9 @@ def param_table(config: ModelConfig, prefix: str, mlm: str | None) -> list[Entry
   return table
 
 
-def _to_bertjax(kind: str, w: np.ndarray, config: ModelConfig) -> np.ndarray:
-  n, d = config.num_heads, config.head_dim
-  if kind == "copy":
-    return w
-  if kind == "dense":  # [out, in] -> [in, out]
-    return w.T
-  if kind == "qkv":  # [N*D, E] -> [E, N, D]
-    return w.T.reshape(w.shape[1], n, d)
-  if kind == "qkv_bias":  # [N*D] -> [N, D]
-    return w.reshape(n, d)
-  if kind == "attn_out":  # [E, N*D] -> [N, D, E]
-    return w.T.reshape(n, d, w.shape[0])
-  raise ValueError(f"unknown parameter kind {kind!r}")
-
-
 def _lookup(state_dict: dict, key: str) -> np.ndarray:
+  """`key`, or its name in older checkpoints (LayerNorm gamma / beta, RoBERTa's
+  decoder bias)."""
   if key in state_dict:
     return state_dict[key]
   legacy = key.replace("LayerNorm.weight", "LayerNorm.gamma").replace(
@@ -167,73 +145,23 @@ def _lookup(state_dict: dict, key: str) -> np.ndarray:
     return state_dict[legacy]
   if key.endswith("lm_head.bias") and "lm_head.decoder.bias" in state_dict:
     return state_dict["lm_head.decoder.bias"]
-  raise CheckpointError(f"the checkpoint lacks {key!r}; it does not match its config.json.")
-
-
-def _check_tied_decoder(state_dict: dict, prefix: str) -> None:
-  """The MLM decoder is tied to the word embeddings; a checkpoint whose decoder differs
-  cannot be represented."""
-  for key in ("cls.predictions.decoder.weight", "lm_head.decoder.weight"):
-    if key in state_dict and not np.array_equal(state_dict[key],
-                                                state_dict[prefix + _WORD_EMBEDDINGS]):
-      raise CheckpointError(f"{key} differs from the word embeddings; bertjax ties them.")
+  return engine.exact_key(state_dict, key)
 
 
 def params_from_hf(state_dict: dict[str, np.ndarray], config: ModelConfig) -> dict:
   """bertjax params (nested dict of float32 numpy arrays) of a Hugging Face state dict.
 
-  The tree is BertForPreTraining's: 'encoder' (with 'pooler' when `config.pooler`),
+  The tree is the pretraining model's: 'encoder' (with 'pooler' when `config.pooler`),
   'mlm' when the checkpoint has an MLM head, 'nsp' when `config.nsp`.
   """
   prefix = encoder_prefix(state_dict)
-  _check_tied_decoder(state_dict, prefix)
-  params: dict = {}
-  for entry in param_table(config, prefix, mlm_style(state_dict)):
-    w = np.asarray(_lookup(state_dict, entry.key), dtype=np.float32)
-    node = params
-    for name in entry.path[:-1]:
-      node = node.setdefault(name, {})
-    node[entry.path[-1]] = _to_bertjax(entry.kind, w, config)
-  _check_shapes(params, config)
-  return params
-
-
-def _check_shapes(params: dict, config: ModelConfig) -> None:
-  import flax.linen as nn  # pylint: disable=g-import-not-at-top
-  import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-
-  from bertjax.model.bert import BertForPreTraining  # pylint: disable=g-import-not-at-top
-
-  model = BertForPreTraining(config)
-  expected = jax.eval_shape(lambda: nn.unbox(model.init(
-      jax.random.key(0), jnp.zeros((1, 2), jnp.int32))["params"]))
-  for path, leaf in jax.tree_util.tree_leaves_with_path(params):
-    want = expected
-    for k in path:
-      want = want[k.key]
-    if tuple(leaf.shape) != tuple(want.shape):
-      name = "/".join(k.key for k in path)
-      raise CheckpointError(f"parameter {name} has shape {leaf.shape}, the config implies "
-                            f"{want.shape}.")
+  engine.check_tied(state_dict, ("cls.predictions.decoder.weight", "lm_head.decoder.weight"),
+                    prefix + _WORD_EMBEDDINGS)
+  return engine.read(state_dict, param_table(config, prefix, mlm_style(state_dict)), config,
+                     _lookup)
 
 
 # ---- Export: bertjax -> Hugging Face ----------------------------------------------
-
-def _to_hf(kind: str, w: np.ndarray) -> np.ndarray:
-  """The inverse of `_to_bertjax`."""
-  if kind == "copy":
-    return w
-  if kind == "dense":  # [in, out] -> [out, in]
-    return w.T
-  if kind == "qkv":  # [E, N, D] -> [N*D, E]
-    return w.reshape(w.shape[0], -1).T
-  if kind == "qkv_bias":  # [N, D] -> [N*D]
-    return w.reshape(-1)
-  if kind == "attn_out":  # [N, D, E] -> [E, N*D]
-    return w.reshape(-1, w.shape[-1]).T
-  raise ValueError(f"unknown parameter kind {kind!r}")
-
 
 def hf_config(config: ModelConfig, model_type: str, has_mlm: bool) -> dict[str, Any]:
   """config.json of the Hugging Face model holding `config`'s encoder and heads."""
@@ -257,20 +185,13 @@ def params_to_hf(params: dict, config: ModelConfig, model_type: str) -> dict[str
   """A Hugging Face state dict (float32 numpy) of bertjax `params` (unscanned): the
   encoder under 'bert.' / 'roberta.', the MLM head as `cls.predictions` (BERT) or
   `lm_head` (RoBERTa / XLM-R) when present, NSP as `cls.seq_relationship`."""
-  from bertjax.model import layout  # pylint: disable=g-import-not-at-top
-  params = layout.to_layout(params, False)
+  params = engine.unscanned(params, config)
   prefix = "bert." if model_type == "bert" else "roberta."
   mlm = ("cls" if model_type == "bert" else "lm_head") if "mlm" in params else None
   config = config if "nsp" in params else dataclasses.replace(config, nsp=False)
   if "pooler" not in params["encoder"]:
     config = dataclasses.replace(config, pooler=False, nsp=False)
-  state = {}
-  for entry in param_table(config, prefix, mlm):
-    node = params
-    for name in entry.path:
-      node = node[name]
-    state[entry.key] = np.ascontiguousarray(_to_hf(entry.kind, np.asarray(node, np.float32)))
-  return state
+  return engine.write(params, param_table(config, prefix, mlm))
 
 
 def _model_type(config: ModelConfig, tokenizer_kind: str) -> str:
@@ -350,20 +271,13 @@ def export_finetuned(finetuned, tokenizer_kind: str
                      ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
   """(config.json, state dict) of the Hugging Face *For<Task> model of a fine-tuned
   model (`bertjax.tasks.finetuned.load_finetuned`)."""
-  from bertjax.model import layout  # pylint: disable=g-import-not-at-top
   task, config = finetuned.task, finetuned.model
   model_type = _model_type(config, tokenizer_kind)
   head, keep_pooler = task_head_table(task.name, model_type, config)
-  params = layout.to_layout(finetuned.params, False)
   encoder = dataclasses.replace(config, pooler=config.pooler and keep_pooler, nsp=False)
-  state = {}
-  for entry in param_table(encoder, "bert." if model_type == "bert" else "roberta.",
-                           None) + head:
-    node = params
-    for name in entry.path:
-      node = node[name]
-    state[entry.key] = np.ascontiguousarray(_to_hf(entry.kind, np.asarray(node, np.float32)))
-  return finetuned_hf_config(config, model_type, task, task.regression), state
+  table = param_table(encoder, "bert." if model_type == "bert" else "roberta.", None) + head
+  return (finetuned_hf_config(config, model_type, task, task.regression),
+          engine.write(engine.unscanned(finetuned.params, config), table))
 
 
 def pretraining_model(config: ModelConfig) -> tuple[dict[str, Any], ModelConfig]:

@@ -1,9 +1,10 @@
 """Hugging Face checkpoints <-> bertjax, for every family: a directory's config.json
 names its `model_type`, which picks the family's table (`TABLES`: `bert.py`,
-`modernbert.py`); this module reads and writes the directories (`load_hf`, `save_hf`,
-`save_hf_finetuned`) through `files.py`.
+`modernbert.py`, each a mapping run by the one engine `table.py`); this module reads
+and writes the directories (`load_hf`, `save_hf`, `save_hf_finetuned`) through
+`files.py`.
 
-A family's table module holds FAMILY (its `bertjax.model.FAMILIES` name), MODEL_TYPES,
+A family's table module holds its `param_table` (`table.Entry` rows), FAMILY (its `bertjax.model.FAMILIES` name), MODEL_TYPES,
 TASK_CLASSES (the bertjax tasks it exports), TOKENIZER_JSON (whether transformers'
 AutoTokenizer reads that model type's tokenizer from tokenizer.json only),
 `check_supported(config.json)`, `load(config.json, state dict) -> (config, params,

@@ -8,16 +8,10 @@ architecture (ModernBERT, Ettin, mmBERT): transformers 5's `layer_types` and
 and the 4.x keys `global_attn_every_n_layers`, `global_rope_theta`, `local_rope_theta`,
 `local_attention` (or `sliding_window`, its half, which wins as in transformers).
 
-One table, `param_table`, lists every parameter as (bertjax path, Hugging Face key,
-kind); `kind` names the layout change (Hugging Face stores Linear weights [out, in]):
-
-  copy       embeddings, norms, biases of [out] vectors
-  dense      [out, in] -> [in, out] kernel
-  wqkv       Wqkv [3*N*D, E] -> [E, 3, N, D] (rows ordered q|k|v, head, dim)
-  wqkv_bias  [3*N*D] -> [3, N, D]
-  attn_out   attention Wo [E, N*D] -> [N, D, E]
-  wi         GeGLU Wi [2*M, E] -> [E, 2, M] (rows: input half, then gate half)
-  wi_bias    [2*M] -> [2, M]
+One table, `param_table`, lists every parameter as an `Entry` (bertjax path, Hugging
+Face key, kind) of the engine `bertjax.hf.table`, which moves the arrays both ways:
+Wqkv [3*N*D, E] is 'wqkv' ([E, 3, N, D], rows ordered q|k|v, head, dim), the attention
+Wo 'attn_out' ([N, D, E]), GeGLU's Wi 'wi' ([E, 2, M]: the input half, then the gate).
 
 Task heads (bertjax paths the lead's task modules must use; Hugging Face keys):
 
@@ -35,12 +29,14 @@ bertjax parameter and is written as a copy of the embedding.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Sequence
 
 from absl import logging
 import numpy as np
 
 from bertjax.errors import CheckpointError
+from bertjax.hf import table as engine
+from bertjax.hf.table import Entry
 from bertjax.model.modernbert import ACTIVATIONS, ModernBertConfig
 
 FAMILY = "modernbert"  # bertjax.model.FAMILIES
@@ -57,12 +53,6 @@ TASK_CLASSES = {
     "squad": ("ModernBertForQuestionAnswering", "qa"),
     "multiple_choice": ("ModernBertForMultipleChoice", "scorer"),
 }
-
-
-class Entry(NamedTuple):
-  path: tuple[str, ...]  # into the bertjax params tree
-  key: str  # Hugging Face state-dict key
-  kind: str  # see the module docstring
 
 
 # ---- config.json <-> ModernBertConfig ---------------------------------------------
@@ -246,49 +236,11 @@ def param_table(config: ModernBertConfig, prefix: str = "model.", mlm: bool = Tr
   return table
 
 
-def _to_bertjax(kind: str, w: np.ndarray, config: ModernBertConfig) -> np.ndarray:
-  n, d, m = config.num_heads, config.head_dim, config.intermediate_size
-  if kind == "copy":
-    return w
-  if kind == "dense":  # [out, in] -> [in, out]
-    return w.T
-  if kind == "wqkv":  # [3*N*D, E] -> [E, 3, N, D]
-    return w.T.reshape(w.shape[1], 3, n, d)
-  if kind == "wqkv_bias":  # [3*N*D] -> [3, N, D]
-    return w.reshape(3, n, d)
-  if kind == "attn_out":  # [E, N*D] -> [N, D, E]
-    return w.T.reshape(n, d, w.shape[0])
-  if kind == "wi":  # [2*M, E] -> [E, 2, M]
-    return w.T.reshape(w.shape[1], 2, m)
-  if kind == "wi_bias":  # [2*M] -> [2, M]
-    return w.reshape(2, m)
-  raise ValueError(f"unknown parameter kind {kind!r}")
-
-
-def _to_hf(kind: str, w: np.ndarray) -> np.ndarray:
-  """The inverse of `_to_bertjax`."""
-  if kind == "copy":
-    return w
-  if kind == "dense":  # [in, out] -> [out, in]
-    return w.T
-  if kind in ("wqkv", "wi"):  # [E, 3, N, D] / [E, 2, M] -> [3*N*D, E] / [2*M, E]
-    return w.reshape(w.shape[0], -1).T
-  if kind in ("wqkv_bias", "wi_bias"):
-    return w.reshape(-1)
-  if kind == "attn_out":  # [N, D, E] -> [E, N*D]
-    return w.reshape(-1, w.shape[-1]).T
-  raise ValueError(f"unknown parameter kind {kind!r}")
-
-
 # ---- State dicts <-> parameters ---------------------------------------------------
 
 def encoder_prefix(state_dict: dict) -> str:
   """'model.' (ModernBertFor*) or '' (a bare ModernBertModel)."""
-  for key in state_dict:
-    if key.endswith(_EMBEDDINGS):
-      return key[:-len(_EMBEDDINGS)]
-  raise CheckpointError(f"the checkpoint has no '*{_EMBEDDINGS}': not a ModernBERT "
-                        "encoder.")
+  return engine.encoder_prefix(state_dict, _EMBEDDINGS, "ModernBERT")
 
 
 def task_of(hf: dict[str, Any]) -> str | None:
@@ -310,21 +262,9 @@ def params_from_hf(state_dict: dict[str, np.ndarray], config: ModernBertConfig,
     raise CheckpointError("the checkpoint has a task head (classifier.weight): name its "
                           f"task, one of {sorted(TASK_CLASSES)}.")
   mlm = task is None and "head.dense.weight" in state_dict
-  if "decoder.weight" in state_dict and not np.array_equal(
-      state_dict["decoder.weight"], state_dict[prefix + _EMBEDDINGS]):
-    raise CheckpointError("decoder.weight differs from the token embeddings; bertjax "
-                          "ties them (tie_word_embeddings=true).")
-  params: dict = {}
-  for entry in param_table(config, prefix, mlm, task):
-    if entry.key not in state_dict:
-      raise CheckpointError(f"the checkpoint lacks {entry.key!r}; it does not match its "
-                            "config.json.")
-    w = np.asarray(state_dict[entry.key], dtype=np.float32)
-    node = params
-    for name in entry.path[:-1]:
-      node = node.setdefault(name, {})
-    node[entry.path[-1]] = _to_bertjax(entry.kind, w, config)
-  return params
+  engine.check_tied(state_dict, ("decoder.weight",), prefix + _EMBEDDINGS,
+                    "the token embeddings")
+  return engine.read(state_dict, param_table(config, prefix, mlm, task), config)
 
 
 def params_to_hf(params: dict, config: ModernBertConfig, task: str | None = None
@@ -332,16 +272,10 @@ def params_to_hf(params: dict, config: ModernBertConfig, task: str | None = None
   """A Hugging Face state dict (float32 numpy, either layout in): the
   ModernBertForMaskedLM keys when `params` has 'mlm' (decoder.weight a copy of the
   embedding), a ModernBertFor<task> when `task`, else a bare ModernBertModel's."""
-  from bertjax.model.modernbert import to_layout  # pylint: disable=g-import-not-at-top
-  params = to_layout(params, scan_layers=False)
+  params = engine.unscanned(params, config)
   mlm = task is None and "mlm" in params
   prefix = "model." if mlm or task else ""
-  state = {}
-  for entry in param_table(config, prefix, mlm, task):
-    node = params
-    for name in entry.path:
-      node = node[name]
-    state[entry.key] = np.ascontiguousarray(_to_hf(entry.kind, np.asarray(node, np.float32)))
+  state = engine.write(params, param_table(config, prefix, mlm, task))
   if mlm:
     state["decoder.weight"] = state[prefix + _EMBEDDINGS].copy()
   return state

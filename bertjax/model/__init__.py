@@ -1,7 +1,9 @@
-"""Flax Linen encoders, one file per family (`bert.py`: BERT, RoBERTa, XLM-R,
-SpanBERT; `modernbert.py`: ModernBERT, Ettin, mmBERT), and the one place a model is
-chosen: `family_of(config.model)` gives the `Family` (`family.py`) every other package
-builds models through; `config_from(config.model)` its hyperparameter dataclass."""
+"""Flax Linen encoders: one shared stack (`stack.py`: embedding dispatch, blocks,
+scan / remat, final norm and pooler slots, the tied MLM head, layouts, FLOPs) and a
+file of parts per family (`bert.py`: BERT, RoBERTa, XLM-R, SpanBERT; `modernbert.py`:
+ModernBERT, Ettin, mmBERT); and the one place a model is chosen:
+`family_of(config.model)` gives the `Family` (`family.py`) every other package builds
+models through; `config_from(config.model)` its hyperparameter dataclass."""
 
 from __future__ import annotations
 
@@ -10,8 +12,7 @@ from typing import Any
 
 from bertjax.errors import ConfigError
 from bertjax.model import bert, modernbert
-from bertjax.model.bert import BertForPreTraining, Encoder, MLMHead
-from bertjax.model.config import ModelConfig
+from bertjax.model.bert import ModelConfig
 from bertjax.model.family import Family
 
 # config.model.family -> its Family.
@@ -65,5 +66,4 @@ def config_from(model_cfg) -> Any:
   return family.config.from_config(fields)
 
 
-__all__ = ["BertForPreTraining", "Encoder", "FAMILIES", "Family", "MLMHead",
-           "ModelConfig", "config_from", "family_of"]
+__all__ = ["FAMILIES", "Family", "ModelConfig", "config_from", "family_of"]

@@ -4,6 +4,9 @@ implementation is chosen (`resolve_impl`).
 Semantics, on every path: query i may attend key j iff padding[j] (a real key), the two
 are in the same segment (document) of a packed row, and, with a window w, |i - j| <= w
 (ModernBERT's local_attention=128 is w=64). Scale 1/sqrt(D), float32 softmax statistics.
+An additive score bias (float32, added to the scaled scores before the softmax: a
+family's relative-position terms, DeBERTa's c2p + p2c) is taken by the 'xla' path only;
+`resolve_impl` picks that path for a model with one.
 Outputs at padding queries are defined (finite) but differ between paths: never read
 them. The paths (`IMPLS`):
 
@@ -11,7 +14,7 @@ them. The paths (`IMPLS`):
   runs `jax.nn.dot_product_attention` (XLA); with attention dropout, flax's attention
   (float32 softmax; a dropout draw per example, head, query and key, as BERT's and
   Hugging Face's: flax's default broadcasts one [T, T] mask over rows and heads). The
-  only path with attention-probability dropout.
+  only path with attention-probability dropout, and with a score bias.
 - 'cudnn' (GPU, bfloat16 / float16): right-padded rows go to cuDNN's flash attention
   (`jax.nn.dot_product_attention(implementation='cudnn')` with the key lengths, no mask
   array). What cuDNN cannot express through jax 0.10.2's public API goes to the Pallas
@@ -53,23 +56,28 @@ _HALF = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
 
 def resolve_impl(requested: str | None, *, platform: str, dtype, dropout: bool,
-                 seq_len: int | None = None) -> str:
+                 seq_len: int | None = None, bias: bool = False) -> str:
   """The attention path to run: `requested` (config.model.attention_impl) checked, or
   for '' the fastest one that `platform` ('cpu', 'gpu', 'tpu': `jax.default_backend()`),
-  the compute `dtype`, attention `dropout` (training with attention_dropout_rate > 0)
-  and the length `seq_len` allow: with dropout 'xla'; on a GPU in bfloat16 / float16
-  'cudnn'; on a TPU 'splash' (T a multiple of 128); otherwise 'xla'. An impossible
-  request is a one-line ConfigError. Each distinct choice is logged once (the first
-  trace, at start-up)."""
+  the compute `dtype`, attention `dropout` (training with attention_dropout_rate > 0),
+  the length `seq_len` and an additive score `bias` (a family's relative-position
+  terms) allow: with a bias or dropout 'xla'; on a GPU in bfloat16 / float16 'cudnn';
+  on a TPU 'splash' (T a multiple of 128); otherwise 'xla'. An impossible request is a
+  one-line ConfigError. Each distinct choice is logged once (the first trace, at
+  start-up)."""
   platform = "gpu" if platform in ("cuda", "rocm") else platform
-  return _resolve(requested or "", platform, jnp.dtype(dtype), bool(dropout), seq_len)
+  return _resolve(requested or "", platform, jnp.dtype(dtype), bool(dropout), seq_len,
+                  bool(bias))
 
 
 @functools.cache
 def _resolve(requested: str, platform: str, dtype: np.dtype, dropout: bool,
-             seq_len: int | None) -> str:
+             seq_len: int | None, bias: bool) -> str:
   if requested == "":
-    if dropout:
+    if bias:
+      impl, why = "xla", ("an attention score bias: only the XLA path takes one (it "
+                          "builds the [B, N, T, T] scores)")
+    elif dropout:
       impl, why = "xla", "attention dropout: only the XLA path has it"
     elif platform == "gpu" and dtype in _HALF:
       impl, why = "cudnn", f"GPU, {dtype.name}"
@@ -86,6 +94,9 @@ def _resolve(requested: str, platform: str, dtype: np.dtype, dropout: bool,
   if requested not in IMPLS:
     raise ConfigError(f"{_FIELD}={requested!r}: use '' (the fastest the platform allows), "
                       "'xla', 'cudnn' (GPU), 'pallas_gpu' (GPU) or 'splash' (TPU).")
+  if bias and requested != "xla":
+    raise ConfigError(f"{_FIELD}={requested!r} takes no attention score bias (this "
+                      f"model's relative-position terms): use {_FIELD}='' or 'xla'.")
   if dropout and requested != "xla":
     raise ConfigError(f"{_FIELD}={requested!r} has no attention dropout; set "
                       f"config.model.attention_dropout_rate=0.0, or {_FIELD}='' (XLA).")
@@ -105,12 +116,14 @@ def _resolve(requested: str, platform: str, dtype: np.dtype, dropout: bool,
 
 def attention(q: jax.Array, k: jax.Array, v: jax.Array, padding: jax.Array,
               segment_ids: jax.Array | None = None, *, window: int | None = None,
-              impl: str = "xla", dropout_rate: float = 0.0,
+              bias: jax.Array | None = None, impl: str = "xla", dropout_rate: float = 0.0,
               dropout_rng: jax.Array | None = None) -> jax.Array:
   """Bidirectional multi-head attention: q, k, v [B, T, N, D]; padding [B, T] (1 real,
   0 pad; right-padded rows for 'cudnn'); segment_ids [B, T] int >= 0 (the documents of
-  packed rows) or None; window None (global) or the half-width w >= 0; impl a resolved
-  name (`resolve_impl`). Attention-probability dropout when dropout_rate > 0 and
+  packed rows) or None; window None (global) or the half-width w >= 0; bias None or
+  [B or 1, N or 1, T, T], added in float32 to the scaled scores (Q K^T / sqrt(D) +
+  bias) before the mask and the softmax ('xla' only); impl a resolved name
+  (`resolve_impl`). Attention-probability dropout when dropout_rate > 0 and
   dropout_rng is given ('xla' only). Returns [B, T, N, D] in q's dtype."""
   if impl not in IMPLS:
     raise ConfigError(f"attention impl={impl!r}: use one of {IMPLS} (resolve_impl).")
@@ -120,12 +133,18 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, padding: jax.Array,
                         "(the half-width: local_attention // 2).")
     window = int(window)
   dropout = dropout_rate > 0 and dropout_rng is not None
+  _log_path(impl, segment_ids is not None, window is not None, dropout,
+            bias is not None)
+  if bias is not None:
+    _check_bias(bias, q.shape, impl)
+    bias = bias.astype(jnp.float32)
   if impl == "xla":
     mask = xla_mask(padding, segment_ids, window)
     if not dropout:
-      return jax.nn.dot_product_attention(q, k, v, mask=mask, implementation="xla")
+      return jax.nn.dot_product_attention(q, k, v, bias=bias, mask=mask,
+                                          implementation="xla")
     return nn.dot_product_attention(
-        q, k, v, mask=mask, dropout_rng=dropout_rng, dropout_rate=dropout_rate,
+        q, k, v, bias=bias, mask=mask, dropout_rng=dropout_rng, dropout_rate=dropout_rate,
         deterministic=False, dtype=q.dtype, force_fp32_for_softmax=True,
         broadcast_dropout=False)  # One draw per example, head, query and key.
   if dropout:
@@ -139,6 +158,45 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, padding: jax.Array,
   kernel = _splash if impl == "splash" else flash_gpu.flash_attention
   return _per_shard(functools.partial(kernel, window=window), q, k, v,
                     kernel_ids(padding, segment_ids))
+
+
+def kernel_path(impl: str, *, packed: bool, windowed: bool) -> str:
+  """The kernel that `attention` runs on path `impl` (a resolved name) for packed rows
+  (segment ids) or not, and a sliding-window layer or a global one: 'cudnn' sends packed
+  rows and windows to the Pallas GPU kernel ('pallas_gpu'); every other path runs the
+  kernel it names."""
+  return "pallas_gpu" if impl == "cudnn" and (packed or windowed) else impl
+
+
+KERNELS = {"xla": "XLA (jax.nn.dot_product_attention with the boolean mask)",
+           "cudnn": "cuDNN flash attention (key lengths)",
+           "pallas_gpu": "the Pallas flash kernel (bertjax.model.flash_gpu)",
+           "splash": "the Pallas splash kernel"}
+
+
+@functools.cache
+def _log_path(impl: str, packed: bool, windowed: bool, dropout: bool, bias: bool) -> None:
+  """Logs once per process (at the first trace: start-up) what each kind of row and
+  layer runs."""
+  kernel = KERNELS[kernel_path(impl, packed=packed, windowed=windowed)]
+  logging.info("attention: %s rows, %s layers -> %s%s (path %r)",
+               "packed" if packed else "padded",
+               "sliding-window" if windowed else "global", kernel,
+               (" with attention dropout (flax)" if dropout else "")
+               + (" with a score bias" if bias else ""), impl)
+
+
+def _check_bias(bias: jax.Array, shape: tuple[int, ...], impl: str) -> None:
+  """A one-line ConfigError unless `bias` is [B or 1, N or 1, T, T] for q's `shape`
+  [B, T, N, D] and `impl` takes a bias ('xla')."""
+  B, T, N, _ = shape
+  if bias.ndim != 4 or bias.shape[0] not in (1, B) or bias.shape[1] not in (1, N) or (
+      tuple(bias.shape[2:]) != (T, T)):
+    raise ConfigError(f"attention bias of shape {tuple(bias.shape)}: give [B or 1, N or "
+                      f"1, T, T] = [{B} or 1, {N} or 1, {T}, {T}].")
+  if impl != "xla":
+    raise ConfigError(f"{_FIELD}={impl!r} takes no attention score bias: use '' or "
+                      "'xla' (resolve_impl(..., bias=True) picks it).")
 
 
 def xla_mask(padding: jax.Array, segment_ids: jax.Array | None = None,

@@ -1,238 +1,271 @@
-"""The 'bert' family (BERT, RoBERTa, XLM-R, SpanBERT): the post-LN encoder, the
-pretraining heads (MLM, NSP; SpanBERT's SBO: `sbo.py`), the task heads' trunk, its
-FLOPs, and the `FAMILY` that gives all of it to the rest of bertjax."""
+"""The 'bert' family (BERT, RoBERTa, XLM-R, SpanBERT): its parts of the shared encoder
+(`stack.py`): the config, the absolute-position embedding, the post-LN block, the
+pooler, the MLM transform, its own heads (NSP; SpanBERT's SBO in `sbo.py`) and the
+task heads' trunk (Hugging Face's Bert/RobertaFor*).
+
+Shapes: B batch, T length, E hidden, N heads, D head size, M intermediate size.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Any, ClassVar
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bertjax.model import layers, layout
-from bertjax.model.config import ModelConfig
-from bertjax.model.family import Family
-from bertjax.model.layers import BATCH, EMBED, LENGTH
+from bertjax.errors import ConfigError
+from bertjax.model import attention as attention_lib, layers
+from bertjax.model.config import FamilyConfig
+from bertjax.model.family import Family, Head
+from bertjax.model.layers import BATCH, EMBED, HEADS, KV, LENGTH, MLP, constrain
 from bertjax.model.sbo import SpanBoundaryHead
 
 
-class Encoder(nn.Module):
-  """Embeddings, `num_layers` post-LN blocks and the pooler (dense + tanh on [CLS])."""
+@dataclasses.dataclass(frozen=True)
+class ModelConfig(FamilyConfig):
+  """Hyperparameters of an encoder of the 'bert' family (BERT, RoBERTa, XLM-R,
+  SpanBERT) and its pretraining heads.
+
+  BERT: `type_vocab_size=2`, `position_offset=0`. RoBERTa / XLM-R: `type_vocab_size=1`
+  and `position_offset=pad_token_id + 1` (positions count from past the padding index,
+  padding tokens get position `pad_token_id`, exactly as fairseq and Hugging Face do).
+  """
+
+  family: ClassVar[str] = "bert"  # config.model.family (bertjax.model.FAMILIES)
+
+  vocab_size: int = 30522
+  hidden_size: int = 768
+  num_layers: int = 12
+  num_heads: int = 12
+  intermediate_size: int = 3072
+  max_position_embeddings: int = 512
+  type_vocab_size: int = 2
+  pad_token_id: int = 0
+  position_offset: int = 0
+  layer_norm_eps: float = 1e-12
+  dropout_rate: float = 0.1
+  attention_dropout_rate: float = 0.1
+  initializer_range: float = 0.02
+  pooler: bool = True
+  nsp: bool = True
+  sbo: bool = False  # SpanBERT's span-boundary objective head (with span masking)
+  sbo_max_positions: int = 32  # relative positions inside a span the SBO head embeds
+  # '' (the fastest path allowed: `attention.resolve_impl`), 'xla', 'cudnn' (GPU),
+  # 'pallas_gpu' (GPU), 'splash' (TPU).
+  attention_impl: str = ""
+  scan_layers: bool = False  # nn.scan over the blocks: params under encoder/layers [L, ...]
+  remat_policy: str = "none"  # a key of REMAT_POLICIES: what a block keeps for backward
+  dtype: Any = jnp.float32  # compute dtype of activations
+  param_dtype: Any = jnp.float32  # master weights
+
+  def __post_init__(self):
+    """Every field in range, or a one-line ConfigError naming it."""
+    self.check_common(("type_vocab_size", "sbo_max_positions"),
+                      ("dropout_rate", "attention_dropout_rate"))
+    if self.hidden_size % self.num_heads:
+      raise ConfigError(
+          f"config.model.hidden_size={self.hidden_size} is not divisible by "
+          f"config.model.num_heads={self.num_heads}; pick sizes that divide.")
+    if not self.position_offset >= 0:
+      raise ConfigError(f"config.model.position_offset={self.position_offset} must be >= 0.")
+    for name in ("layer_norm_eps", "initializer_range"):
+      if not getattr(self, name) > 0:
+        raise ConfigError(f"config.model.{name}={getattr(self, name)} must be positive.")
+    if self.nsp and not self.pooler:
+      raise ConfigError("config.model.nsp=True needs config.model.pooler=True.")
+
+  @property
+  def head_dim(self) -> int:
+    return self.hidden_size // self.num_heads
+
+  @property
+  def classifier_dropout(self) -> float:
+    """The task heads' own dropout: the encoder's."""
+    return self.dropout_rate
+
+
+def _layer_norm(cfg: ModelConfig, name: str) -> nn.LayerNorm:
+  return layers.layer_norm(cfg, name, cfg.layer_norm_eps)
+
+
+def position_ids_for(cfg: ModelConfig, input_ids: jax.Array) -> jax.Array:
+  """[B, T] positions. BERT: 0..T-1. RoBERTa/XLM-R: counted from `position_offset`
+  over non-padding tokens; padding gets `pad_token_id` (fairseq's convention)."""
+  if cfg.position_offset == 0:
+    return jnp.broadcast_to(jnp.arange(input_ids.shape[1]), input_ids.shape)
+  real = (input_ids != cfg.pad_token_id).astype(jnp.int32)
+  return jnp.where(real > 0, jnp.cumsum(real, axis=1) - 1 + cfg.position_offset,
+                   cfg.pad_token_id)
+
+
+class Embeddings(nn.Module):
+  """Token + segment + position embeddings, then LayerNorm and dropout."""
 
   config: ModelConfig
 
   def setup(self):
     cfg = self.config
-    self.embeddings = layers.Embeddings(cfg)
-    self.layers = layers.block_stack(cfg)
-    if cfg.pooler:
-      self.pooler = layers.dense(cfg, cfg.hidden_size, ("embed", "hidden"), ("hidden",),
-                                 "pooler")
+    self.word_embeddings = layers.embed(cfg, cfg.vocab_size, ("vocab", "embed"))
+    self.position_embeddings = layers.embed(cfg, cfg.max_position_embeddings,
+                                            ("position", "embed"))
+    if cfg.type_vocab_size > 0:
+      self.token_type_embeddings = layers.embed(cfg, cfg.type_vocab_size,
+                                                ("segment", "embed"))
+    self.LayerNorm = _layer_norm(cfg, "LayerNorm")
+    self.dropout = nn.Dropout(cfg.dropout_rate)
 
-  def __call__(self, input_ids, attention_mask=None, token_type_ids=None,
-               position_ids=None, segment_ids=None, deterministic: bool = True,
-               output_hidden_states: bool = False):
-    """input_ids: [B, T] int; attention_mask: [B, T] (1 real, 0 pad); token_type_ids:
-    [B, T] segment A/B; position_ids: [B, T] (default from the config); segment_ids:
-    [B, T] document ids of a packed row (no attention across documents).
-
-    Returns a dict: `last_hidden_state` [B, T, E], `pooled` [B, E] (when the config has a
-    pooler) and, with `output_hidden_states`, `hidden_states` [L+1, B, T, E]
-    (embedding output first).
-    """
-    cfg = self.config
-    if attention_mask is None:
-      attention_mask = (input_ids != cfg.pad_token_id).astype(jnp.int32)
-    if token_type_ids is None:
-      token_type_ids = jnp.zeros_like(input_ids)
+  def __call__(self, input_ids, attention_mask, token_type_ids, position_ids,
+               segment_ids, deterministic: bool):
+    """[B, T] ids -> ([B, T, E], the blocks' context: (attention_mask, segment_ids));
+    position_ids default to `position_ids_for`."""
     if position_ids is None:
-      position_ids = layers.position_ids_for(cfg, input_ids)
-    mask = layers.encoder_mask(attention_mask, segment_ids)
-    x = self.embeddings(input_ids, token_type_ids, position_ids, deterministic)
-    if cfg.scan_layers:
-      embedded = x
-      x, ys = self.layers(x, mask, deterministic, output_hidden_states)  # ys [L, B, T, E]
-      hidden = [embedded[None], ys] if output_hidden_states else []
-    else:
-      hidden = [x[None]]
-      for layer in self.layers:
-        x = layer(x, mask, deterministic, False)
-        hidden.append(x[None])
-    out = {"last_hidden_state": x}
-    if cfg.pooler:
-      out["pooled"] = self.pool(x[:, 0])
-    if output_hidden_states:
-      out["hidden_states"] = jnp.concatenate(hidden)
-    return out
+      position_ids = position_ids_for(self.config, input_ids)
+    x = self.word_embeddings(input_ids) + self.position_embeddings(position_ids)
+    if self.config.type_vocab_size > 0:
+      x = x + self.token_type_embeddings(token_type_ids)
+    x = self.dropout(self.LayerNorm(x), deterministic=deterministic)
+    return constrain(x, (BATCH, LENGTH, EMBED)), (attention_mask, segment_ids)
 
-  def pool(self, cls: jax.Array) -> jax.Array:
-    """The pooler: dense + tanh of [CLS] vectors [..., E] -> [..., E]."""
-    return jnp.tanh(self.pooler(cls))
-
-  def attend(self, x):
-    return self.embeddings.attend(x)
+  def attend(self, x: jax.Array) -> jax.Array:
+    """The tied output projection: [..., E] -> [..., vocab]."""
+    return self.word_embeddings.attend(x)
 
 
-class MLMHead(nn.Module):
-  """dense + GELU + LayerNorm, then the tied input embedding plus a vocab bias."""
+class SelfAttention(nn.Module):
+  """Bidirectional multi-head self-attention through `bertjax.model.attention`: the
+  path is `config.attention_impl` as `attention.resolve_impl` checks or (for '')
+  chooses it for this platform, dtype, length and whether attention dropout applies
+  (training with `attention_dropout_rate > 0`: the XLA path, the only one with it)."""
 
   config: ModelConfig
 
   @nn.compact
-  def __call__(self, x: jax.Array, encoder: Encoder) -> jax.Array:
-    """[B, P, E] hidden states at the masked positions -> [B, P, vocab] logits."""
+  def __call__(self, x: jax.Array, context, deterministic: bool) -> jax.Array:
+    """x: [B, T, E]; context: (padding [B, T] (1 real, 0 pad), segment ids [B, T] or
+    None)."""
     cfg = self.config
-    x = layers.dense(cfg, cfg.hidden_size, ("embed", "hidden"), ("hidden",), "transform")(x)
-    x = layers.layer_norm(cfg, "transform_norm")(nn.gelu(x, approximate=False))
-    bias = self.param("bias", layers.zeros_init(("vocab",)), (cfg.vocab_size,),
-                      cfg.param_dtype)
-    logits = encoder.attend(x) + bias.astype(cfg.dtype)
-    return layers.constrain(logits, (BATCH, None, "activation_vocab"))
+    padding, segment_ids = context
+    shape, names = (cfg.hidden_size, cfg.num_heads, cfg.head_dim), ("embed", "heads", "kv")
+    q, k, v = (layers.einsum(cfg, shape, names, n)(x, "BTE,END->BTND")
+               for n in ("query", "key", "value"))  # [B, T, N, D]
+    q, k, v = (constrain(t, (BATCH, LENGTH, HEADS, KV)) for t in (q, k, v))
+    dropout = not deterministic and cfg.attention_dropout_rate > 0
+    impl = layers.attention_impl(self, cfg, dropout, x.shape[1])
+    out = attention_lib.attention(
+        q, k, v, padding, segment_ids, impl=impl,
+        dropout_rate=cfg.attention_dropout_rate if dropout else 0.0,
+        dropout_rng=self.make_rng("dropout") if dropout else None)
+    out = constrain(out, (BATCH, LENGTH, HEADS, KV))
+    shape = (cfg.num_heads, cfg.head_dim, cfg.hidden_size)
+    return layers.einsum(cfg, shape, ("heads", "kv", "embed"), "output",
+                         bias_names=("embed",))(out, "BTND,NDE->BTE")
 
 
-class BertForPreTraining(nn.Module):
-  """Encoder + MLM head (computed only at `masked_lm_positions`) + optional NSP and
-  SpanBERT SBO heads."""
+class TransformerBlock(nn.Module):
+  """Post-LN block: LN(x + Attn(x)), then LN(x + FFN(x)) with GELU, dropout 0.1."""
+
+  config: ModelConfig
+  scanned: bool = False
+
+  @nn.compact
+  def __call__(self, x: jax.Array, context, layer, deterministic: bool,
+               keep: bool = False):
+    """[B, T, E] -> [B, T, E] (`layer`: unused, every block is alike)."""
+    del layer
+    cfg = self.config
+    drop = nn.Dropout(cfg.dropout_rate)
+    h = SelfAttention(cfg, name="attention")(x, context, deterministic)
+    x = _layer_norm(cfg, "attention_norm")(x + drop(h, deterministic=deterministic))
+    x = constrain(x, (BATCH, LENGTH, EMBED))
+    h = layers.dense(cfg, cfg.intermediate_size, ("embed", "mlp"), "intermediate")(x)
+    h = constrain(nn.gelu(h, approximate=False), (BATCH, LENGTH, MLP))  # [B, T, M]
+    h = layers.dense(cfg, cfg.hidden_size, ("mlp", "embed"), "output")(h)
+    x = _layer_norm(cfg, "output_norm")(x + drop(h, deterministic=deterministic))
+    x = constrain(x, (BATCH, LENGTH, EMBED))
+    return (x, x if keep else None) if self.scanned else x
+
+
+class Pooler(nn.Module):
+  """dense + tanh of [CLS] vectors [..., E] -> [..., E] (its kernel and bias directly
+  under its own name)."""
 
   config: ModelConfig
 
   def setup(self):
-    cfg = self.config
-    self.encoder = Encoder(cfg)
-    self.mlm = MLMHead(cfg)
-    if cfg.nsp:
-      self.nsp = layers.dense(cfg, 2, ("embed", "classes"), ("classes",), "nsp")
-    if cfg.sbo:
-      self.sbo = SpanBoundaryHead(cfg)
+    self.dense = layers.dense(self.config, self.config.hidden_size, ("embed", "hidden"),
+                              "dense")
+    nn.share_scope(self, self.dense)
 
-  def __call__(self, input_ids, attention_mask=None, token_type_ids=None,
-               masked_lm_positions=None, position_ids=None, segment_ids=None,
-               span_left_positions=None, span_right_positions=None,
-               span_relative_positions=None, deterministic: bool = True):
-    """masked_lm_positions: [B, P] indices into T (P = max_predictions_per_seq); None
-    computes the MLM logits at every position (P = T).
+  def __call__(self, cls: jax.Array) -> jax.Array:
+    return jnp.tanh(self.dense(cls))
 
-    span_left_positions, span_right_positions, span_relative_positions: [B, P] span
-    boundaries and offsets of each prediction (SBO only, from span masking).
 
-    Returns `mlm_logits` [B, P, vocab], with NSP `nsp_logits` [B, 2] and with SBO
-    `sbo_logits` [B, P, vocab] (float32).
-    """
-    out = self.encoder(input_ids, attention_mask, token_type_ids, position_ids,
-                       segment_ids, deterministic)
-    x = hidden = out["last_hidden_state"]
-    if masked_lm_positions is not None:
-      x = jnp.take_along_axis(x, masked_lm_positions[..., None].astype(jnp.int32), axis=1)
-      x = layers.constrain(x, (BATCH, None, EMBED))
-    result = {"mlm_logits": self.mlm(x, self.encoder).astype(jnp.float32)}
-    if self.config.nsp:
-      result["nsp_logits"] = self.nsp(out["pooled"]).astype(jnp.float32)
-    if self.config.sbo and (span_left_positions is not None or self.is_initializing()):
-      if span_left_positions is None:  # init without span inputs: create the params
-        span_left_positions = span_right_positions = span_relative_positions = (
-            jnp.zeros(x.shape[:2], jnp.int32))
-      result["sbo_logits"] = self.sbo(hidden, span_left_positions, span_right_positions,
-                                      span_relative_positions, self.encoder
-                                      ).astype(jnp.float32)
-    return result
+class NSPHead(nn.Module):
+  """Next-sentence prediction: a 2-way linear layer on the pooled [CLS] -> [B, 2]."""
 
-  def encode(self, input_ids, attention_mask=None, token_type_ids=None,
-             output_hidden_states: bool = True):
-    """The encoder alone (for `load_pretrained(...).encode`)."""
-    return self.encoder(input_ids, attention_mask, token_type_ids,
-                        output_hidden_states=output_hidden_states)
+  config: ModelConfig
 
-  def init_params(self, rng: jax.Array):
-    """The parameters (boxed in `nn.Partitioned`, with their logical axes) drawn from
-    `rng`; their shapes do not depend on the dummy [1, 8] input used to create them."""
-    ids = jnp.zeros((1, 8), jnp.int32)
-    return self.init({"params": rng}, ids,
-                     masked_lm_positions=jnp.zeros((1, 2), jnp.int32))["params"]
+  def setup(self):
+    self.dense = layers.dense(self.config, 2, ("embed", "classes"), "dense")
+    nn.share_scope(self, self.dense)
+
+  def __call__(self, out: dict, encoder) -> jax.Array:
+    del encoder
+    return self.dense(out["pooled"])
+
+
+def mlm_transform(cfg: ModelConfig, x: jax.Array) -> jax.Array:
+  """The MLM head's 'transform' (dense), GELU and 'transform_norm'."""
+  x = layers.dense(cfg, cfg.hidden_size, ("embed", "hidden"), "transform")(x)
+  return _layer_norm(cfg, "transform_norm")(nn.gelu(x, approximate=False))
 
 
 # ---- The task heads' trunk (Hugging Face's Bert/RobertaFor* heads) ----------------
 
-def _pooled_or_cls(config: ModelConfig, out: dict, deterministic: bool) -> jax.Array:
-  """[B, E]: the pooler's output (dense + tanh on [CLS]) when the encoder has one;
-  else RoBERTa's classification head's first half, a dense + tanh of the head's own
-  ('pooler', freshly initialised) over the dropped-out [CLS] vector."""
-  if config.pooler:
-    return out["pooled"]
-  cls = nn.Dropout(config.dropout_rate)(out["last_hidden_state"][:, 0],
-                                        deterministic=deterministic)
-  dense = layers.dense(config, config.hidden_size, ("embed", "hidden"), ("hidden",), "pooler")
-  return jnp.tanh(dense(cls))
-
-
-def sequence_features(config: ModelConfig, out: dict, deterministic: bool) -> jax.Array:
-  """[B, E]: the pooled [CLS] vector (`_pooled_or_cls`) with dropout."""
-  return nn.Dropout(config.dropout_rate)(_pooled_or_cls(config, out, deterministic),
-                                         deterministic=deterministic)
-
-
-def token_features(config: ModelConfig, out: dict, deterministic: bool,
-                   dropout: bool) -> jax.Array:
-  """[B, T, E]: the last hidden states, with dropout when `dropout` (tagging; BERT's
-  span-QA head reads them as they are)."""
+def task_features(config: ModelConfig, out: dict, deterministic: bool, pooled: bool,
+                  dropout: bool = True) -> jax.Array:
+  """Pooled, [B, E]: the pooler's output (dense + tanh on [CLS]) when the encoder has
+  one, else RoBERTa's classification head's first half (a dense + tanh, the head's own
+  'pooler', over the dropped-out [CLS] vector), then dropout. Per token, [B, T, E]: the
+  last hidden states, with dropout when `dropout` (tagging; BERT's span-QA head reads
+  them as they are)."""
   x = out["last_hidden_state"]
-  return nn.Dropout(config.dropout_rate)(x, deterministic=deterministic) if dropout else x
+  if not pooled:
+    return nn.Dropout(config.dropout_rate)(x, deterministic=deterministic) if dropout else x
+  drop = nn.Dropout(config.dropout_rate)  # Dropout_0, before the [CLS] one (its rngs)
+  if config.pooler:
+    x = out["pooled"]
+  else:
+    cls = nn.Dropout(config.dropout_rate)(x[:, 0], deterministic=deterministic)
+    x = Pooler(config, name="pooler")(cls)
+  return drop(x, deterministic=deterministic)
 
 
 def output_layer(config: ModelConfig, features: int, name: str) -> nn.Dense:
   """A head projection [E] -> [features] with BERT's initialiser and logical axes."""
-  return layers.dense(config, features, ("embed", "classes"), ("classes",), name)
+  return layers.dense(config, features, ("embed", "classes"), name)
 
 
-def slot_features(config: ModelConfig, encoder: Encoder, out: dict, batch: dict) -> dict:
-  """Each packed example's [CLS] vector as a row of its own ([B*K, 1, E]), pooled by
-  the encoder's pooler when it has one."""
-  B, K = batch["cls_positions"].shape
-  cls = jnp.take_along_axis(out["last_hidden_state"], batch["cls_positions"][..., None],
-                            axis=1).reshape(B * K, 1, -1)  # [B*K, 1, E]
-  slots = {"last_hidden_state": cls, "attention_mask": jnp.ones((B * K, 1), jnp.int32)}
-  if config.pooler:
-    slots["pooled"] = encoder.pool(cls[:, 0])
-  return slots
-
-
-def train_flops(cfg: ModelConfig, batch: int, seq: int, predictions: int
-                ) -> dict[str, float]:
-  """FLOPs of one training step (forward + backward = 3 x forward) by term, and their
-  `total`:
-
-    6 * N_enc * B * T                 the encoder's matmuls, N_enc = L * (4 E^2 + 2 E M)
-                                      (weights only: no embeddings, biases, LayerNorms)
-    + 12 * L * B * T^2 * E            attention scores Q K^T and the weighted sum P V
-    + 6 * B * P * (E^2 + E V)         the MLM head at the P masked positions only
-    + 6 * B * (E^2 + 2 E)             pooler and NSP classifier on [CLS] (when present)
-
-  B batch, T length, P masked positions per row, L layers, E hidden, M intermediate,
-  V vocabulary. Embedding lookups are gathers (no FLOPs); element-wise work (softmax,
-  GELU, LayerNorm, the optimizer) is not model FLOPs, as in the PaLM MFU definition.
-  Hugging Face's `BertForPreTraining` computes the MLM logits at every position: its
-  FLOPs are `train_flops(cfg, B, T, predictions=T)`."""
-  E, M, L, V = cfg.hidden_size, cfg.intermediate_size, cfg.num_layers, cfg.vocab_size
-  n_enc = L * (4 * E * E + 2 * E * M)
-  terms = {
-      "encoder_matmuls": 6.0 * n_enc * batch * seq,
-      "attention": 12.0 * L * batch * seq * seq * E,
-      "mlm_head": 6.0 * batch * predictions * (E * E + E * V),
-      "pooler_nsp": 6.0 * batch * ((E * E if cfg.pooler else 0) + (2 * E if cfg.nsp else 0)),
-  }
-  terms["total"] = sum(terms.values())
-  return terms
+def head_flops(cfg: ModelConfig, batch: int) -> dict[str, float]:
+  """6 * B * (E^2 + 2 E): the pooler and the NSP classifier on [CLS] (each when
+  present; SBO's head is not counted)."""
+  E = cfg.hidden_size
+  return {"pooler_nsp": 6.0 * batch * ((E * E if cfg.pooler else 0) + (2 * E if cfg.nsp else 0))}
 
 
 FAMILY = Family(
-    name="bert", config=ModelConfig, pretraining=BertForPreTraining, encoder=Encoder,
-    to_layout=layout.to_layout,
+    name="bert", config=ModelConfig, embeddings=Embeddings, block=TransformerBlock,
+    mlm_transform=mlm_transform,
+    # query, key, value, output E^2 each; intermediate and output E M each.
+    block_weights=lambda c: 4 * c.hidden_size ** 2 + 2 * c.hidden_size * c.intermediate_size,
+    task_features=task_features, output_layer=output_layer, pooler=Pooler,
+    heads=(Head("nsp", NSPHead),
+           Head("sbo", SpanBoundaryHead, ("span_left_positions", "span_right_positions",
+                                          "span_relative_positions"))),
+    head_flops=head_flops,
     # BERT's recipe trains the pooler and NSP; RoBERTa's (positions past the padding
     # id) neither, but a pooler serves its classifiers.
     pretraining_heads=lambda c: dataclasses.replace(c, pooler=True,
-                                                    nsp=c.position_offset == 0),
-    train_flops=train_flops,
-    sequence_features=sequence_features, token_features=token_features,
-    output_layer=output_layer, head_dropout=lambda config: config.dropout_rate,
-    slot_features=slot_features,
-    phase_inputs=lambda config, lengths: [{} for _ in lengths])  # trains at any length
+                                                    nsp=c.position_offset == 0))

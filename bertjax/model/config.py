@@ -1,4 +1,7 @@
-"""Model hyperparameters: one frozen dataclass, built from the config in one place."""
+"""Model hyperparameters: what every family's frozen config dataclass shares
+(`FamilyConfig`: built from `config.model` in one place, written back, its common
+fields checked), dtypes by name and the rematerialisation policies. Each family's
+dataclass lives in its file (`bert.ModelConfig`, `modernbert.ModernBertConfig`)."""
 
 from __future__ import annotations
 
@@ -51,10 +54,41 @@ REMAT_POLICIES = {
 
 class FamilyConfig:
   """What the frozen config dataclass of every model family shares (mixed in): it is
-  built from `config.model` in one place (`from_config`) and written back
-  (`to_dict`); `family` names it in `bertjax.model.FAMILIES`."""
+  built from `config.model` in one place (`from_config`), written back (`to_dict`)
+  and its common fields checked (`check_common`); `family` names it in
+  `bertjax.model.FAMILIES`. The defaults below are the answers of a family that lacks
+  the feature (`bertjax.model.family` lists what every config answers)."""
 
   family: ClassVar[str]
+  decoder_bias: ClassVar[bool] = True  # the MLM head's vocabulary bias
+  classifier_pooling: ClassVar[str] = "cls"  # packed examples' rows: first token
+
+  @property
+  def windows(self) -> tuple[int | None, ...]:
+    """Each block's attention half-width (query i sees keys j with |i - j| <= w), None
+    for global attention."""
+    return (None,) * self.num_layers
+
+  def check_common(self, sizes: tuple[str, ...], dropouts: tuple[str, ...]) -> None:
+    """One-line ConfigErrors for the fields every family has: `sizes` (these and the
+    common ones) >= 1, `dropouts` in [0, 1), the padding id inside the vocabulary, an
+    attention path and a remat policy that exist."""
+    for name in ("vocab_size", "hidden_size", "num_layers", "num_heads",
+                 "intermediate_size", "max_position_embeddings") + sizes:
+      if not getattr(self, name) >= 1:
+        raise ConfigError(f"config.model.{name}={getattr(self, name)} must be >= 1.")
+    for name in dropouts:
+      if not 0 <= getattr(self, name) < 1:
+        raise ConfigError(f"config.model.{name}={getattr(self, name)} must lie in [0, 1).")
+    if not 0 <= self.pad_token_id < self.vocab_size:
+      raise ConfigError(f"config.model.pad_token_id={self.pad_token_id} must lie in "
+                        f"[0, config.model.vocab_size={self.vocab_size}).")
+    if self.attention_impl not in ("", *IMPLS):
+      raise ConfigError(f"config.model.attention_impl={self.attention_impl!r}: use '' "
+                        f"(the fastest the platform allows) or one of {list(IMPLS)}.")
+    if self.remat_policy not in REMAT_POLICIES:
+      raise ConfigError(f"config.model.remat_policy={self.remat_policy!r}: use one of "
+                        f"{sorted(REMAT_POLICIES)}.")
 
   @classmethod
   def from_config(cls, model_cfg):
@@ -84,76 +118,3 @@ class FamilyConfig:
     for key in ("dtype", "param_dtype"):
       d[key] = jnp.dtype(d[key]).name
     return d
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelConfig(FamilyConfig):
-  """Hyperparameters of an encoder of the 'bert' family (BERT, RoBERTa, XLM-R,
-  SpanBERT) and its pretraining heads.
-
-  BERT: `type_vocab_size=2`, `position_offset=0`. RoBERTa / XLM-R: `type_vocab_size=1`
-  and `position_offset=pad_token_id + 1` (positions count from past the padding index,
-  padding tokens get position `pad_token_id`, exactly as fairseq and Hugging Face do).
-  """
-
-  family: ClassVar[str] = "bert"  # config.model.family (bertjax.model.FAMILIES)
-
-  vocab_size: int = 30522
-  hidden_size: int = 768
-  num_layers: int = 12
-  num_heads: int = 12
-  intermediate_size: int = 3072
-  max_position_embeddings: int = 512
-  type_vocab_size: int = 2
-  pad_token_id: int = 0
-  position_offset: int = 0
-  layer_norm_eps: float = 1e-12
-  dropout_rate: float = 0.1
-  attention_dropout_rate: float = 0.1
-  initializer_range: float = 0.02
-  pooler: bool = True
-  nsp: bool = True
-  sbo: bool = False  # SpanBERT's span-boundary objective head (with span masking)
-  sbo_max_positions: int = 32  # relative positions inside a span the SBO head embeds
-  # '' (the fastest path allowed: `attention.resolve_impl`), 'xla', 'cudnn' (GPU),
-  # 'pallas_gpu' (GPU), 'splash' (TPU).
-  attention_impl: str = ""
-  scan_layers: bool = False  # nn.scan over the blocks: params under encoder/layers [L, ...]
-  remat_policy: str = "none"  # a key of REMAT_POLICIES: what a block keeps for backward
-  dtype: Any = jnp.float32  # compute dtype of activations
-  param_dtype: Any = jnp.float32  # master weights
-
-  def __post_init__(self):
-    """Every field in range, or a one-line ConfigError naming it."""
-    for name in ("vocab_size", "hidden_size", "num_layers", "num_heads",
-                 "intermediate_size", "max_position_embeddings", "type_vocab_size",
-                 "sbo_max_positions"):
-      if not getattr(self, name) >= 1:
-        raise ConfigError(f"config.model.{name}={getattr(self, name)} must be >= 1.")
-    if self.hidden_size % self.num_heads:
-      raise ConfigError(
-          f"config.model.hidden_size={self.hidden_size} is not divisible by "
-          f"config.model.num_heads={self.num_heads}; pick sizes that divide.")
-    if not 0 <= self.pad_token_id < self.vocab_size:
-      raise ConfigError(f"config.model.pad_token_id={self.pad_token_id} must lie in "
-                        f"[0, config.model.vocab_size={self.vocab_size}).")
-    if not self.position_offset >= 0:
-      raise ConfigError(f"config.model.position_offset={self.position_offset} must be >= 0.")
-    for name in ("dropout_rate", "attention_dropout_rate"):
-      if not 0 <= getattr(self, name) < 1:
-        raise ConfigError(f"config.model.{name}={getattr(self, name)} must lie in [0, 1).")
-    for name in ("layer_norm_eps", "initializer_range"):
-      if not getattr(self, name) > 0:
-        raise ConfigError(f"config.model.{name}={getattr(self, name)} must be positive.")
-    if self.attention_impl not in ("", *IMPLS):
-      raise ConfigError(f"config.model.attention_impl={self.attention_impl!r}: use '' "
-                        f"(the fastest the platform allows) or one of {list(IMPLS)}.")
-    if self.remat_policy not in REMAT_POLICIES:
-      raise ConfigError(f"config.model.remat_policy={self.remat_policy!r}: use one of "
-                       f"{sorted(REMAT_POLICIES)}.")
-    if self.nsp and not self.pooler:
-      raise ConfigError("config.model.nsp=True needs config.model.pooler=True.")
-
-  @property
-  def head_dim(self) -> int:
-    return self.hidden_size // self.num_heads

@@ -1,10 +1,55 @@
-"""The model seam: what a family of encoders (`config.model.family`) gives the rest of
-bertjax. Every module that builds a model, restores or converts parameters, counts
-FLOPs or plans memory goes through a `Family` (`bertjax.model.family_of` picks it);
-a new family is one file in bertjax/model/ that defines its `FAMILY`, listed in
-`bertjax.model.FAMILIES`, plus its Hugging Face table in bertjax/hf/.
+"""The model seam: what a family of encoders (`config.model.family`) supplies, and what
+the rest of bertjax builds from it. Every module that builds a model, restores or
+converts parameters, counts FLOPs or plans memory goes through a `Family`
+(`bertjax.model.family_of` picks it); the shared stack (`stack.py`) owns the encoder
+around a family's parts: the embedding dispatch, the blocks' list / scan / remat, the
+final-norm and pooler slots, the tied MLM head and its gather, `encode`,
+`init_params`, the parameter layouts, the FLOPs every family shares, the packed
+examples' rows and what fine-tuning freezes.
 
-Shapes: B batch, T length, E hidden, K slots of a packed row.
+A new family is one file, bertjax/model/<family>.py, listed in
+`bertjax.model.FAMILIES`, and its Hugging Face table bertjax/hf/<family>.py listed in
+`bertjax.hf.convert.TABLES`. The file supplies exactly:
+
+1. `config`: its frozen hyperparameter dataclass (mixing in `config.FamilyConfig`),
+   whose instances answer what the data, the trainer and the stack ask of any model:
+   `family`, `vocab_size`, `hidden_size`, `num_layers`, `num_heads`, `head_dim`,
+   `intermediate_size`, `max_position_embeddings`, `pad_token_id`,
+   `position_offset` (0 unless positions start past the padding id),
+   `type_vocab_size` (token types it embeds, 0 for none), `nsp`, `sbo`, `pooler`
+   (booleans: the heads and slot it has; class constants where it has none),
+   `decoder_bias` (the MLM head's vocabulary bias), `classifier_pooling` ('cls' or
+   'mean': the packed examples' rows), `classifier_dropout` (the task heads' own
+   dropout), `windows` (each block's attention half-width, None global),
+   `scan_layers`, `remat_policy`, `attention_impl`, `attention_dropout_rate` (it
+   picks the attention path), `dtype`, `param_dtype`, `initializer_range`.
+2. `embeddings`: an `nn.Module` class, `embeddings(config)`, called `(input_ids,
+   attention_mask, token_type_ids, position_ids or None, segment_ids or None,
+   deterministic, **its `inputs`)` -> ([B, T, E], the context every block reads:
+   masks, rotary tables, relative positions...), with `attend(x)` [..., E] ->
+   [..., V], the tied output projection.
+3. `block`: an `nn.Module` class, `block(config, scanned=False)`, called `(x, context,
+   layer, deterministic, keep)` -> x [B, T, E] (with `scanned`: (x, x if keep else
+   None)); `layer` its index (a Python int unless scanned).
+4. `mlm_transform(config, x)`: the MLM head's dense + activation + norm, [B, P, E] ->
+   [B, P, E], built in the head's compact scope (its parameters' names are the
+   family's, e.g. the Hugging Face table's).
+5. `block_weights(config)`: the weights one block multiplies each token by (its
+   matmul FLOPs per token / 2).
+6. `task_features(config, out, deterministic, pooled, dropout)`: what a task head
+   reads, called in the head's compact `__call__`: `pooled` [B, E] (sequence
+   classification, multiple choice) or per token [B, T, E] (tagging, span QA;
+   `dropout`: whether the family's classic head drops out there). `out` is the
+   encoder's output with the batch's 'attention_mask' [B, T].
+7. `output_layer(config, features, name)`: a task head's `nn.Dense` [E] -> [features].
+And, where it has them: `unscanned_layers` (the leading blocks kept out of the scan:
+ModernBERT's block 0 has no attention norm), `inputs` (its embedding's own inputs,
+e.g. ModernBERT's `global_rope_theta`), `final_norm(config)` (the module named
+'final_norm' after the blocks), `pooler(config)` (the module on the first position,
+named 'pooler', when `config.pooler`), `heads` (its own pretraining heads),
+`head_flops`, `pretraining_heads` and `phase_inputs` (below).
+
+Shapes: B batch, T length, E hidden, V vocabulary, P predictions per row.
 """
 
 from __future__ import annotations
@@ -15,47 +60,37 @@ from typing import Any, Callable, Sequence
 import flax.linen as nn
 import jax
 
+from bertjax.errors import ConfigError
+from bertjax.model import layout, stack
+
+
+@dataclasses.dataclass(frozen=True)
+class Head:
+  """A pretraining head: `module(config)` (an `nn.Module`; its parameters live under
+  `name`), called `(encoder output, encoder, **inputs)` -> logits, the model's
+  '<name>_logits' (float32). `inputs`: the batch fields it reads besides the
+  encoder's; `required`: it runs only when they are given (else they are optional)."""
+
+  name: str
+  module: Callable[[Any], nn.Module]
+  inputs: tuple[str, ...] = ()
+  required: bool = True
+
+
+def _no_phase_inputs(config, lengths: Sequence[int]) -> list[dict[str, float]]:
+  del config
+  return [{} for _ in lengths]
+
 
 @dataclasses.dataclass(frozen=True)
 class Family:
-  """One family of encoders.
+  """One family of encoders: its parts (the module docstring lists them).
 
-  config: its frozen hyperparameter dataclass (`from_config(config.model)`,
-    `to_dict()`), whose instances also answer what the data and the trainer ask of any
-    model: `family`, `vocab_size`, `hidden_size`, `num_layers`, `num_heads`,
-    `intermediate_size`, `max_position_embeddings`, `pad_token_id`, `position_offset`
-    (0 unless positions start past the padding id), `type_vocab_size` (token types
-    the model embeds: 0 for none), `nsp`, `sbo`, `pooler`,
-    `scan_layers`, `remat_policy`, `attention_impl`, `attention_dropout_rate` (on the
-    attention probabilities: it picks the attention path), `dtype`, `param_dtype`,
-    `initializer_range`.
-  pretraining: the encoder with its pretraining heads, an `nn.Module` class built from
-    the config: `__call__(input_ids, attention_mask, token_type_ids,
-    masked_lm_positions, position_ids, segment_ids, span_left_positions,
-    span_right_positions, span_relative_positions, deterministic, **phase inputs)` ->
-    {'mlm_logits' [B, P, V], 'nsp_logits' [B, 2] with NSP, 'sbo_logits' with SBO};
-    `encode(...)`; `init_params(rng)`; its encoder's parameters under 'encoder'.
-  encoder: the encoder alone (the fine-tuning trunk): `__call__(input_ids,
-    attention_mask, token_type_ids, position_ids, segment_ids, deterministic,
-    output_hidden_states)` -> {'last_hidden_state' [B, T, E], 'hidden_states'
-    [L+1, B, T, E] when asked, 'pooled' [B, E] when the config has a pooler}.
-  to_layout: (params, scan_layers) -> the parameters in that layout (exact both ways).
+  heads: its own pretraining heads (`Head`); every family has the stack's 'mlm'.
+  head_flops: (config, batch) -> {term: FLOPs of one training step} of its own heads
+    and pooler (`stack.train_flops` adds them).
   pretraining_heads: config -> the config with every pretraining head the family's
     recipe trains (what an imported encoder gets fresh heads for).
-  train_flops: (config, batch, seq, predictions) -> {term: FLOPs of one training step
-    (forward + backward), 'total': their sum} — the model FLOPs of MFU.
-  sequence_features: (config, out, deterministic) -> [B, E], called inside a task
-    head's compact `__call__`: what a sequence classifier (or a multiple-choice scorer)
-    reads, dropout included. `out` is the encoder's output with the batch's
-    'attention_mask' [B, T].
-  token_features: (config, out, deterministic, dropout) -> [B, T, E] what a tagger or a
-    span-QA head reads (`dropout`: whether the family's classic head drops out here).
-  output_layer: (config, features, name) -> the `nn.Dense` [E] -> [features] of a head.
-  head_dropout: config -> the dropout rate of the task heads' own layers.
-  slot_features: (config, encoder module, out, batch) -> the `out` of the K examples
-    packed in each row, one row each: {'last_hidden_state' [B*K, 1, E],
-    'attention_mask' [B*K, 1], ...} (`batch['cls_positions']` [B, K], 'segment_ids'),
-    for heads that predict one thing per example.
   phase_inputs: (config, lengths) -> for each pretraining length phase (its row
     length, in order) the constant per-row inputs its batches carry to the model
     ({name: value}, e.g. ModernBERT's `global_rope_theta`; {} none), after a one-line
@@ -64,14 +99,53 @@ class Family:
 
   name: str
   config: type
-  pretraining: type
-  encoder: type
-  to_layout: Callable[[dict, bool], dict]
-  pretraining_heads: Callable[[Any], Any]
-  train_flops: Callable[[Any, int, int, int], dict[str, float]]
-  sequence_features: Callable[[Any, dict, bool], jax.Array]
-  token_features: Callable[[Any, dict, bool, bool], jax.Array]
+  embeddings: type
+  block: type
+  mlm_transform: Callable[[Any, jax.Array], jax.Array]
+  block_weights: Callable[[Any], int]
+  task_features: Callable[..., jax.Array]
   output_layer: Callable[[Any, int, str], nn.Dense]
-  head_dropout: Callable[[Any], float]
-  slot_features: Callable[[Any, nn.Module, dict, dict], dict]
-  phase_inputs: Callable[[Any, Sequence[int]], list[dict[str, float]]]
+  unscanned_layers: int = 0
+  inputs: tuple[str, ...] = ()
+  final_norm: Callable[[Any], nn.Module] | None = None
+  pooler: Callable[[Any], nn.Module] | None = None
+  heads: tuple[Head, ...] = ()
+  head_flops: Callable[[Any, int], dict[str, float]] | None = None
+  pretraining_heads: Callable[[Any], Any] = lambda config: config
+  phase_inputs: Callable[[Any, Sequence[int]], list[dict[str, float]]] = _no_phase_inputs
+
+  def head(self, name: str) -> Head:
+    """The pretraining head `name` ('mlm', or one of the family's own)."""
+    if name == "mlm":
+      return Head("mlm", lambda config: stack.MLMHead(config, self.mlm_transform),
+                  ("masked_lm_positions",), required=False)
+    for head in self.heads:
+      if head.name == name:
+        return head
+    raise ConfigError(f"the {self.name!r} family has no {name!r} pretraining head: it "
+                      f"has {['mlm'] + [h.name for h in self.heads]}.")
+
+  def config_heads(self, config) -> tuple[str, ...]:
+    """The heads `config`'s booleans name: 'mlm', and each own head whose field
+    (`config.nsp`, `config.sbo`) is set."""
+    return ("mlm",) + tuple(h.name for h in self.heads if getattr(config, h.name))
+
+  def encoder(self, config) -> stack.Encoder:
+    """The encoder alone (the fine-tuning trunk; `stack.Encoder`)."""
+    return stack.Encoder(config, self)
+
+  def pretraining(self, config, heads: Sequence[str] | None = None) -> stack.PreTraining:
+    """The encoder with the pretraining `heads` (default: `config_heads(config)`); its
+    encoder's parameters under 'encoder', each head's under its name."""
+    return stack.PreTraining(config, self, tuple(heads or self.config_heads(config)))
+
+  def to_layout(self, params: dict, scan_layers: bool) -> dict:
+    """The parameters in the layout a model with `scan_layers` expects (exact both
+    ways; `layout.to_layout` with the family's `unscanned_layers`)."""
+    return layout.to_layout(params, scan_layers, self.unscanned_layers)
+
+  def train_flops(self, config, batch: int, seq: int, predictions: int
+                  ) -> dict[str, float]:
+    """{term: FLOPs of one training step, 'total'} (`stack.train_flops`): the model
+    FLOPs of MFU."""
+    return stack.train_flops(self, config, batch, seq, predictions)

@@ -20,9 +20,9 @@ mmBERT), exact to Hugging Face's `transformers.ModernBertForMaskedLM` (v5.24).
 - GeGLU: Wi [E, 2, M] (Hugging Face's [2M, E] chunked: first half the input, second the
   gate), act(input) * gate, dropout, Wo [M, E]. A final LayerNorm (float32 statistics,
   two-pass variance as torch's).
-- MLM head: dense + act + LayerNorm (`transform`), then the tied token embedding plus a
-  vocabulary bias. Task heads: `task_features` (Hugging Face's pooling, `head` and
-  dropout) and `classifier`.
+- MLM head: dense + act + LayerNorm (`transform`, the stack's MLM head around it),
+  then the tied token embedding plus a vocabulary bias. Task heads: `task_features`
+  (Hugging Face's pooling, `head` and dropout) and `classifier`.
 - Packed rows: `segment_ids` [B, T] isolate documents and, without explicit
   `position_ids`, restart the rotary positions at 0 in each document, as the authors'
   unpadded training does (flash-attention varlen with `cu_seqlens`).
@@ -36,9 +36,10 @@ mmBERT), exact to Hugging Face's `transformers.ModernBertForMaskedLM` (v5.24).
   data position, restores with it, and evaluation, fine-tuning, inference and export,
   which pass none, use the config's `global_rope_theta`, the final one.
 
-Parameters are Hugging Face's names (see `bertjax.hf.modernbert`). With
-`scan_layers`, block 0 (which has no attention norm) stays `encoder/layer_0` and blocks
-1..L-1 are `encoder/layers` with a leading [L-1] axis (`to_layout` converts). Shapes:
+The family's parts of the shared encoder (`stack.py`). Parameters are Hugging Face's
+names (see `bertjax.hf.modernbert`). With `scan_layers`, block 0 (which has no
+attention norm) stays `encoder/layer_0` and blocks 1..L-1 are `encoder/layers` with a
+leading [L-1] axis (`unscanned_layers=1`; `FAMILY.to_layout` converts). Shapes:
 B batch, T length, E hidden, N heads, D head size, M intermediate size, V vocabulary.
 """
 
@@ -55,8 +56,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from bertjax.errors import ConfigError
-from bertjax.model import attention as attention_lib
-from bertjax.model.config import REMAT_POLICIES, FamilyConfig
+from bertjax.model import attention as attention_lib, layers, stack
+from bertjax.model.config import FamilyConfig
 from bertjax.model.family import Family
 from bertjax.model.layers import BATCH, EMBED, HEADS, KV, LENGTH, MLP, constrain
 
@@ -127,25 +128,16 @@ class ModernBertConfig(FamilyConfig):
 
   def __post_init__(self):
     """Every field in range, or a one-line ConfigError naming it."""
-    for name in ("vocab_size", "hidden_size", "num_layers", "num_heads",
-                 "intermediate_size", "max_position_embeddings",
-                 "global_attn_every_n_layers"):
-      if not getattr(self, name) >= 1:
-        raise ConfigError(f"config.model.{name}={getattr(self, name)} must be >= 1.")
+    self.check_common(("global_attn_every_n_layers",),
+                      ("embedding_dropout", "attention_dropout", "attention_output_dropout",
+                       "mlp_dropout", "classifier_dropout"))
     if self.hidden_size % self.num_heads or (self.hidden_size // self.num_heads) % 2:
       raise ConfigError(
           f"config.model.hidden_size={self.hidden_size} / config.model.num_heads="
           f"{self.num_heads} must be a whole, even head size (rotary pairs its halves).")
-    if not 0 <= self.pad_token_id < self.vocab_size:
-      raise ConfigError(f"config.model.pad_token_id={self.pad_token_id} must lie in "
-                        f"[0, config.model.vocab_size={self.vocab_size}).")
     if self.local_attention < 2 or self.local_attention % 2:
       raise ConfigError(f"config.model.local_attention={self.local_attention} must be even "
                         "and >= 2 (it spans local_attention // 2 tokens each side).")
-    for name in ("embedding_dropout", "attention_dropout", "attention_output_dropout",
-                 "mlp_dropout", "classifier_dropout"):
-      if not 0 <= getattr(self, name) < 1:
-        raise ConfigError(f"config.model.{name}={getattr(self, name)} must lie in [0, 1).")
     if self.attention_dropout and self.attention_output_dropout:
       raise ConfigError(
           f"config.model.attention_dropout={self.attention_dropout} and "
@@ -170,12 +162,6 @@ class ModernBertConfig(FamilyConfig):
     if self.classifier_pooling not in POOLINGS:
       raise ConfigError(f"config.model.classifier_pooling={self.classifier_pooling!r}: "
                         f"use one of {list(POOLINGS)}.")
-    if self.attention_impl not in ("", *attention_lib.IMPLS):
-      raise ConfigError(f"config.model.attention_impl={self.attention_impl!r}: use '' "
-                        f"(the fastest allowed) or one of {attention_lib.IMPLS}.")
-    if self.remat_policy not in REMAT_POLICIES:
-      raise ConfigError(f"config.model.remat_policy={self.remat_policy!r}: use one of "
-                        f"{sorted(REMAT_POLICIES)}.")
 
   @property
   def head_dim(self) -> int:
@@ -194,6 +180,11 @@ class ModernBertConfig(FamilyConfig):
 
   def is_global(self, layer: int) -> bool:
     return layer % self.global_attn_every_n_layers == 0
+
+  @property
+  def windows(self) -> tuple[int | None, ...]:
+    """Each block's attention half-width: None (global) or `window`."""
+    return tuple(None if self.is_global(i) else self.window for i in range(self.num_layers))
 
   @property
   def layer_types(self) -> tuple[str, ...]:
@@ -243,39 +234,15 @@ def init_std(cfg: ModernBertConfig, kind: str) -> float:
           "final_out": cfg.hidden_size ** -0.5}[kind]
 
 
-def param_init(cfg: ModernBertConfig, kind: str, names):
-  """Truncated normal (cut at +-`initializer_cutoff_factor` std) with axis names."""
-  cut = cfg.initializer_cutoff_factor
-  return nn.with_logical_partitioning(
-      nn.initializers.truncated_normal(init_std(cfg, kind), lower=-cut, upper=cut),
-      tuple(names))
-
-
-def _zeros(names):
-  return nn.with_logical_partitioning(nn.initializers.zeros_init(), tuple(names))
+def _init(cfg: ModernBertConfig, kind: str):
+  """Truncated normal of `init_std(kind)`, cut at +-`initializer_cutoff_factor` std."""
+  return layers.truncated_normal(init_std(cfg, kind), cfg.initializer_cutoff_factor)
 
 
 def layer_norm(cfg: ModernBertConfig, name: str) -> nn.LayerNorm:
   """LayerNorm over E (bias per `norm_bias`); float32 statistics, two-pass variance."""
-  return nn.LayerNorm(
-      epsilon=cfg.norm_eps, use_bias=cfg.norm_bias, use_fast_variance=False,
-      dtype=cfg.dtype, param_dtype=cfg.param_dtype,
-      scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), ("embed",)),
-      bias_init=_zeros(("embed",)), name=name)
-
-
-def _einsum(cfg, shape, names, bias, kind, name) -> nn.Einsum:
-  """A projection whose kernel has its true shape (its axis names fit it); its bias,
-  when `bias`, covers the kernel's output axes (names[1:])."""
-  return nn.Einsum(shape, use_bias=bias, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
-                   kernel_init=param_init(cfg, kind, names), bias_init=_zeros(names[1:]),
-                   name=name)
-
-
-def _dense(cfg, features, names, bias, kind, name) -> nn.Dense:
-  return nn.Dense(features, use_bias=bias, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
-                  kernel_init=param_init(cfg, kind, names), bias_init=_zeros(names[1:]),
-                  name=name)
+  return layers.layer_norm(cfg, name, cfg.norm_eps, use_bias=cfg.norm_bias,
+                           fast_variance=False)
 
 
 # ---- Rotary positions -------------------------------------------------------------
@@ -331,21 +298,36 @@ def _attend(cfg: ModernBertConfig, impl: str, is_global: bool, q, k, v, context,
 # ---- Modules ----------------------------------------------------------------------
 
 class Embeddings(nn.Module):
-  """Token embedding, LayerNorm, dropout: [B, T] ids -> [B, T, E]."""
+  """Token embedding, LayerNorm, dropout: [B, T] ids -> [B, T, E]; and the blocks'
+  context: the padding, the documents and the rotary tables."""
 
   config: ModernBertConfig
 
   def setup(self):
     cfg = self.config
-    self.tok_embeddings = nn.Embed(
-        cfg.vocab_size, cfg.hidden_size, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
-        embedding_init=param_init(cfg, "embedding", ("vocab", "embed")))
+    self.tok_embeddings = layers.embed(cfg, cfg.vocab_size, ("vocab", "embed"),
+                                       init=_init(cfg, "embedding"))
     self.norm = layer_norm(cfg, "norm")
     self.drop = nn.Dropout(cfg.embedding_dropout)
 
-  def __call__(self, input_ids: jax.Array, deterministic: bool) -> jax.Array:
+  def __call__(self, input_ids, attention_mask, token_type_ids, position_ids,
+               segment_ids, deterministic: bool, global_rope_theta=None):
+    """token_type_ids: ignored (ModernBERT has no segment embeddings); position_ids
+    [B, T] rotary positions (default: 0..T-1, or restarting in each document of
+    `segment_ids`); global_rope_theta [B] float: the global layers' rotary theta per
+    row (a pretraining length phase's, `phase_inputs`; default the config's
+    `global_rope_theta`). -> ([B, T, E], (attention_mask, segment_ids, (global,
+    local) rotary tables))."""
+    del token_type_ids
+    cfg = self.config
+    if position_ids is None:
+      position_ids = (jnp.broadcast_to(jnp.arange(input_ids.shape[1]), input_ids.shape)
+                      if segment_ids is None else document_positions(segment_ids))
+    tables = tuple(rotary_tables(position_ids, cfg.head_dim, theta, cfg.dtype)
+                   for theta in (cfg.global_rope_theta if global_rope_theta is None
+                                 else global_rope_theta, cfg.local_rope_theta))
     x = self.drop(self.norm(self.tok_embeddings(input_ids)), deterministic=deterministic)
-    return constrain(x, (BATCH, LENGTH, EMBED))
+    return constrain(x, (BATCH, LENGTH, EMBED)), (attention_mask, segment_ids, tables)
 
   def attend(self, x: jax.Array) -> jax.Array:
     """The tied output projection: [..., E] -> [..., V]."""
@@ -364,14 +346,13 @@ class Attention(nn.Module):
     `scan_layers`, where the layer type is chosen by `lax.cond`). -> [B, T, E]."""
     cfg = self.config
     shape = (cfg.hidden_size, 3, cfg.num_heads, cfg.head_dim)
-    qkv = _einsum(cfg, shape, ("embed", None, "heads", "kv"), cfg.attention_bias, "in",
-                  "Wqkv")(x, "BTE,ESND->BTSND")
+    qkv = layers.einsum(cfg, shape, ("embed", None, "heads", "kv"), "Wqkv",
+                        init=_init(cfg, "in"), use_bias=cfg.attention_bias)(
+                            x, "BTE,ESND->BTSND")
     q, k, v = (constrain(qkv[:, :, i], (BATCH, LENGTH, HEADS, KV)) for i in range(3))
     dropout = not deterministic and cfg.attention_dropout > 0
     rng = self.make_rng("dropout") if dropout else None
-    impl = "xla" if self.is_initializing() else attention_lib.resolve_impl(
-        cfg.attention_impl, platform=jax.default_backend(), dtype=cfg.dtype,
-        dropout=dropout, seq_len=x.shape[1])  # Init: shapes only (T may be 8).
+    impl = layers.attention_impl(self, cfg, dropout, x.shape[1])
     if isinstance(layer, int):
       out = _attend(cfg, impl, cfg.is_global(layer), q, k, v, context, rng)
     else:
@@ -381,8 +362,9 @@ class Attention(nn.Module):
                          rng)
     out = constrain(out, (BATCH, LENGTH, HEADS, KV))
     shape = (cfg.num_heads, cfg.head_dim, cfg.hidden_size)
-    out = _einsum(cfg, shape, ("heads", "kv", "embed"), cfg.attention_bias, "out",
-                  "Wo")(out, "BTND,NDE->BTE")
+    out = layers.einsum(cfg, shape, ("heads", "kv", "embed"), "Wo", init=_init(cfg, "out"),
+                        use_bias=cfg.attention_bias, bias_names=("embed",))(
+                            out, "BTND,NDE->BTE")
     rate = cfg.attention_output_dropout or cfg.attention_dropout
     return nn.Dropout(rate)(out, deterministic=deterministic)
 
@@ -396,12 +378,13 @@ class GeGLU(nn.Module):
   def __call__(self, x: jax.Array, deterministic: bool) -> jax.Array:
     cfg = self.config
     shape = (cfg.hidden_size, 2, cfg.intermediate_size)
-    h = _einsum(cfg, shape, ("embed", None, "mlp"), cfg.mlp_bias, "in", "Wi")(
-        x, "BTE,EKM->BTKM")
+    h = layers.einsum(cfg, shape, ("embed", None, "mlp"), "Wi", init=_init(cfg, "in"),
+                      use_bias=cfg.mlp_bias)(x, "BTE,EKM->BTKM")
     h = ACTIVATIONS[cfg.hidden_activation](h[:, :, 0]) * h[:, :, 1]
     h = constrain(h, (BATCH, LENGTH, MLP))
     h = nn.Dropout(cfg.mlp_dropout)(h, deterministic=deterministic)
-    return _dense(cfg, cfg.hidden_size, ("mlp", "embed"), cfg.mlp_bias, "out", "Wo")(h)
+    return layers.dense(cfg, cfg.hidden_size, ("mlp", "embed"), "Wo", init=_init(cfg, "out"),
+                        use_bias=cfg.mlp_bias)(h)
 
 
 class Block(nn.Module):
@@ -411,98 +394,20 @@ class Block(nn.Module):
   """
 
   config: ModernBertConfig
-  first: bool = False  # block 0: no attention norm
   scanned: bool = False
 
   @nn.compact
   def __call__(self, x, context, layer, deterministic: bool, keep: bool = False):
-    """x [B, T, E] -> [B, T, E]; `context` and `layer` as `Attention` takes them."""
+    """x [B, T, E] -> [B, T, E]; `context` and `layer` as `Attention` takes them
+    (block 0, never scanned: `unscanned_layers`, has no attention norm)."""
     cfg = self.config
-    h = x if self.first else layer_norm(cfg, "attn_norm")(x)
+    first = isinstance(layer, int) and layer == 0
+    h = x if first else layer_norm(cfg, "attn_norm")(x)
     x = x + Attention(cfg, name="attn")(h, context, layer, deterministic)
     x = constrain(x, (BATCH, LENGTH, EMBED))
     x = x + GeGLU(cfg, name="mlp")(layer_norm(cfg, "mlp_norm")(x), deterministic)
     x = constrain(x, (BATCH, LENGTH, EMBED))
-    if self.scanned:
-      return x, (x if keep else None)
-    return x
-
-
-def _block_class(cfg: ModernBertConfig, static_layer: bool):
-  if cfg.remat_policy == "none":
-    return Block
-  # static_argnums count `self`: 3 = layer (an int when unscanned), 4 = deterministic,
-  # 5 = keep (always passed).
-  return nn.remat(Block, policy=REMAT_POLICIES[cfg.remat_policy],
-                  prevent_cse=static_layer,  # nn.scan already keeps the remat
-                  static_argnums=(3, 4, 5) if static_layer else (4, 5))
-
-
-class ModernBertEncoder(nn.Module):
-  """Embeddings, `num_layers` pre-LN blocks, the final LayerNorm."""
-
-  config: ModernBertConfig
-
-  def setup(self):
-    cfg = self.config
-    self.embeddings = Embeddings(cfg)
-    block = _block_class(cfg, static_layer=True)
-    if cfg.scan_layers:
-      self.blocks = [block(cfg, first=True, name="layer_0")]
-      if cfg.num_layers > 1:
-        self.stack = nn.scan(
-            _block_class(cfg, static_layer=False), variable_axes={"params": 0},
-            split_rngs={"params": True, "dropout": True},
-            in_axes=(nn.broadcast, 0, nn.broadcast, nn.broadcast),
-            length=cfg.num_layers - 1, metadata_params={nn.PARTITION_NAME: "layers"},
-        )(cfg, scanned=True, name="layers")
-    else:
-      self.blocks = [block(cfg, first=i == 0, name=f"layer_{i}")
-                     for i in range(cfg.num_layers)]
-    self.final_norm = layer_norm(cfg, "final_norm")
-
-  def __call__(self, input_ids, attention_mask=None, token_type_ids=None,
-               position_ids=None, segment_ids=None, deterministic: bool = True,
-               output_hidden_states: bool = False, global_rope_theta=None):
-    """input_ids [B, T] int; attention_mask [B, T] (1 real, 0 pad; default: ids !=
-    pad_token_id); token_type_ids: ignored (ModernBERT has no segment embeddings);
-    position_ids [B, T] rotary positions (default: 0..T-1, or restarting in each
-    document of `segment_ids`); segment_ids [B, T] document ids of a packed row;
-    global_rope_theta [B] float: the global layers' rotary theta per row (a pretraining
-    length phase's, `phase_inputs`; default the config's `global_rope_theta`).
-
-    Returns {'last_hidden_state': [B, T, E]} (after the final norm) and, with
-    `output_hidden_states`, 'hidden_states' [L+1, B, T, E]: the embedding output and
-    each block's, the last one final-normed (Hugging Face's convention).
-    """
-    del token_type_ids
-    cfg = self.config
-    if attention_mask is None:
-      attention_mask = (input_ids != cfg.pad_token_id).astype(jnp.int32)
-    if position_ids is None:
-      position_ids = (jnp.broadcast_to(jnp.arange(input_ids.shape[1]), input_ids.shape)
-                      if segment_ids is None else document_positions(segment_ids))
-    tables = tuple(rotary_tables(position_ids, cfg.head_dim, theta, cfg.dtype)
-                   for theta in (cfg.global_rope_theta if global_rope_theta is None
-                                 else global_rope_theta, cfg.local_rope_theta))
-    context = (attention_mask, segment_ids, tables)
-    x = self.embeddings(input_ids, deterministic)
-    hidden = [x[None]]
-    for i, block in enumerate(self.blocks):
-      x = block(x, context, i, deterministic, False)
-      hidden.append(x[None])
-    if cfg.scan_layers and cfg.num_layers > 1:
-      x, ys = self.stack(x, context, jnp.arange(1, cfg.num_layers), deterministic,
-                         output_hidden_states)  # ys [L-1, B, T, E]
-      hidden.append(ys)
-    x = self.final_norm(x)
-    out = {"last_hidden_state": x}
-    if output_hidden_states:
-      out["hidden_states"] = jnp.concatenate(hidden[:-1] + [hidden[-1][:-1], x[None]])
-    return out
-
-  def attend(self, x: jax.Array) -> jax.Array:
-    return self.embeddings.attend(x)
+    return (x, x if keep else None) if self.scanned else x
 
 
 class PredictionHead(nn.Module):
@@ -514,91 +419,29 @@ class PredictionHead(nn.Module):
   def __call__(self, x: jax.Array) -> jax.Array:
     """[..., E] -> [..., E]."""
     cfg = self.config
-    x = _dense(cfg, cfg.hidden_size, ("embed", "hidden"), cfg.classifier_bias, "out",
-               "dense")(x)
+    x = layers.dense(cfg, cfg.hidden_size, ("embed", "hidden"), "dense",
+                     init=_init(cfg, "out"), use_bias=cfg.classifier_bias)(x)
     return layer_norm(cfg, "norm")(ACTIVATIONS[cfg.classifier_activation](x))
 
 
-class MLMHead(nn.Module):
-  """`transform` (PredictionHead), then the tied token embedding plus a vocab bias."""
-
-  config: ModernBertConfig
-
-  @nn.compact
-  def __call__(self, x: jax.Array, encoder: ModernBertEncoder) -> jax.Array:
-    """[B, P, E] hidden states at the masked positions -> [B, P, V] logits."""
-    cfg = self.config
-    logits = encoder.attend(PredictionHead(cfg, name="transform")(x))
-    if cfg.decoder_bias:
-      bias = self.param("bias", _zeros(("vocab",)), (cfg.vocab_size,), cfg.param_dtype)
-      logits = logits + bias.astype(cfg.dtype)
-    return constrain(logits, (BATCH, None, "activation_vocab"))
-
-
-class ModernBertForPreTraining(nn.Module):
-  """Encoder + MLM head (computed only at `masked_lm_positions`); the call signature of
-  `BertForPreTraining` (ModernBERT has no NSP, no SBO)."""
-
-  config: ModernBertConfig
-
-  def setup(self):
-    self.encoder = ModernBertEncoder(self.config)
-    self.mlm = MLMHead(self.config)
-
-  def __call__(self, input_ids, attention_mask=None, token_type_ids=None,
-               masked_lm_positions=None, position_ids=None, segment_ids=None,
-               span_left_positions=None, span_right_positions=None,
-               span_relative_positions=None, deterministic: bool = True,
-               global_rope_theta=None):
-    """masked_lm_positions: [B, P] indices into T (None: every position, P = T);
-    global_rope_theta [B]: see `ModernBertEncoder`. The span inputs belong to
-    SpanBERT's SBO head, which ModernBERT lacks: passing them is a ConfigError. Returns
-    {'mlm_logits': [B, P, V] float32}."""
-    if any(s is not None for s in (span_left_positions, span_right_positions,
-                                   span_relative_positions)):
-      raise ConfigError("config.model.family='modernbert' has no span-boundary (SBO) "
-                        "head: pass no span_* inputs (span masking trains it without "
-                        "them), or use config.model.family='bert' with sbo=True.")
-    out = self.encoder(input_ids, attention_mask, token_type_ids, position_ids,
-                       segment_ids, deterministic, global_rope_theta=global_rope_theta)
-    x = out["last_hidden_state"]
-    if masked_lm_positions is not None:
-      x = jnp.take_along_axis(x, masked_lm_positions[..., None].astype(jnp.int32), axis=1)
-      x = constrain(x, (BATCH, None, EMBED))
-    return {"mlm_logits": self.mlm(x, self.encoder).astype(jnp.float32)}
-
-  def encode(self, input_ids, attention_mask=None, token_type_ids=None,
-             output_hidden_states: bool = True):
-    """The encoder alone (for `load_pretrained(...).encode`)."""
-    return self.encoder(input_ids, attention_mask, token_type_ids,
-                        output_hidden_states=output_hidden_states)
-
-  def init_params(self, rng: jax.Array):
-    """The parameters (boxed in `nn.Partitioned`) drawn from `rng`; their shapes do not
-    depend on the dummy [1, 8] input used to create them."""
-    ids = jnp.zeros((1, 8), jnp.int32)
-    return self.init({"params": rng}, ids,
-                     masked_lm_positions=jnp.zeros((1, 2), jnp.int32))["params"]
+def mlm_transform(cfg: ModernBertConfig, x: jax.Array) -> jax.Array:
+  """The MLM head's `transform`: a PredictionHead."""
+  return PredictionHead(cfg, name="transform")(x)
 
 
 # ---- Task heads (Hugging Face's ModernBertFor* trunks) -----------------------------
 
-def pool(cfg: ModernBertConfig, hidden: jax.Array, attention_mask: jax.Array) -> jax.Array:
-  """[B, T, E] -> [B, E]: 'cls' the first position (bertjax rows are right-padded, so
-  also ForMultipleChoice's first real token), 'mean' the mean over real tokens."""
-  if cfg.classifier_pooling == "cls":
-    return hidden[:, 0]
-  w = attention_mask.astype(hidden.dtype)[..., None]
-  return jnp.sum(hidden * w, axis=1) / jnp.sum(w, axis=1)
-
-
-def task_features(cfg: ModernBertConfig, hidden: jax.Array, attention_mask: jax.Array,
-                  deterministic: bool, pooled: bool) -> jax.Array:
-  """Call inside a task head's compact `__call__`: `pool` (when `pooled`: sequence
-  classification, multiple choice), then the head's own PredictionHead named
-  'transform' and dropout (`classifier_dropout`), as ModernBertFor* do.
-  [B, T, E] -> [B, E] (pooled) or [B, T, E] (per token: tagging, QA)."""
-  x = pool(cfg, hidden, attention_mask) if pooled else hidden
+def task_features(cfg: ModernBertConfig, out: dict, deterministic: bool, pooled: bool,
+                  dropout: bool = True) -> jax.Array:
+  """Call inside a task head's compact `__call__`: `stack.pool` of the last hidden
+  states by `classifier_pooling` (when `pooled`: sequence classification, multiple
+  choice), then the head's own PredictionHead named 'transform' and dropout
+  (`classifier_dropout`), as ModernBertFor* do (every one drops out: `dropout` changes
+  nothing). [B, T, E] -> [B, E] (pooled) or [B, T, E] (per token: tagging, QA)."""
+  del dropout
+  x = out["last_hidden_state"]
+  if pooled:
+    x = stack.pool(x, out["attention_mask"], cfg.classifier_pooling)
   x = PredictionHead(cfg, name="transform")(x)
   return nn.Dropout(cfg.classifier_dropout)(x, deterministic=deterministic)
 
@@ -606,101 +449,14 @@ def task_features(cfg: ModernBertConfig, hidden: jax.Array, attention_mask: jax.
 def classifier(cfg: ModernBertConfig, features: int, name: str) -> nn.Dense:
   """A task's output layer [E] -> [features], with bias (Hugging Face's `classifier`,
   initialised with std hidden_size^-0.5)."""
-  return _dense(cfg, features, ("embed", "classes"), True, "final_out", name)
-
-
-# ---- Parameter layout -------------------------------------------------------------
-
-def to_layout(params: dict, scan_layers: bool) -> dict:
-  """Parameters in the layout a model with `scan_layers` expects: unscanned
-  encoder/layer_{i} (i < L) <-> scanned encoder/layer_0 + encoder/layers [L-1, ...]."""
-  encoder = dict(params["encoder"])
-  if scan_layers and "layer_1" in encoder:
-    n = sum(k.startswith("layer_") for k in encoder)
-    blocks = [encoder.pop(f"layer_{i}") for i in range(1, n)]
-    encoder["layers"] = jax.tree.map(lambda *xs: jnp.stack(xs), *blocks)
-  elif not scan_layers and "layers" in encoder:
-    stacked = encoder.pop("layers")
-    for i in range(jax.tree.leaves(stacked)[0].shape[0]):
-      encoder[f"layer_{i + 1}"] = jax.tree.map(lambda x, i=i: x[i], stacked)
-  return {**params, "encoder": encoder}
-
-
-# ---- The family -------------------------------------------------------------------
-
-def attention_pairs(length: int, window: int | None) -> int:
-  """(query, key) pairs a row of `length` tokens scores: length^2 globally; within a
-  window of half-width w, length * (2w + 1) less the pairs past either end."""
-  if window is None or window >= length - 1:
-    return length * length
-  return length * (2 * window + 1) - window * (window + 1)
-
-
-def train_flops(cfg: ModernBertConfig, batch: int, seq: int, predictions: int
-                ) -> dict[str, float]:
-  """FLOPs of one training step (forward + backward = 3 x forward) by term, and their
-  `total`:
-
-    6 * N_enc * B * T                  the blocks' matmuls, N_enc = L * (4 E^2 + 3 E M)
-                                       (Wqkv 3E^2, Wo E^2, GeGLU's Wi 2EM and Wo EM)
-    + 12 * B * E * sum_l pairs_l       attention Q K^T and P V over the pairs each layer
-                                       scores: T^2 globally, the window's locally
-                                       (`attention_pairs`)
-    + 6 * B * P * (E^2 + E V)          the MLM head at the P masked positions only
-
-  B batch, T length, P masked positions per row, L layers, E hidden, M intermediate,
-  V vocabulary; element-wise work (rotary, GELU, LayerNorm) is not model FLOPs."""
-  E, M, L, V = cfg.hidden_size, cfg.intermediate_size, cfg.num_layers, cfg.vocab_size
-  pairs = sum(attention_pairs(seq, None if cfg.is_global(i) else cfg.window)
-              for i in range(L))
-  terms = {
-      "encoder_matmuls": 6.0 * L * (4 * E * E + 3 * E * M) * batch * seq,
-      "attention": 12.0 * batch * E * pairs,
-      "mlm_head": 6.0 * batch * predictions * (E * E + E * V),
-  }
-  terms["total"] = sum(terms.values())
-  return terms
-
-
-def sequence_features(cfg: ModernBertConfig, out: dict, deterministic: bool) -> jax.Array:
-  """[B, E]: `pool` of the last hidden states, the head's `transform` and dropout."""
-  return task_features(cfg, out["last_hidden_state"], out["attention_mask"],
-                       deterministic, pooled=True)
-
-
-def token_features(cfg: ModernBertConfig, out: dict, deterministic: bool,
-                   dropout: bool) -> jax.Array:
-  """[B, T, E]: the head's `transform` and dropout per token (every ModernBertFor*
-  head drops out, so `dropout` changes nothing)."""
-  del dropout
-  return task_features(cfg, out["last_hidden_state"], out["attention_mask"],
-                       deterministic, pooled=False)
-
-
-def slot_features(cfg: ModernBertConfig, encoder: ModernBertEncoder, out: dict,
-                  batch: dict) -> dict:
-  """Each packed example as a row of its own ([B*K, 1, E]): its first token ('cls'
-  pooling) or the mean over its tokens ('mean': slot k's tokens have segment id k + 1),
-  so that `pool` of the one-token row gives the example's pooled vector."""
-  del encoder
-  hidden = out["last_hidden_state"]
-  B, K = batch["cls_positions"].shape
-  if cfg.classifier_pooling == "cls":
-    x = jnp.take_along_axis(hidden, batch["cls_positions"][..., None], axis=1)
-  else:
-    member = jax.nn.one_hot(batch["segment_ids"], K + 1, dtype=hidden.dtype)[..., 1:]
-    member = member * batch["attention_mask"][..., None].astype(hidden.dtype)  # [B, T, K]
-    x = jnp.einsum("btk,bte->bke", member, hidden) / jnp.maximum(
-        member.sum(1), 1.0)[..., None]
-  return {"last_hidden_state": x.reshape(B * K, 1, -1),
-          "attention_mask": jnp.ones((B * K, 1), jnp.int32)}
+  return layers.dense(cfg, features, ("embed", "classes"), name, init=_init(cfg, "final_out"))
 
 
 FAMILY = Family(
-    name="modernbert", config=ModernBertConfig, pretraining=ModernBertForPreTraining,
-    encoder=ModernBertEncoder, to_layout=to_layout,
-    pretraining_heads=lambda cfg: cfg,  # the MLM head only, always built
-    train_flops=train_flops,
-    sequence_features=sequence_features, token_features=token_features,
-    output_layer=classifier, head_dropout=lambda cfg: cfg.classifier_dropout,
-    slot_features=slot_features, phase_inputs=phase_inputs)
+    name="modernbert", config=ModernBertConfig, embeddings=Embeddings, block=Block,
+    mlm_transform=mlm_transform,
+    # Wqkv 3E^2, Wo E^2, GeGLU's Wi 2EM and Wo EM.
+    block_weights=lambda c: 4 * c.hidden_size ** 2 + 3 * c.hidden_size * c.intermediate_size,
+    task_features=task_features, output_layer=classifier,
+    unscanned_layers=1, inputs=("global_rope_theta",),
+    final_norm=lambda cfg: layer_norm(cfg, "final_norm"), phase_inputs=phase_inputs)

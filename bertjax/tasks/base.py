@@ -47,7 +47,7 @@ class FinetuneModel(nn.Module):
   folds them back). Packed rows (`bertjax.tasks.batching`) add `segment_ids` and
   `position_ids` [B, T] and, for one prediction per example, `cls_positions` [B, K]:
   the head then sees each packed example as a row of its own ([B*K, 1, E], the
-  family's `slot_features`) and its outputs come back as [B, K, ...]."""
+  encoder's `slots`) and its outputs come back as [B, K, ...]."""
 
   config: Any  # the family's config dataclass
   head: nn.Module
@@ -71,7 +71,7 @@ class FinetuneModel(nn.Module):
     if "cls_positions" not in batch:
       return self.head(out, batch, deterministic)
     B, K = batch["cls_positions"].shape
-    slots = family_of(self.config).slot_features(self.config, self.encoder, out, batch)
+    slots = self.encoder.slots(out, batch)
     outputs = self.head(slots, batch, deterministic)
     return jax.tree.map(lambda x: x.reshape(B, K, *x.shape[1:]), outputs)
 

@@ -31,7 +31,7 @@ class ClassifierHead(nn.Module):
   def __call__(self, out: dict, batch: dict, deterministic: bool) -> dict:
     """-> `logits` [B, K] float32 (K = 1 for regression)."""
     family = family_of(self.config)
-    x = family.sequence_features(self.config, out, deterministic)  # [B, E]
+    x = family.task_features(self.config, out, deterministic, pooled=True)  # [B, E]
     return {"logits": family.output_layer(self.config, self.num_outputs, "classifier")(x)
                       .astype(jnp.float32)}
 

@@ -84,7 +84,7 @@ class FeatureTaggingHead(nn.Module):
     else:
       x = ScalarMix(name="scalar_mix")(hidden[1:])  # [B, T, E]
     family = family_of(self.config)
-    drop = nn.Dropout(family.head_dropout(self.config))
+    drop = nn.Dropout(self.config.classifier_dropout)
     x = drop(x, deterministic=deterministic)
     if self.tagger == "bilstm":
       lengths = jnp.sum(batch["attention_mask"], axis=-1).astype(jnp.int32)  # [B]

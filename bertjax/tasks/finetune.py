@@ -39,6 +39,7 @@ from bertjax.data import tokenizer as tok_lib
 from bertjax.data.pipeline import MIN_SEQ_LENGTH
 from bertjax.errors import CheckpointError, ConfigError, at_least, within
 from bertjax import model as model_lib
+from bertjax.model import stack
 from bertjax.model.config import dtype_of
 from bertjax.parallel import mesh as mesh_lib
 from bertjax.tasks import base, batching, finetuned, get_task
@@ -132,23 +133,19 @@ def _with_model(config, model: Any) -> ml_collections.ConfigDict:
 
 
 def freeze_labels(params, model: Any, freeze_cfg):
-  """'frozen' / 'train' per parameter: embeddings when `freeze.embeddings`; with
-  `freeze.top_k_layers=k >= 0` everything below the top k blocks (embeddings
-  included; an encoder's final norm, above the blocks, trains with k >= 1); the pooler
-  and the head always train. The blocks are unscanned (`_check`)."""
-  k = freeze_cfg.top_k_layers
+  """'frozen' / 'train' per parameter, by its depth in the encoder
+  (`stack.trunk_depth`: 0 the embedding, i + 1 block i, L the final norm): the
+  embedding when `freeze.embeddings`; with `freeze.top_k_layers=k >= 0` everything
+  below the top k blocks (the embedding included; an encoder's final norm, above the
+  blocks, trains with k >= 1); the pooler and the head always train. The blocks are
+  unscanned (`_check`)."""
+  k, top = freeze_cfg.top_k_layers, model.num_layers
 
   def label(path):
-    names = [getattr(p, "key", None) for p in path]
-    if names[0] != "encoder":
-      return "train"
-    if names[1] == "embeddings":
-      return "frozen" if freeze_cfg.embeddings or k >= 0 else "train"
-    if names[1].startswith("layer_") and k >= 0:
-      return "frozen" if int(names[1][len("layer_"):]) < model.num_layers - k else "train"
-    if names[1] == "final_norm" and k == 0:  # ModernBERT's
-      return "frozen"
-    return "train"
+    depth = stack.trunk_depth([getattr(p, "key", None) for p in path], top)
+    frozen = depth is not None and k >= 0 and depth <= max(top - k, 0) or (
+        depth == 0 and freeze_cfg.embeddings)
+    return "frozen" if frozen else "train"
 
   return jax.tree_util.tree_map_with_path(lambda p, _: label(p), params)
 
@@ -353,7 +350,8 @@ def dev_evaluator(setup: state_lib.Setup, task: base.Task, config, workdir: str
       examples = read_split(task, config, split)
       sets.append((suffix, examples, task.featurize(examples, train=False)))
 
-  def run(params) -> dict[str, float]:
+  def run(params, step: int) -> dict[str, float]:
+    del step  # after the last step only
     scores = {}
     for suffix, examples, features in sets:
       out, loss = outputs(params, features, config.train.eval_batch_size)

@@ -42,12 +42,12 @@ class SpanHead(nn.Module):
     [B, S, K] float32."""
     cfg = self.config
     family = family_of(cfg)
-    drop = nn.Dropout(family.head_dropout(cfg))
+    drop = nn.Dropout(cfg.classifier_dropout)
     h = drop(out["last_hidden_state"], deterministic=deterministic)
     T, E = h.shape[1], h.shape[2]
 
     def ffn(name):
-      return lambda x: nn.gelu(layers.dense(cfg, E, ("embed", "mlp"), ("mlp",), name)(x))
+      return lambda x: nn.gelu(layers.dense(cfg, E, ("embed", "mlp"), name)(x))
 
     take = jax.vmap(lambda x, idx: x[idx])  # [B, T, E], [B, S] -> [B, S, E]
     s = ffn("start_ffn")(take(h, batch["span_start"]))
@@ -62,10 +62,9 @@ class SpanHead(nn.Module):
       w = inside / jnp.maximum(inside.sum(-1, keepdims=True), 1)
     g = jnp.einsum("bst,bte->bse", w.astype(h.dtype), h)
     x = jnp.concatenate([s, e, g], axis=-1)  # [B, S, 3E]
-    x = nn.gelu(layers.dense(cfg, E, ("hidden", "mlp"), ("mlp",), "span_ffn")(x))
+    x = nn.gelu(layers.dense(cfg, E, ("hidden", "mlp"), "span_ffn")(x))
     x = drop(x, deterministic=deterministic)
-    logits = layers.dense(cfg, self.num_labels, ("mlp", "classes"), ("classes",),
-                          "span_classifier")(x)
+    logits = layers.dense(cfg, self.num_labels, ("mlp", "classes"), "span_classifier")(x)
     return {"logits": logits.astype(jnp.float32)}
 
 

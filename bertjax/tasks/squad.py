@@ -29,7 +29,8 @@ class SpanHead(nn.Module):
   def __call__(self, out: dict, batch: dict, deterministic: bool) -> dict:
     """-> `start_logits`, `end_logits` [B, T] float32 (padding at -1e9)."""
     family = family_of(self.config)
-    x = family.token_features(self.config, out, deterministic, False)  # [B, T, E]
+    x = family.task_features(self.config, out, deterministic, pooled=False,
+                             dropout=False)  # [B, T, E]
     logits = family.output_layer(self.config, 2, "qa")(x)
     logits = jnp.where(batch["attention_mask"][..., None] > 0,
                        logits.astype(jnp.float32), -1e9)

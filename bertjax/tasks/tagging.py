@@ -29,7 +29,7 @@ class TaggingHead(nn.Module):
   def __call__(self, out: dict, batch: dict, deterministic: bool) -> dict:
     """-> `logits` [B, T, K] float32."""
     family = family_of(self.config)
-    x = family.token_features(self.config, out, deterministic, True)  # [B, T, E]
+    x = family.task_features(self.config, out, deterministic, pooled=False)  # [B, T, E]
     return {"logits": family.output_layer(self.config, self.num_tags, "tagger")(x)
                       .astype(jnp.float32)}
 

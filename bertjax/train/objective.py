@@ -5,7 +5,9 @@ Batch keys (global arrays, leading dim B): input_ids, attention_mask, token_type
 next_sentence_labels [B] (NSP only); optionally position_ids, segment_ids [B, T];
 span_left_positions, span_right_positions, span_relative_positions [B, P] (SBO only:
 the SBO loss is the mean cross-entropy of the same targets as the MLM loss);
-global_rope_theta [B] (a length phase's input, `Family.phase_inputs`).
+global_rope_theta [B] (a length phase's input, `Family.phase_inputs`). The model reads
+the fields it declares (`stack.PreTraining.inputs`: the encoder's, its family's, each
+head's); the rest stay in the batch for the losses.
 """
 
 from __future__ import annotations
@@ -19,19 +21,13 @@ import optax
 
 from bertjax.train.step import Objective
 
-MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids", "masked_lm_positions",
-                "position_ids", "segment_ids", "span_left_positions",
-                "span_right_positions", "span_relative_positions",
-                "global_rope_theta")  # [B]: a length phase's (ModernBERT)
-
-
 def objective(model: nn.Module) -> Objective:
   """Mean MLM cross-entropy over the chosen tokens (+ mean NSP cross-entropy, + mean
   SBO cross-entropy over the same tokens)."""
   names = ["mlm_loss", "mlm_accuracy"]
-  if model.config.sbo:
+  if "sbo" in model.heads:
     names += ["sbo_loss", "sbo_accuracy"]
-  if model.config.nsp:
+  if "nsp" in model.heads:
     names += ["nsp_loss", "nsp_accuracy"]
   return Objective(
       init=model.init_params,
@@ -41,10 +37,9 @@ def objective(model: nn.Module) -> Objective:
 
 def _loss_sums(model: nn.Module, params, batch, rng):
   """Summed (not averaged) losses and correct counts over the batch's predictions. The
-  span inputs of span masking go to the model only when it has an SBO head (a model
-  without one, e.g. ModernBERT, trains on span-masked rows as on any others)."""
-  inputs = {k: batch[k] for k in MODEL_INPUTS
-            if k in batch and (model.config.sbo or not k.startswith("span_"))}
+  model gets the batch fields it reads (the span inputs of span masking only with an
+  SBO head: a model without one trains on span-masked rows as on any others)."""
+  inputs = {k: batch[k] for k in model.inputs if k in batch}
   out = model.apply({"params": params}, **inputs, deterministic=rng is None,
                     rngs=None if rng is None else {"dropout": rng})
   logits, labels = out["mlm_logits"], batch["masked_lm_ids"]  # [B, P, V], [B, P]

@@ -19,7 +19,7 @@ from jax.experimental import multihost_utils
 
 from bertjax.checkpoint import files, workdir as workdir_lib
 from bertjax.console import progress
-from bertjax.data import multilingual, phases, pipeline
+from bertjax.data import held_out, mixture, phases, pipeline
 from bertjax.data import tokenizer as tok_lib
 from bertjax.errors import ConfigError, at_least
 from bertjax import model as model_lib
@@ -49,7 +49,7 @@ def get_tokenizer(config, workdir: str) -> tok_lib.Tokenizer:
     if tcfg.path:
       tokenizer = tok_lib.load_tokenizer(tcfg.path)
     elif jax.process_index() == 0:  # Training is not deterministic across processes.
-      sentences = multilingual.tokenizer_sentences(config.data, config.seed)
+      sentences = mixture.tokenizer_sentences(config.data, config.seed)
       logging.info("Training a %s tokenizer (%d tokens) on %d sentences.", tcfg.kind,
                    tcfg.vocab_size, len(sentences))
       tokenizer = tok_lib.train_tokenizer(
@@ -68,34 +68,63 @@ def get_tokenizer(config, workdir: str) -> tok_lib.Tokenizer:
   return tokenizer
 
 
-def evaluator(setup: state_lib.Setup, data: pipeline.PretrainingData, batches: int,
-              every: int) -> Evaluator:
-  """Every `every` steps: the held-out MLM (+ NSP, SBO) metrics over `batches` of the
-  eval batches (0: all) and the accuracy of always predicting the corpus's most
-  frequent token."""
+def evaluators(setup: state_lib.Setup, data: pipeline.PretrainingData, batches: int,
+               every: int, final_too: bool) -> list[Evaluator]:
+  """Every `every` steps, the held-out MLM (+ NSP, SBO) metrics over `batches` of each
+  source's eval batches (0: all) and the accuracy of always predicting the corpus's
+  most frequent token, logged as eval/NAME (all sources together: the sums of theirs)
+  and, with several sources, eval/SOURCE/NAME. 'eval' runs at the length phase of the
+  step just taken (its length and inputs, e.g. ModernBERT's global rope theta: the
+  model the run trains then); with `final_too` (config.train.eval_final_length)
+  'eval_final' runs at the final phase's too (its figures are eval's once the final
+  phase runs). Both log seq_length (and the inputs) beside the metrics."""
   eval_step = jax.jit(objective.make_eval_step(setup.model),
                       in_shardings=(setup.shardings.params, setup.batch_sharding))
-  chosen = data.eval_batches[:batches or None]
+  last: dict[tuple[int, int], dict[str, float]] = {}  # (step, phase) -> its metrics
 
-  def run(params) -> dict[str, float]:
+  def sums(params, chosen) -> tuple[dict[str, float], float]:
     totals: dict[str, float] = {}
     baseline = 0.0
     with jax.set_mesh(setup.mesh), nn.logical_axis_rules(setup.rules):
       for batch in progress.Progress("eval", len(chosen), "batches", leave=False).wrap(
           chosen):
-        sums = jax.device_get(eval_step(params, mesh_lib.put_batch(batch,
-                                                                   setup.batch_sharding)))
-        for k, v in sums.items():
+        out = jax.device_get(eval_step(params, mesh_lib.put_batch(batch,
+                                                                  setup.batch_sharding)))
+        for k, v in out.items():
           totals[k] = totals.get(k, 0.0) + float(v)
         baseline += float(np.sum((batch["masked_lm_ids"] == data.most_frequent_token)
                                  * batch["masked_lm_weights"]))
     if jax.process_count() > 1:  # Each process counted its own eval rows.
       baseline = float(np.sum(multihost_utils.process_allgather(np.float32(baseline))))
-    metrics = objective.eval_metrics(totals)
-    metrics["mlm_accuracy_most_frequent_baseline"] = baseline / max(totals["mlm_count"], 1)
-    return metrics
+    return totals, baseline
 
-  return Evaluator("eval", run, every)
+  def metrics_of(totals, baseline) -> dict[str, float]:
+    out = objective.eval_metrics(totals)
+    out["mlm_accuracy_most_frequent_baseline"] = baseline / max(totals["mlm_count"], 1)
+    return out
+
+  def evaluate(params, step: int, held: held_out.HeldOut) -> dict[str, float]:
+    if (step, held.phase) in last:
+      return last[step, held.phase]
+    every_source = {name: sums(params, b[:batches or None])
+                    for name, b in held.sources.items()}
+    totals = {k: sum(t.get(k, 0.0) for t, _ in every_source.values())
+              for k in next(iter(every_source.values()))[0]}
+    out = {**metrics_of(totals, sum(b for _, b in every_source.values())),
+           **held.describe()}
+    if len(every_source) > 1:
+      for name, (t, b) in every_source.items():
+        out.update({f"{name}/{k}": v for k, v in metrics_of(t, b).items()})
+    last.clear()
+    last[step, held.phase] = out
+    return out
+
+  out = [Evaluator("eval", lambda params, step: evaluate(
+      params, step, held_out.phase_of(data.held_out, step)), every)]
+  if final_too and len(data.held_out) > 1:
+    out.append(Evaluator("eval_final", lambda params, step: evaluate(
+        params, step, data.held_out[-1]), every))
+  return out
 
 
 def check_config(config: ml_collections.ConfigDict) -> None:
@@ -153,5 +182,6 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   trainer.info("Data: %s", data.stats)
   trainer.info("Model: %s parameters; mesh %s.",
                    f"{state_lib.param_count(setup.abstract.params):,}", dict(setup.mesh.shape))
-  evaluate = evaluator(setup, data, config.train.eval_batches, config.train.eval_every)
-  return trainer.fit(iter(data.train), [evaluate]).get("eval", {})
+  evaluate = evaluators(setup, data, config.train.eval_batches, config.train.eval_every,
+                        config.train.eval_final_length)
+  return trainer.fit(iter(data.train), evaluate).get("eval", {})

@@ -80,12 +80,13 @@ def check_config(config) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class Evaluator:
-  """An evaluation of the current parameters: `run(params) -> metrics`, called on
-  every process (each feeds its own rows), every `every` steps (0: only at the end) and
-  after the last step; its metrics are logged under the split `name`."""
+  """An evaluation of the current parameters: `run(params, step) -> metrics` (`step`:
+  the steps taken), called on every process (each feeds its own rows), every `every`
+  steps (0: only at the end) and after the last step; its metrics are logged under the
+  split `name`."""
 
   name: str
-  run: Callable[[Any], dict[str, float]]
+  run: Callable[[Any, int], dict[str, float]]
   every: int = 0
 
 
@@ -188,7 +189,7 @@ class Trainer:
             self._log(step, metrics, bar)
           for e in evaluators:
             if done or (e.every and step % e.every == 0):
-              results[e.name] = e.run(state.params)
+              results[e.name] = e.run(state.params, step)
               self.log.write(step, results[e.name], prefix=e.name)
               self.info("%s at step %d | %s", e.name, step, format_metrics(results[e.name]))
           if step % self.checkpoint_every == 0 or done or preempted:

@@ -1,0 +1,168 @@
+"""Several corpora in one run: a weighted mixture (a general and a domain corpus, to
+limit forgetting) or XLM-R's languages, and the one sampler that interleaves them.
+
+Sources are written `NAME[:WEIGHT]=SPEC`, comma-separated, SPEC any corpus spec
+(`bertjax.data.sources`: files, globs, directories, gs://, tfds:, or a prepared
+directory):
+* `config.data.corpus='general:0.3=/data/fineweb/*.parquet,domain:0.7=/data/notes'`
+  is a mixture: every source carries a positive weight (normalised to sum to 1);
+* `config.data.languages='en=/data/en,sw=/data/sw'`: languages drawn with XLM-R's
+  q_i = p_i^alpha / sum_j p_j^alpha (`multilingual.sampling_probabilities`, p_i the
+  language's share of `config.data.language_counts`), or with weights given as in a
+  mixture (every language or none).
+
+`Interleave` decides which source element k of the mixed stream comes from, as a pure
+function of k: source i's count among the first n elements is floor(n * w_i) or within
+K - 1 of it (K sources) for every n, so the mixture holds at every scale, with no coin
+per document to drift; it is grain's `DatasetSelectionMap`, so a restore, any process
+count, and the prepared and in-memory corpora give the same stream.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fractions
+import math
+import re
+from typing import Sequence
+
+import grain
+import numpy as np
+
+from bertjax.data import manifest, multilingual, sources as sources_lib
+from bertjax.data import tokenizer as tok_lib
+from bertjax.errors import ConfigError, DataError
+
+# NAME:WEIGHT= at the start of a mixture's source (a plain path never starts so).
+_WEIGHTED = re.compile(r"^\s*([\w.-]+):([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)=(.*)$",
+                       re.S)
+_NAMED = re.compile(r"^\s*([\w.-]+)=(.*)$", re.S)
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+  """One corpus of a run: its name ('' for a single corpus, logged as eval/NAME/...),
+  its spec, and its weight (None: from its size, the languages' alpha)."""
+
+  name: str
+  spec: str
+  weight: float | None = None
+
+
+def is_mixture(spec: str) -> bool:
+  """Whether a corpus spec is a weighted mixture (it starts NAME:WEIGHT=)."""
+  return bool(_WEIGHTED.match(spec or ""))
+
+
+def parse(spec: str, field: str, weights_required: bool) -> list[Source]:
+  """'NAME[:WEIGHT]=SPEC,...' -> sources (one-line ConfigErrors: a malformed part, a
+  repeated name, a weight that is not positive, weights on some sources only)."""
+  out = []
+  for part in filter(None, (p.strip() for p in spec.split(","))):
+    weighted, named = _WEIGHTED.match(part), _NAMED.match(part)
+    if weighted:
+      name, weight, corpus = weighted.group(1), float(weighted.group(2)), weighted.group(3)
+      if not (math.isfinite(weight) and weight > 0):
+        raise ConfigError(f"config.data.{field}: source {name!r} has weight {weight:g}; "
+                          "weights must be positive (e.g. 'general:0.3=...,domain:0.7=...')")
+    elif named and not weights_required:
+      name, weight, corpus = named.group(1), None, named.group(2)
+    else:
+      form = "NAME:WEIGHT=CORPUS" if weights_required else "NAME[:WEIGHT]=CORPUS"
+      raise ConfigError(f"config.data.{field}: {part!r} is not {form}: write e.g. "
+                        "'general:0.3=/data/general/*.parquet,domain:0.7=/data/domain'")
+    if not corpus.strip():
+      raise ConfigError(f"config.data.{field}: source {name!r} names no corpus")
+    out.append(Source(name, corpus.strip(), weight))
+  names = [s.name for s in out]
+  if len(set(names)) != len(names):
+    raise ConfigError(f"config.data.{field}: sources {names} repeat a name: give each "
+                      "source once")
+  if len({s.weight is None for s in out}) > 1:
+    raise ConfigError(f"config.data.{field}: give a weight to every source or to none")
+  return out
+
+
+def sources_of(data_cfg) -> list[Source]:
+  """The run's sources: `data.languages`, a mixture in `data.corpus`, or the one corpus
+  (name '')."""
+  languages = parse(data_cfg.languages, "languages", weights_required=False)
+  if languages and data_cfg.corpus:
+    raise ConfigError("config.data.languages and config.data.corpus both name corpora: "
+                      "set config.data.corpus='' for languages, or write the mixture in "
+                      "config.data.corpus alone")
+  if languages:
+    return languages
+  if is_mixture(data_cfg.corpus):
+    return parse(data_cfg.corpus, "corpus", weights_required=True)
+  return [Source("", data_cfg.corpus)]
+
+
+def weights(sources: Sequence[Source], sizes: Sequence[float], alpha: float
+            ) -> np.ndarray:
+  """[K] sampling probabilities: the given weights normalised, else q_i ~ p_i^alpha of
+  the sizes (eq. 11.7)."""
+  if sources[0].weight is not None:
+    w = np.array([s.weight for s in sources], np.float64)
+    return w / w.sum()
+  return multilingual.sampling_probabilities(sizes, alpha)
+
+
+def tokenizer_sentences(data_cfg, seed: int) -> list[str]:
+  """The sentences to train a tokenizer on: the corpus's, or with several sources as
+  many sentences as they hold together, drawn with their sampling probabilities (the
+  languages' q of their `language_counts`, a mixture's weights)."""
+  field = data_cfg.text_field
+  sources = sources_of(data_cfg)
+  for source in sources:
+    if manifest.kind_of(source.spec):
+      raise DataError(f"corpus {source.spec!r} is prepared (tokenized): give the "
+                      "tokenizer it was prepared with, "
+                      f"--config.data.tokenizer.path={source.spec}/tokenizer")
+  per_source = [[s for d in sources_lib.load_documents(source.spec, field)
+                 for s in tok_lib.running_text(d)] for source in sources]
+  if len(per_source) == 1:
+    return per_source[0]
+  counts = multilingual.language_counts(data_cfg)
+  q = weights(sources, [multilingual.text_size(s, counts) for s in per_source],
+              data_cfg.language_alpha)
+  return multilingual.sample_sentences(per_source, q, sum(map(len, per_source)),
+                                       np.random.default_rng(seed))
+
+
+def spec_of(sources: Sequence[Source]) -> str:
+  """The sources written back as a spec ('NAME:WEIGHT=SPEC,...' or 'NAME=SPEC,...')."""
+  return ",".join(f"{s.name}{'' if s.weight is None else f':{s.weight:g}'}={s.spec}"
+                  for s in sources)
+
+
+class Interleave(grain.transforms.DatasetSelectionMap):
+  """Element k of the mixed stream -> (source i, its element j), with weights `w`.
+
+  Source 0 takes the elements where floor(k * w_0) steps up (floor((k + 1) W_0 / W) >
+  floor(k W_0 / W), W_i integers in the ratio of the weights as written: 0.3 : 0.7 is
+  3 : 7); the others share the rest the same way, one after the other (grain's `mix`
+  does this with weights scaled to 100 times the smallest and truncated: 0.3 : 0.7
+  becomes 100 : 233, a 0.1% drift). Stateless, exact in integer arithmetic."""
+
+  def __init__(self, w: Sequence[float]):
+    if len(w) < 2 or not all(x > 0 for x in w):
+      raise ConfigError(f"an interleaving needs two or more positive weights, got {w}")
+    exact = [fractions.Fraction(repr(float(x))) for x in w]  # the decimals written
+    shares = [x / sum(exact) for x in exact]
+    denominator = math.lcm(*(x.denominator for x in shares))
+    self._proportions = tuple(int(x * denominator) for x in shares)
+
+  def __len__(self) -> int:
+    return 2**62
+
+  def __getitem__(self, k: int) -> tuple[int, int]:
+    remaining = sum(self._proportions)
+    k = int(k)
+    for i, p in enumerate(self._proportions[:-1]):
+      before, after = (k * p) // remaining, ((k + 1) * p) // remaining
+      if after > before:
+        return i, before
+      k -= after  # the index among the elements the later sources share
+      remaining -= p
+    return len(self._proportions) - 1, k

@@ -1,0 +1,196 @@
+"""Weighted mixtures of corpora (`bertjax.data.mixture`): the syntax and its one-line
+errors, an interleaving that holds its weights at every scale, a mixed stream that is
+exact on restore and on any process count, read the same from raw and prepared
+sources, and held out and evaluated per source (and per length phase)."""
+
+import json
+import os
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import zstandard
+
+from bertjax.data import mixture, pipeline, prepare
+from bertjax.data.tokenizer import train_tokenizer
+from bertjax.errors import ConfigError
+from configs import bert_tiny
+
+WORDS = {"general": "alpha", "domain": "zulu"}
+
+
+def _cfg(**kw):
+  cfg = bert_tiny.get_config().data
+  cfg.update(max_seq_length=32, max_predictions_per_seq=5, eval_fraction=0.1,
+             packing="full_sentences")
+  cfg.update(kw)
+  return cfg
+
+
+def _one_line(error, call, match):
+  with pytest.raises(error, match=match) as e:
+    call()
+  assert "\n" not in str(e.value)
+
+
+def test_syntax_and_its_errors():
+  spec = "general:0.3=gs://b/lang=en/*.parquet,domain:7e-1=/data/notes/x.jsonl.zst"
+  assert mixture.is_mixture(spec)
+  assert mixture.sources_of(_cfg(corpus=spec)) == [
+      mixture.Source("general", "gs://b/lang=en/*.parquet", 0.3),
+      mixture.Source("domain", "/data/notes/x.jsonl.zst", 0.7)]
+  for plain in ("gs://b/lang=en/*.parquet", "/data/a:1=b", "tfds:c4/en:train", "embedded"):
+    assert not mixture.is_mixture(plain)
+    assert mixture.sources_of(_cfg(corpus=plain)) == [mixture.Source("", plain)]
+  assert mixture.spec_of(mixture.sources_of(_cfg(corpus=spec))) == spec.replace("7e-1", "0.7")
+  np.testing.assert_allclose(mixture.weights(mixture.parse("a:3=x,b:1=y", "corpus", True),
+                                             [1, 1], 0.3), [0.75, 0.25])
+  for bad, match in [("general:0=/a,domain:1=/b", "weight 0; weights must be positive"),
+                     ("general:-0.3=/a,domain:1=/b", "weight -0.3"),
+                     ("general:0.3=/a,domain=/b", "is not NAME:WEIGHT=CORPUS"),
+                     ("general:0.3=/a,general:0.7=/b", "repeat a name"),
+                     ("general:0.3=", "names no corpus")]:
+    _one_line(ConfigError, lambda: mixture.sources_of(_cfg(corpus=bad)), match)
+  _one_line(ConfigError, lambda: mixture.sources_of(_cfg(corpus="x", languages="en=/a")),
+            "both name corpora")
+  _one_line(ConfigError, lambda: mixture.sources_of(_cfg(corpus="", languages="en:1=/a,sw=/b")),
+            "a weight to every source or to none")
+
+
+@pytest.mark.parametrize("weights", [(0.3, 0.7), (0.5, 0.3, 0.2), (0.01, 0.99)])
+def test_interleave_holds_the_weights_at_every_scale(weights):
+  """Each source's count among the first n elements is within K of n * w_i for every
+  n, and an element's index in its source is that source's count before it; far out
+  in the stream too."""
+  w = np.array(weights)
+  select = mixture.Interleave(weights)
+  picks = np.array([select[k] for k in range(20_000)])
+  counts = np.zeros(len(w), int)
+  for n, (i, j) in enumerate(picks):
+    assert j == counts[i]
+    counts[i] += 1
+    assert (np.abs(counts - (n + 1) * w) < len(w)).all(), (n, counts)
+  for k in (10**9 + 7, 3 * 10**15):  # a restore deep into a long run: the same rule
+    i, j = select[k]
+    assert abs(j - k * w[i]) < len(w)
+
+
+def _sentences(word, n, rng):
+  return [" ".join([word] * int(rng.integers(3, 8))) + " ." for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def corpora(tmp_path_factory):
+  """'general' as Parquet (40 documents), 'domain' as Dolma-style .jsonl.zst (25), each
+  document 3 sentences of its source's one word; a tokenizer of both words."""
+  root = tmp_path_factory.mktemp("mixture")
+  rng = np.random.default_rng(0)
+  docs = {name: [" ".join(_sentences(word, 3, rng)) for _ in range(n)]
+          for (name, word), n in zip(WORDS.items(), (40, 25))}
+  pq.write_table(pa.table({"text": docs["general"]}), root / "general.parquet",
+                 row_group_size=8)
+  lines = "".join(json.dumps({"text": t}) + "\n" for t in docs["domain"]).encode()
+  (root / "domain.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(lines))
+  tok = train_tokenizer(["alpha zulu ."] * 50, kind="wordpiece", vocab_size=64)
+  tok.save(str(root / "tok"))
+  spec = f"general:0.3={root / 'general.parquet'},domain:0.7={root / 'domain.jsonl.zst'}"
+  return root, spec, tok
+
+
+def _source_of_rows(batch, tok):
+  """Per row: 0 if it holds 'alpha' tokens, 1 if 'zulu' ones (rows hold one source)."""
+  ids = batch["input_ids"]
+  alpha, zulu = ((ids == tok.tokenize(w)[0]).sum(1) for w in WORDS.values())
+  assert (np.minimum(alpha, zulu) <= 2).all()  # (the other word only as a random swap)
+  return (zulu > alpha).astype(int)
+
+
+def _build(cfg, tok, **kw):
+  args = dict(batch_size=8, seed=0, nsp=False, num_steps=10)
+  return pipeline.build_pretraining_data(cfg, tok, **{**args, **kw})
+
+
+def test_mixed_stream_is_the_interleaving_exact_on_restore_and_process_count(corpora):
+  _, spec, tok = corpora
+  cfg = _cfg(corpus=spec)
+  data = _build(cfg, tok)
+  assert data.stats["source_weights"] == {"general": 0.3, "domain": 0.7}
+  it = iter(data.train)
+  batches = [next(it) for _ in range(12)]
+  rows = np.concatenate([_source_of_rows(b, tok) for b in batches])
+  select = mixture.Interleave((0.3, 0.7))
+  np.testing.assert_array_equal(rows, [select[k][0] for k in range(len(rows))])
+  it = iter(data.train)
+  for _ in range(5):
+    next(it)
+  state = it.get_state()
+  again = iter(_build(cfg, tok).train)
+  again.set_state(state)
+  halves = [iter(_build(cfg, tok, batch_size=4, process_index=p, process_count=2).train)
+            for p in (0, 1)]
+  for half in halves:
+    half.set_state(state)
+  for want in batches[5:9]:
+    got, parts = next(again), [next(h) for h in halves]
+    for k in want:
+      np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+      np.testing.assert_array_equal(np.concatenate([p[k] for p in parts]), want[k])
+
+
+def test_each_source_is_held_out_and_evaluated_on_its_own(corpora):
+  _, spec, tok = corpora
+  data = _build(_cfg(corpus=spec), tok)
+  (held,) = data.held_out
+  sets = held.sources
+  assert list(sets) == ["general", "domain"]
+  for k, (name, batches) in enumerate(sets.items()):
+    for batch in batches:
+      real = batch["example_weights"] > 0
+      assert (_source_of_rows(batch, tok)[real] == k).all(), name
+  # Together they are the whole held-out set, masks included.
+  whole = data.eval_batches
+  assert all(len(rows) for rows in held.rows.values())
+  assert data.stats["eval_examples"] == len(held)
+  got = np.concatenate([b["masked_lm_ids"][b["example_weights"] > 0]
+                        for s in sets.values() for b in s])
+  want = np.concatenate([b["masked_lm_ids"][b["example_weights"] > 0] for b in whole])
+  np.testing.assert_array_equal(got, want)
+
+
+def test_prepared_mixture_reads_as_the_raw_one(corpora, tmp_path):
+  """`prepare --config` with the mixture prepares each source into OUTPUT/NAME and
+  prints the mixture to train with; the batches and held-out sets are the raw ones."""
+  root, spec, tok = corpora
+  config = bert_tiny.get_config()
+  config.model.nsp = False
+  config.data = _cfg(corpus=spec)
+  config.data.tokenizer.path = str(root / "tok")
+  out = str(tmp_path / "prepared")
+  lines = list(prepare.prepare_config(config, input_spec=None, tokenizer_path=None,
+                                      output=out, workers=0))
+  prepared_spec = f"general:0.3={out}/general,domain:0.7={out}/domain"
+  assert lines[-1] == (f"train with --config.data.corpus='{prepared_spec}' "
+                       f"--config.data.tokenizer.path={out}/general/tokenizer")
+  ours, raw = _build(_cfg(corpus=prepared_spec), tok), _build(_cfg(corpus=spec), tok)
+  assert ours.stats["prepared"] and not raw.stats["prepared"]
+  a, b = iter(ours.train), iter(raw.train)
+  for _ in range(6):
+    x, y = next(a), next(b)
+    for k in x:
+      np.testing.assert_array_equal(x[k], y[k], err_msg=k)
+  for name, batches in raw.held_out[0].sources.items():
+    for x, y in zip(ours.held_out[0].sources[name], batches):
+      for k in x:
+        np.testing.assert_array_equal(x[k], y[k], err_msg=f"{name} {k}")
+  assert os.path.isdir(os.path.join(out, "domain", "eval-32"))
+
+
+def test_a_trained_tokenizer_sees_the_mixture_by_weight(corpora):
+  """Trained on a mixture, a tokenizer reads about as many sentences as the sources
+  hold (40 + 25 documents of one sentence: no capital letter starts another), drawn
+  0.3 : 0.7."""
+  _, spec, _ = corpora
+  sentences = mixture.tokenizer_sentences(_cfg(corpus=spec), seed=0)
+  assert sum("alpha" in s for s in sentences) == round(0.3 * 65)
+  assert sum("zulu" in s for s in sentences) == round(0.7 * 65)
