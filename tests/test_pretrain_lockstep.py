@@ -288,7 +288,9 @@ def runs() -> dict:
                         capture_output=True, text=True, check=False)
   assert done.returncode == 0, done.stderr[-3000:]
   (line,) = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")]
-  return json.loads(line[len("RESULT "):])
+  out = json.loads(line[len("RESULT "):])
+  print("\n" + "\n".join(summary(out)))  # The figures (pytest -s shows them).
+  return out
 
 
 def result(runs: dict, run: str) -> dict:
