@@ -3,7 +3,7 @@
 Reproduces the pretraining behind the paper's BERT-base rows of Table 1 (GLUE test)
 and Table 2 (SQuAD v1.1), its appendix A.2 recipe: Adam lr 1e-4, b1 0.9, b2 0.999,
 weight decay 0.01 (not on LayerNorm or biases), 10k warm-up steps then linear decay,
-batch 256, 1M steps, MLM 15% (80/10/10) plus NSP, dropout 0.1 everywhere, GELU; 90% of
+batch 256, 1M steps, MLM 15% (80/10/10) plus NSP (`objectives`), dropout 0.1 everywhere, GELU; 90% of
 the steps on sequences of 128 tokens, then 10% on 512 (to learn the positions), with
 at most 20 then 80 masked predictions per sequence (about 15% of the length, as
 google-research/bert sets max_predictions_per_seq). Adam epsilon 1e-6 is
@@ -46,6 +46,11 @@ def get_config(arg=None):
   del arg
   c = ml_collections.ConfigDict()
   c.seed = 0  # One seed for initialisation, dropout, data order and masking.
+  # What pretraining minimises, by name (bertjax/objectives/), the sum of their losses:
+  # 'mlm' masked-LM; 'nsp' next-sentence prediction (its rows are sentence pairs, not
+  # packed; needs model.pooler); 'sbo' SpanBERT's span-boundary objective (needs
+  # data.masking='span'). Each puts its head on the model: ('mlm',) is RoBERTa's.
+  c.objectives = ("mlm", "nsp")
 
   c.model = ml_collections.ConfigDict()
   c.model.family = "bert"  # Model family: 'bert' (BERT, RoBERTa, XLM-R, SpanBERT) here.
@@ -63,8 +68,6 @@ def get_config(arg=None):
   c.model.attention_dropout_rate = 0.1  # Dropout on attention probabilities.
   c.model.initializer_range = 0.02  # Truncated-normal stddev of every weight matrix.
   c.model.pooler = True  # dense+tanh on [CLS] (needed by NSP and classifiers).
-  c.model.nsp = True  # Next-sentence-prediction head and loss.
-  c.model.sbo = False  # SpanBERT's span-boundary objective head (with data.masking='span').
   c.model.sbo_max_positions = 32  # SBO: relative positions embedded (longer spans clip).
   # '' = the fastest path the platform, dtype and attention dropout allow (logged at
   # start-up; with dropout > 0 in training: 'xla'); or 'xla', 'cudnn' (GPU, bf16/fp16),
@@ -182,12 +185,8 @@ def get_config(arg=None):
   c.train.eps = 1e-6  # Adam epsilon (BERT's value).
   c.train.max_grad_norm = 1.0  # Global-norm clipping; 0 disables.
   c.train.log_every = 100  # Steps between metric logs (the only host syncs).
-  c.train.eval_every = 10_000  # Steps between held-out evaluations.
+  c.train.eval_every = 10_000  # Steps between evaluations (every one of config.evals).
   c.train.eval_batches = 50  # Held-out batches per evaluation and source (0: all).
-  # Held-out evaluation runs at the current length phase's length and inputs (rope
-  # theta): the model being trained. True: during an earlier phase, also at the final
-  # phase's, logged as eval_final/... (the curve of the model the run ends with).
-  c.train.eval_final_length = False
   c.train.checkpoint_every = 10_000  # Steps between checkpoints.
   c.train.max_to_keep = 3  # Checkpoints kept in the workdir.
   # Skip the update (parameters and optimizer state, its step count included, stay as
@@ -201,6 +200,18 @@ def get_config(arg=None):
   # (first, last): a jax.profiler trace of steps first..last into WORKDIR/tensorboard
   # (TensorBoard's profile tab; process 0); () traces nothing.
   c.train.profile_steps = ()
+
+  # Evaluations by name (bertjax/train/evaluators.py), each logged as NAME/metric.
+  # 'held_out': the held-out documents (each source too, NAME/SOURCE/...) scored by
+  # every objective (MLM's accuracy beside the most-frequent-token baseline, NSP's,
+  # SBO's) at the current length phase's length and inputs (rope theta): the model
+  # being trained.
+  c.evals = ml_collections.ConfigDict()
+  c.evals.eval = ml_collections.ConfigDict()
+  c.evals.eval.type = "held_out"  # A kind of evaluation: 'held_out'.
+  # True: during an earlier length phase, also at the final phase's, logged as
+  # eval_final/... (the curve of the model the run ends with).
+  c.evals.eval.final_length = False
 
   c.checkpoint = ml_collections.ConfigDict()
   # A checkpoint that cannot be restored: 'error' stops naming its step; 'previous'

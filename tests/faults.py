@@ -73,13 +73,7 @@ def break_disk(disk, mounts, fault: str, checkpoints, monkeypatch):
     monkeypatch.setattr(async_path, "mkdir", failing_mkdir)
     return lambda: monkeypatch.setattr(async_path, "mkdir", mkdir)
   if fault == "disk_full":
-    with open(disk / "filler", "wb") as f:
-      try:
-        while True:
-          f.write(b"\0" * (1 << 20))
-          f.flush()
-      except OSError:
-        pass
+    fill(disk / "filler")
     return lambda: os.remove(disk / "filler")
   subprocess.run(["mount", "--bind", str(checkpoints), str(checkpoints)], check=True)
   mounts.append(checkpoints)
@@ -92,8 +86,28 @@ def break_disk(disk, mounts, fault: str, checkpoints, monkeypatch):
   return repair
 
 
+def fill(path) -> None:
+  """Writes zeros to `path` until its file system is full (ENOSPC), unbuffered: a
+  buffered file keeps the bytes of a chunk that did not fit whole (up to its 8 KiB
+  buffer) and raises ENOSPC again when closed, which happened when the free space
+  ended within 8 KiB below a MiB boundary; each os.write here either writes what fits
+  or raises, so nothing is left to write at close."""
+  fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+  try:
+    chunk = b"\0" * (1 << 20)
+    while True:
+      os.write(fd, chunk)
+  except OSError as e:
+    if e.errno != errno.ENOSPC:
+      raise
+  finally:
+    os.close(fd)
+
+
 def wait_for(path, timeout_s: float = 60) -> None:
-  """Until `path` exists (an asynchronous save completing)."""
+  """Until `path` exists (an asynchronous save completing); an AssertionError after
+  `timeout_s` (a fault injected before would race the save)."""
   deadline = time.time() + timeout_s
-  while not os.path.exists(path) and time.time() < deadline:
+  while not os.path.exists(path):
+    assert time.time() < deadline, f"{path} did not appear within {timeout_s} s"
     time.sleep(0.05)

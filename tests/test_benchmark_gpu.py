@@ -14,6 +14,7 @@ import sys
 
 import jax
 import jax.numpy as jnp
+import pytest
 
 from bertjax.benchmarks import gpu, gpu_report, trace
 
@@ -23,6 +24,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DRY_PARTS = "smoke,kernels,modernbert_1024,profile,memory,tests"
 
 
+@pytest.mark.slow
 def test_dry_run_writes_the_table_and_json_with_every_part_accounted(tmp_path):
   out = tmp_path / "out"
   proc = subprocess.run(

@@ -6,7 +6,6 @@ process, and the GPU peaks per exact device kind."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import subprocess
@@ -18,9 +17,10 @@ import pytest
 
 from bertjax.benchmarks import flops
 from bertjax.benchmarks import train as bench
-from bertjax import model as model_lib
-from bertjax.model import ModelConfig
+from bertjax import model as model_lib, objectives as objectives_lib
 from configs import bert_tiny, modernbert_tiny, roberta_base
+from tests.test_flops import TINY
+from tests.test_readme import documented
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -34,15 +34,15 @@ def _tiny(module):
 
 def test_token_types_and_packed_rows_follow_the_family():
   bert, roberta = _tiny(bert_tiny), _tiny(roberta_base)
-  b = bench.synthetic_batch(bert, 2, 12, 3, nsp=True)
+  b = bench.synthetic_batch(bert, 2, 12, 3, ("next_sentence_labels",))
   assert b["token_type_ids"].tolist() == [[0] * 6 + [1] * 6] * 2  # Segments A and B.
-  r = bench.synthetic_batch(roberta, 2, 12, 3, nsp=False, docs_per_row=3)
+  r = bench.synthetic_batch(roberta, 2, 12, 3, docs_per_row=3)
   assert not r["token_type_ids"].any() and "next_sentence_labels" not in r
   assert r["segment_ids"][0].tolist() == [1] * 4 + [2] * 4 + [3] * 4
   offset = roberta.model.position_offset  # Positions restart past the padding index.
   assert r["position_ids"][0].tolist() == [offset + i for i in range(4)] * 3
   assert "segment_ids" not in b and r["input_ids"].min() >= 5  # No padding id.
-  m = bench.synthetic_batch(_tiny(modernbert_tiny), 2, 12, 3, nsp=False, docs_per_row=2)
+  m = bench.synthetic_batch(_tiny(modernbert_tiny), 2, 12, 3, docs_per_row=2)
   assert not m["token_type_ids"].any()  # ModernBERT has none (its model ignores them).
   assert m["position_ids"][0].tolist() == list(range(6)) * 2  # Rotary: from 0.
 
@@ -51,18 +51,18 @@ def test_hugging_face_class_and_flops_per_family():
   bert, roberta = _tiny(bert_tiny), _tiny(roberta_base)
   assert bench.hf_model_class(bert) == "BertForPreTraining"
   assert bench.hf_model_class(roberta) == "RobertaForMaskedLM"
-  bert.model.nsp = False
+  bert.objectives = ("mlm",)
   assert bench.hf_model_class(bert) == "BertForMaskedLM"
-  cfg = ModelConfig.from_config(roberta.model)
+  cfg = objectives_lib.from_config(roberta).model  # MLM alone: no NSP head.
   hf = bench.hf_flops(roberta, 4, 16)  # MLM logits everywhere, no pooler.
-  no_pooler = dataclasses.replace(cfg, pooler=False, nsp=False)
-  assert hf == flops.train_flops(no_pooler, 4, 16, 16) and hf["pooler_nsp"] == 0
+  assert hf == flops.train_flops(cfg, 4, 16, 16) and hf["pooler_nsp"] == 0
   modern = _tiny(modernbert_tiny)
   assert bench.hf_model_class(modern) == "ModernBertForMaskedLM"
   assert bench.hf_flops(modern, 4, 16) == flops.train_flops(
       model_lib.config_from(modern.model), 4, 16, 16)
 
 
+@pytest.mark.slow
 def test_roberta_steps_are_finite_on_both_sides():
   """type_vocab_size=1: token types all 0 (1s gave NaN here and an index error in
   PyTorch)."""
@@ -127,17 +127,18 @@ def test_gpu_peaks_per_exact_device_kind(kind, name, peak):
     assert "datasheet" in chip.source and chip.hbm_bytes >= 40e9
 
 
+@pytest.mark.slow
 def test_modernbert_cli_against_hugging_face(tmp_path):
-  """`benchmark train --compare=hf` on a tiny ModernBERT (4 blocks: 0 and 3 global, a
-  16-token half-window in 1 and 2, T=64): ModernBertForMaskedLM with our parameters'
-  shapes, finite losses, ModernBERT's FLOPs (Hugging Face's with the MLM logits at every
-  position), the recipe's 30% masked positions, a speed-up."""
+  """The README's `taskset -c 0 ... benchmark train --compare=hf` on modernbert_tiny,
+  shrunk (4 blocks: 0 and 3 global, a 16-token half-window in 1 and 2, T=64):
+  ModernBertForMaskedLM with our parameters' shapes, finite losses, ModernBERT's FLOPs
+  (Hugging Face's with the MLM logits at every position), the recipe's 30% masked
+  positions, a speed-up."""
   out = tmp_path / "bench.json"
-  cmd = [sys.executable, "-m", "bertjax.benchmark", "train",
-         "--config=configs/modernbert_tiny.py", "--config.model.hidden_size=32",
-         "--config.model.num_heads=2", "--config.model.intermediate_size=48",
-         "--config.model.vocab_size=128", "--batch=4", "--seq=64", "--steps=2",
-         "--warmup=1", "--compare=hf", f"--json={out}"]
+  cmd = documented("README.md", "--config=configs/modernbert_tiny.py --steps=8 --compare=hf",
+                   "--config.model.hidden_size=32", "--config.model.num_heads=2",
+                   "--config.model.intermediate_size=48", "--config.model.vocab_size=128",
+                   "--batch=4", "--seq=64", "--steps=2", "--warmup=1", f"--json={out}")
   proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO,
                         env={**os.environ, "JAX_NUM_CPU_DEVICES": "1"})
   assert proc.returncode == 0, proc.stderr[-2000:]
@@ -154,3 +155,14 @@ def test_modernbert_cli_against_hugging_face(tmp_path):
   for name in ("bertjax", "hf"):
     assert np.isfinite(result[name]["loss"]) and 0 < result[name]["mfu"] <= 1
   assert result["speedup_vs_hf"] > 0
+
+
+@pytest.mark.slow
+def test_bert_tiny_cli_on_one_core():
+  """The README's one-core `taskset -c 0 ... benchmark train` of bert_tiny, shrunk."""
+  proc = subprocess.run(documented(
+      "README.md", "taskset -c 0 python -m bertjax.benchmark train "
+      "--config=configs/bert_tiny.py --steps=8 --compare=hf", *TINY), capture_output=True,
+      text=True, timeout=300, cwd=REPO, env={**os.environ, "JAX_NUM_CPU_DEVICES": "1"})
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert "speed-up vs Hugging Face" in proc.stdout

@@ -120,6 +120,7 @@ def family_model(request):
   return request.param, {"bert": _bert, "modernbert": _modernbert}[request.param]()
 
 
+@pytest.mark.slow
 def test_padded_rows_in_bf16_match_hf_fp32(family_model):
   name, hf_model = family_model
   ids, mask = _padded()

@@ -237,7 +237,8 @@ def test_finetuning_field_out_of_range(field, value, names):
 @pytest.mark.parametrize("recipe", ["bert_base", "bert_large", "bert_tiny", "roberta_base",
                                     "spanbert_base", "xlmr_base", "xlmr_large",
                                     "modernbert_base", "modernbert_large",
-                                    "modernbert_tiny"])
+                                    "modernbert_tiny", "electra_small", "electra_base",
+                                    "electra_large", "electra_tiny"])
 def test_every_pretraining_recipe_passes(recipe):
   pretraining(importlib.import_module(f"configs.{recipe}").get_config())
 
@@ -327,6 +328,7 @@ def test_finetune_resume_refuses_another_tokenizer(tmp_path):
   _one_line_naming(e.value, ["config.tokenizer=", "600 tokens", "400-token"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flag,message", [
     ("--config.model.dropout_rate=1.5", "error: config.model.dropout_rate=1.5 must lie in [0, 1)."),
     ("--config.mesh.data=3", "error: config.mesh={'data': 3, 'fsdp': 1, 'tensor': 1} needs 3 "

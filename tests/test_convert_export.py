@@ -52,6 +52,7 @@ def hf_bert(tmp_path_factory):
   return str(d), model
 
 
+@pytest.mark.slow
 def test_bert_roundtrip_through_bertjax_and_back(hf_bert, tmp_path):
   src, model = hf_bert
   workdir, exported = str(tmp_path / "workdir"), str(tmp_path / "exported")
@@ -103,6 +104,7 @@ def test_xlmr_export_runs_in_transformers(tmp_path):
   _masked_close(logits["mlm_logits"], hf.logits.numpy(), batch["attention_mask"])
 
 
+@pytest.mark.slow
 def test_roberta_roundtrip_through_bertjax_and_back(tmp_path):
   """A model_type=roberta dir with a byte-level BPE -> bertjax workdir -> Hugging Face:
   RoBERTa's files and class, the same ids and the same logits."""

@@ -163,7 +163,7 @@ def test_prepared_mixture_reads_as_the_raw_one(corpora, tmp_path):
   prints the mixture to train with; the batches and held-out sets are the raw ones."""
   root, spec, tok = corpora
   config = bert_tiny.get_config()
-  config.model.nsp = False
+  config.objectives = ("mlm",)
   config.data = _cfg(corpus=spec)
   config.data.tokenizer.path = str(root / "tok")
   out = str(tmp_path / "prepared")

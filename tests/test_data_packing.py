@@ -74,7 +74,7 @@ def tiny_model():
   config = helpers.tiny_config()
   model = state_lib.build_model(config)
   ids = jnp.ones((1, 16), jnp.int32)
-  params = nn.unbox(model.init(jax.random.key(0), ids))["params"]
+  params = nn.unbox(jax.jit(model.init)(jax.random.key(0), ids))["params"]
 
   @jax.jit
   def hidden(ids, mask, segment_ids, position_ids):

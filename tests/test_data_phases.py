@@ -23,6 +23,9 @@ from tests.test_loop import train_losses
 BPE = os.path.join(os.path.dirname(__file__), "fixtures", "bpe")  # 600 tokens
 
 
+pytestmark = pytest.mark.usefixtures("shared_trainers")  # reruns share one step
+
+
 def _cfg(**kw):
   cfg = bert_tiny.get_config().data
   cfg.max_seq_length, cfg.max_predictions_per_seq, cfg.dupe_factor = 64, 10, 1
@@ -42,13 +45,6 @@ def test_length_phases_parse():
                      (((0.5,), (0.5, 64)), "fraction")):
     with pytest.raises(ConfigError, match=match):
       pipeline.length_phases(_cfg(length_phases=bad), 100)
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-  from bertjax.data import sources
-  docs = sources.load_documents("embedded")
-  return train_tokenizer([s for d in docs for s in d], kind="wordpiece", vocab_size=2048)
 
 
 @pytest.mark.parametrize("nsp", [True, False])
@@ -128,11 +124,10 @@ def test_multilingual_mixing(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def phase_corpus(tmp_path_factory):
+def phase_corpus(tmp_path_factory, documents):
   """The embedded corpus as a mixture: half a Parquet file, half JSON lines."""
-  from bertjax.data import sources
   root = tmp_path_factory.mktemp("phase_corpus")
-  documents = [" ".join(d) for d in sources.load_documents("embedded")]
+  documents = [" ".join(d) for d in documents]
   half = len(documents) // 2
   pq.write_table(pa.table({"text": documents[:half]}), root / "general.parquet")
   with open(root / "domain.jsonl", "w") as f:
@@ -142,7 +137,8 @@ def phase_corpus(tmp_path_factory):
 
 def _phase_loop_config(corpus):
   c = tiny_config(num_steps=6, log_every=1, eval_every=3, checkpoint_every=4,
-                  eval_batches=1, eval_final_length=True)
+                  eval_batches=1)
+  c.evals.eval.final_length = True
   c.model.vocab_size = c.data.tokenizer.vocab_size = 512
   c.data.corpus = corpus
   c.data.max_seq_length = 32
@@ -184,6 +180,7 @@ def test_each_phase_holds_out_rows_of_its_length_and_theta():
   assert [held_out.phase_of(data.held_out, s).phase for s in range(1, 9)] == [0] * 4 + [1] * 4
 
 
+@pytest.mark.slow
 def test_loop_evaluates_each_phase_and_source_and_the_final_length(phase_run):
   """At step 3 'eval' runs at the first phase's 16 tokens and 'eval_final' at the
   final 32; at step 6 both at 32, the same figures. Each source has its own figures;
@@ -202,12 +199,14 @@ def test_loop_evaluates_each_phase_and_source_and_the_final_length(phase_run):
       assert min(values) <= r[metric] <= max(values), (key, metric)
 
 
+@pytest.mark.slow
 def test_loop_switches_phases(phase_run):
   workdir, metrics = phase_run
   assert np.isfinite(metrics["mlm_loss"])
   assert sorted(train_losses(workdir)) == list(range(1, 7))
 
 
+@pytest.mark.slow
 def test_loop_resume_inside_second_phase_is_bit_exact(phase_run, phase_corpus, tmp_path):
   """A restart from the step-4 checkpoint (second phase) gives steps 5-6 bit for bit."""
   straight, _ = phase_run

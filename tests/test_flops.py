@@ -5,26 +5,28 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
 import pytest
 
+from bertjax import objectives as objectives_lib
 from bertjax.benchmarks import flops
 from bertjax.model import ModelConfig
 from bertjax.train import optimizer, objective, state as state_lib, step as step_lib
 from tests.helpers import synthetic_batch, tiny_config
+from tests.test_readme import documented
 
 
 def _xla_train_step_flops(config):
-  """(the model, XLA's FLOP count of its jitted train step on a batch of 8)."""
-  model, tx = state_lib.build_model(config), optimizer.create_optimizer(config.train)
+  """(the run's objectives, XLA's FLOP count of its jitted train step on a batch of 8)."""
+  objectives, tx = objectives_lib.from_config(config), optimizer.create_optimizer(config.train)
   state = state_lib.abstract_state(config)[0]
   batch = jax.tree.map(jnp.asarray, synthetic_batch(config, 8))
   train_step = step_lib.make_train_step(
-      objective.objective(model), tx, optimizer.learning_rate_schedule(config.train), seed=0)
-  return model, jax.jit(train_step).lower(state, batch).compile().cost_analysis()["flops"]
+      objective.objective(objectives), tx, optimizer.learning_rate_schedule(config.train),
+      seed=0)
+  return objectives, jax.jit(train_step).lower(state, batch).compile().cost_analysis()["flops"]
 
 
 def test_hand_count_for_a_tiny_config():
@@ -49,6 +51,7 @@ def test_no_pooler_no_nsp_terms():
   assert flops.train_flops(cfg, 2, 3, 1)["pooler_nsp"] == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seq", [32, 128])
 def test_agrees_with_xla_cost_analysis(seq):
   """The jitted train step (forward, backward, AdamW) as XLA counts it, within 10%."""
@@ -56,8 +59,9 @@ def test_agrees_with_xla_cost_analysis(seq):
   config.model.update(hidden_size=128, num_heads=2, intermediate_size=512, vocab_size=512,
                       max_position_embeddings=128, num_layers=2)
   config.data.max_seq_length, config.data.max_predictions_per_seq = seq, seq // 8
-  model, xla = _xla_train_step_flops(config)
-  ours = flops.train_flops(model.config, 8, seq, seq // 8)["total"]
+  objectives, xla = _xla_train_step_flops(config)
+  ours = objectives.train_flops(8, seq, seq // 8)["total"]
+  assert ours == flops.train_flops(objectives.model, 8, seq, seq // 8)["total"]
   assert abs(xla - ours) / ours < 0.10, (xla, ours)
 
 
@@ -77,16 +81,23 @@ def test_device_peaks():
                                                  devices=jax.devices()) > 0
 
 
+# The README's commands of `benchmark train --compare=hf` on bert_tiny, shrunk (later
+# flags win): 2 layers of hidden 32, batches of 8 x 32, 2 timed steps.
+TINY = ("--config.model.num_layers=2", "--config.model.hidden_size=32",
+        "--config.model.num_heads=2", "--config.model.intermediate_size=64",
+        "--config.model.vocab_size=128", "--batch=8", "--seq=32", "--steps=2", "--warmup=1")
+
+
+@pytest.mark.slow
 def test_benchmark_cli_with_hf_comparison(tmp_path):
-  """`python -m bertjax.benchmark train --compare=hf` on a tiny model and 8 CPU
-  devices: the JSON holds both frameworks' timings, each one's FLOP count (Hugging
-  Face's with the MLM logits at every position), MFU within (0, 1] against the peak of
-  all 8 devices together (measured: they share the CPU's cores) and a speed-up."""
+  """The README's `python -m bertjax.benchmark train --compare=hf` of a 4-layer model
+  at hidden 512, shrunk, on 8 CPU devices: the JSON holds both frameworks' timings,
+  each one's FLOP count (Hugging Face's with the MLM logits at every position), MFU
+  within (0, 1] against the peak of all 8 devices together (measured: they share the
+  CPU's cores) and a speed-up."""
   out = tmp_path / "bench.json"
-  cmd = [sys.executable, "-m", "bertjax.benchmark", "train", "--config=configs/bert_tiny.py",
-         "--config.model.hidden_size=32", "--config.model.intermediate_size=64",
-         "--config.model.vocab_size=128", "--batch=8", "--seq=32", "--steps=2",
-         "--warmup=1", "--compare=hf", f"--json={out}"]
+  cmd = documented("README.md", "--config.model.num_layers=4 --config.model.hidden_size=512",
+                   *TINY, f"--json={out}")
   env = {**os.environ, "JAX_NUM_CPU_DEVICES": "8"}
   proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300,
                         cwd=os.path.dirname(os.path.dirname(__file__)))
@@ -150,6 +161,7 @@ def test_modernbert_hand_count():
   assert flops.train_flops(cfg, B, T, P)["total"] == 3 * forward
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seq", [64, 128])
 def test_modernbert_agrees_with_xla_cost_analysis(seq):
   """A tiny ModernBERT (blocks 0 and 3 global, 1 and 2 within a 16-token half-window,
@@ -160,11 +172,23 @@ def test_modernbert_agrees_with_xla_cost_analysis(seq):
   import dataclasses  # pylint: disable=g-import-not-at-top
   from bertjax.model import stack  # pylint: disable=g-import-not-at-top
   config = _modernbert_tiny(seq)
-  model, xla = _xla_train_step_flops(config)
-  cfg = model.config
-  ours = flops.train_flops(cfg, 8, seq, seq // 8)["total"]
+  objectives, xla = _xla_train_step_flops(config)
+  cfg = objectives.model
+  ours = objectives.train_flops(8, seq, seq // 8)["total"]
   dense = flops.train_flops(dataclasses.replace(cfg, global_attn_every_n_layers=1), 8, seq,
                             seq // 8)["total"]
   assert abs(xla - dense) / dense < 0.10, (xla, dense)
   masked = 2 * (seq * seq - stack.attention_pairs(seq, cfg.window))  # blocks 1, 2
   assert dense - ours == 12 * 8 * cfg.hidden_size * masked
+
+
+@pytest.mark.slow
+def test_benchmark_cli_on_bert_tiny(tmp_path):
+  """The README's first `benchmark train --compare=hf` (bert_tiny as configured,
+  shrunk): both frameworks timed, a speed-up printed."""
+  proc = subprocess.run(documented(
+      "README.md", "python -m bertjax.benchmark train --config=configs/bert_tiny.py "
+      "--steps=8 --compare=hf", *TINY), capture_output=True, text=True, timeout=300,
+      cwd=os.path.dirname(os.path.dirname(__file__)))
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert "speed-up vs Hugging Face" in proc.stdout

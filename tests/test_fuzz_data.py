@@ -82,6 +82,7 @@ def _one_line_data_error(fn):
 # --- tokenizers ----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", TOKENIZER_NAMES)
 def test_tokenize_any_text(tokenizers, name):
   tok = tokenizers[name]
@@ -101,6 +102,7 @@ def test_tokenize_any_text(tokenizers, name):
   check()
 
 
+@pytest.mark.slow
 def test_wordpiece_word_cache_matches_the_library(tokenizers):
   """The WordPiece backend's per-word fast path gives the library's ids for the whole
   text, whatever whitespace and control characters it holds."""
@@ -184,6 +186,7 @@ def _check_documents(path: str, max_line_chars: int) -> None:
         assert len(s) <= max_line_chars
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("suffix", [".txt", ".txt.gz", ".jsonl"])
 def test_corpus_readers_any_bytes(tmp_path, monkeypatch, suffix):
   """Any file content gives documents of valid, non-blank sentences or a one-line
@@ -215,6 +218,7 @@ def test_truncated_gzip_is_one_line(tmp_path):
   assert "\n" not in str(e.value)
 
 
+@pytest.mark.slow
 def test_enormous_documents(tmp_path, tokenizers):
   """A 3 MB line of text and a 2M-character JSON document (more than MAX_LINE_CHARS)
   are read whole or in pieces, tokenized, and packed, in bounded time."""
@@ -336,6 +340,7 @@ def test_packing(id_tokenizers, documents, style, max_seq_length, packing, isola
       assert (pos[:length] < position_offset + T).all()
 
 
+@pytest.mark.slow
 @FUZZ
 @given(st.lists(st.lists(TEXT, min_size=1, max_size=4), min_size=1, max_size=5),
        st.sampled_from(TOKENIZER_NAMES), st.integers(8, 32), st.booleans())
@@ -381,6 +386,7 @@ def masking_cases(draw):
   return ids, cfg, draw(st.integers(0, 2**32 - 1)), draw(st.booleans())
 
 
+@pytest.mark.slow
 @FUZZ
 @given(masking_cases())
 def test_masking_is_consistent(case):

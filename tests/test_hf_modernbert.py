@@ -166,6 +166,7 @@ def _save(directory, params, cfg, task=None, labels=None) -> str:
   return hf_config["architectures"][0]
 
 
+@pytest.mark.slow
 def test_save_pretrained_loads_and_exports_back(tmp_path):
   """A save_pretrained dir loads into bertjax with equal logits; bertjax's export
   (from scanned params) loads into transformers with equal logits again."""

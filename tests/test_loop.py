@@ -14,6 +14,7 @@ from bertjax.errors import BertjaxError, DataError
 from bertjax.train import pretrain
 from tests.helpers import tiny_config
 
+pytestmark = pytest.mark.usefixtures("shared_trainers")  # reruns share one step
 STEPS = 12
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -54,6 +55,7 @@ def reference(tmp_path_factory):
   return workdir, metrics
 
 
+@pytest.mark.slow
 def test_trains_evaluates_and_checkpoints(reference):
   workdir, metrics = reference
   losses = train_losses(workdir)
@@ -80,6 +82,7 @@ def test_bad_corpus_fails_with_one_line(tmp_path, corpus, message):
   assert "\n" not in str(info.value)
 
 
+@pytest.mark.slow
 def test_cli_reports_config_typo_in_one_line(tmp_path):
   proc = subprocess.run(
       [sys.executable, "-m", "bertjax.main", "--config=configs/bert_tiny.py",
@@ -90,6 +93,7 @@ def test_cli_reports_config_typo_in_one_line(tmp_path):
       "error: config has no field 'batchsize'; did you mean 'batch_size'?")
 
 
+@pytest.mark.slow
 def test_model_change_in_existing_workdir_is_refused(reference, tmp_path):
   workdir = str(tmp_path / "copy")
   shutil.copytree(reference[0], workdir)
@@ -100,6 +104,7 @@ def test_model_change_in_existing_workdir_is_refused(reference, tmp_path):
     pretrain.run(config, workdir)
 
 
+@pytest.mark.slow
 def test_fill_mask_on_the_trained_workdir(reference):
   workdir, _ = reference
   import bertjax
@@ -115,6 +120,7 @@ def test_fill_mask_on_the_trained_workdir(reference):
   assert proc.stdout.splitlines()[1].startswith("  mask 1: ")
 
 
+@pytest.mark.slow
 def test_workdir_from_before_a_new_model_field_still_resumes(reference, tmp_path):
   """config.json written before a model field existed: that field counts at its default."""
   workdir = str(tmp_path / "older")

@@ -16,6 +16,7 @@ from configs import bert_tiny
 from tests.helpers import tiny_config
 from tests.test_loop import train_losses
 
+pytestmark = pytest.mark.usefixtures("shared_trainers")  # reruns share one step
 RATES = ((0.25, 0.3), (0.5, 0.15), (0.25, 0.05))
 
 
@@ -116,6 +117,7 @@ def _modern_loop_config():
   return c
 
 
+@pytest.mark.slow
 def test_loop_resume_with_stable_adamw_and_masking_phases_is_bit_exact(tmp_path):
   """A restart from the step-4 checkpoint (StableAdamW's state, the second length and
   masking phases) gives steps 5-6 bit for bit."""

@@ -63,6 +63,7 @@ def _tiny(**kw):
                      intermediate_size=32, max_position_embeddings=24, **kw)
 
 
+@pytest.mark.slow
 def test_shapes_and_masked_positions_gather():
   cfg = _tiny()
   model = bert.FAMILY.pretraining(cfg)
@@ -79,6 +80,7 @@ def test_shapes_and_masked_positions_gather():
   assert enc["hidden_states"].shape == (3, 3, 10, 16)
 
 
+@pytest.mark.slow
 def test_padding_does_not_change_real_tokens():
   """A padded row's real positions equal the unpadded row's (the mask works)."""
   cfg = _tiny()
@@ -98,8 +100,8 @@ def test_document_isolation_blocks_cross_document_attention():
   a = jnp.array([[2, 7, 8, 3, 2, 9, 10, 3]], jnp.int32)
   b = a.at[0, 5].set(11)
   seg = jnp.array([[1, 1, 1, 1, 2, 2, 2, 2]], jnp.int32)
-  params = nn.unbox(model.init(jax.random.key(2), a))["params"]
-  run = lambda x: model.apply({"params": params}, x, segment_ids=seg)["mlm_logits"]
+  params = nn.unbox(jax.jit(model.init)(jax.random.key(2), a))["params"]
+  run = jax.jit(lambda x: model.apply({"params": params}, x, segment_ids=seg)["mlm_logits"])
   np.testing.assert_allclose(run(a)[:, :4], run(b)[:, :4], rtol=1e-6, atol=1e-6)
   assert not np.allclose(run(a)[:, 4:], run(b)[:, 4:])
 
@@ -113,18 +115,19 @@ def test_pretraining_heads_by_name_each_reading_its_own_inputs():
   every = bert.FAMILY.pretraining(cfg)
   assert every.heads == ("mlm", "nsp", "sbo")
   chosen = bert.FAMILY.pretraining(cfg, heads=("mlm", "sbo"))
-  params = nn.unbox(chosen.init_params(jax.random.key(0)))
+  params = nn.unbox(jax.jit(chosen.init_params)(jax.random.key(0)))
   assert set(params) == {"encoder", "mlm", "sbo"}
   jax.tree.map(np.testing.assert_array_equal, params,
-               {k: v for k, v in nn.unbox(every.init_params(jax.random.key(0))).items()
-                if k != "nsp"})
+               {k: v for k, v in nn.unbox(jax.jit(every.init_params)(jax.random.key(0)))
+                .items() if k != "nsp"})
   ids = jnp.ones((2, 8), jnp.int32)
   span = {k: jnp.array([[0, 2], [1, 3]], jnp.int32) for k in chosen.inputs if "span" in k}
   assert len(span) == 3
-  out = chosen.apply({"params": params}, ids, masked_lm_positions=span["span_left_positions"],
-                     **span)
+  apply = jax.jit(chosen.apply)  # One program each, not every op dispatched alone.
+  out = apply({"params": params}, ids, masked_lm_positions=span["span_left_positions"],
+              **span)
   assert set(out) == {"mlm_logits", "sbo_logits"} and out["sbo_logits"].shape == (2, 2, 50)
-  assert set(chosen.apply({"params": params}, ids)) == {"mlm_logits"}
+  assert set(apply({"params": params}, ids)) == {"mlm_logits"}
   mlm_only = bert.FAMILY.pretraining(cfg, heads=("mlm",))
   assert not [k for k in mlm_only.inputs if "span" in k]
   with pytest.raises(TypeError, match="span_left_positions"):

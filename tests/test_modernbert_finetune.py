@@ -76,6 +76,7 @@ def _truncated_normal_std(x: np.ndarray, std: float, cut: float) -> None:
   assert 0.6 * std < x.std() < 1.0 * std
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", HEADS)
 def test_task_heads_equal_transformers_on_the_same_weights(case, tmp_path):
   """The encoder + head of each task (random init, with padding, rows longer than the
@@ -118,6 +119,7 @@ def test_task_heads_equal_transformers_on_the_same_weights(case, tmp_path):
   assert np.abs(ours - ref).max() < 1e-5
 
 
+@pytest.mark.slow
 def test_head_dropout_is_classifier_dropout():
   """In training the head drops out its transformed features at `classifier_dropout`
   (Hugging Face's `drop` after `head`), and nothing else drops out when the encoder's
@@ -143,6 +145,7 @@ def test_head_dropout_is_classifier_dropout():
 
 # ---- Packed rows -------------------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["sst2_cls", "sst2_mean", "ner"])
 def test_packed_rows_predict_as_full_rows(case, tmp_path):
   """A random ModernBERT fine-tuned from scratch (config.model of the family): each
@@ -213,6 +216,7 @@ def _outputs(model, params, batch, squad_task: bool) -> np.ndarray:
                     if squad_task else out["logits"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", RUNS)
 def test_fine_tunes_predicts_and_exports(case, request, tmp_path, capsys):
   """One epoch of each task family from the workdir or a Hugging Face directory;

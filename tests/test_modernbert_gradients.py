@@ -104,6 +104,7 @@ def test_padded_rows_gradients_match_hf(hf_mlm):
   print(f"padded rows: largest gradient difference {worst:.1e} of its scale")
 
 
+@pytest.mark.slow
 def test_packed_rows_gradients_match_each_document_alone(hf_mlm):
   rng = np.random.default_rng(1)
   sizes = (17, 12, 7)  # + 4 padding tokens: T = 40

@@ -44,13 +44,14 @@ def _ours(cfg, params, scan, **inputs):
                                "dtype": jnp.float32, "param_dtype": jnp.float32})
   model = mb.FAMILY.pretraining(cfg)
   params = mb.FAMILY.to_layout(params, scan)
-  hidden = model.apply({"params": params}, inputs["input_ids"], inputs.get("attention_mask"),
-                       method=lambda m, *a: m.encoder(
-                           *a, position_ids=inputs.get("position_ids"),
-                           segment_ids=inputs.get("segment_ids"),
-                           output_hidden_states=True))["hidden_states"]
-  logits = model.apply({"params": params}, **inputs)["mlm_logits"]
-  return np.asarray(hidden), np.asarray(logits)
+  # Jitted: one compiled program, not an eager dispatch of every op.
+  hidden = jax.jit(lambda p, i: model.apply(
+      {"params": p}, i["input_ids"], i.get("attention_mask"),
+      method=lambda m, *a: m.encoder(*a, position_ids=i.get("position_ids"),
+                                     segment_ids=i.get("segment_ids"),
+                                     output_hidden_states=True)))(params, inputs)
+  logits = jax.jit(lambda p, i: model.apply({"params": p}, **i))(params, inputs)
+  return np.asarray(hidden["hidden_states"]), np.asarray(logits["mlm_logits"])
 
 
 def _hf(model, ids, mask=None):
@@ -64,6 +65,7 @@ def _ids(rng, shape):
   return rng.integers(3, HF_SMALL["vocab_size"], shape).astype(np.int32)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scan", [False, True], ids=["unscanned", "scanned"])
 def test_padded_rows_match_hf(hf_mlm, scan):
   model, cfg, params = hf_mlm
@@ -80,6 +82,7 @@ def test_padded_rows_match_hf(hf_mlm, scan):
   assert dh < ATOL and dl < ATOL
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scan", [False, True], ids=["unscanned", "scanned"])
 def test_packed_rows_match_each_document_alone(hf_mlm, scan):
   """Documents of one packed row, each against Hugging Face on that document alone:
@@ -124,6 +127,7 @@ def test_local_layers_really_are_local(hf_mlm):
   assert np.abs(logits - narrow).max() > 1e-3
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("pooling", ["cls", "mean"])
 def test_sequence_classification_head_matches_hf(pooling):
   """`task_features` + `classifier` (params 'head/...') compute
@@ -149,7 +153,7 @@ def test_sequence_classification_head_matches_hf(pooling):
   ids = np.where(mask > 0, ids, 0)
   for hf_model, task, pooled in ((seq, "classification", True), (tag, "tagging", False)):
     params = conv.params_from_hf(_state(hf_model), cfg, task)
-    ours = np.asarray(Head(pooled).apply({"params": params}, ids, mask))
+    ours = np.asarray(jax.jit(Head(pooled).apply)({"params": params}, ids, mask))
     with torch.no_grad():
       ref = hf_model(torch.as_tensor(ids), attention_mask=torch.as_tensor(mask)).logits.numpy()
     real = mask.astype(bool) if not pooled else slice(None)
@@ -172,6 +176,7 @@ class _HeadScope(nn.Module):
     return mb.classifier(self.config, 3, "classifier" if self.pooled else "tagger")(x)
 
 
+@pytest.mark.slow
 def test_gradients_are_finite_and_scan_agrees(hf_mlm):
   """Gradients through the attention function (padding + packing + window, the scanned
   `lax.cond` path included) are finite and equal unscanned ones, rematerialised or
@@ -194,7 +199,8 @@ def test_gradients_are_finite_and_scan_agrees(hf_mlm):
                         rngs=None if rng is None else {"dropout": rng})
       return jnp.sum(jax.nn.log_softmax(out["mlm_logits"])[..., 5] * mask)
 
-    return jax.grad(loss)(jax.tree.map(jnp.asarray, mb.FAMILY.to_layout(params, scan)))
+    return jax.jit(jax.grad(loss))(jax.tree.map(jnp.asarray,
+                                                mb.FAMILY.to_layout(params, scan)))
 
   plain = grads(False)
   assert all(np.isfinite(x).all() for x in jax.tree.leaves(plain))
@@ -264,6 +270,7 @@ def test_full_size_parameter_counts_equal_hf(size, scan):
   assert count(params) == hf_count(hf_model)
 
 
+@pytest.mark.slow
 def test_sharded_forward_and_gradient_match_one_device(hf_mlm):
   """On a (data 2, fsdp 2, tensor 2) mesh with BERT's logical-axis rules (parameters
   sharded by their axis names, activations constrained), the scanned model's loss and
@@ -300,6 +307,7 @@ def test_sharded_forward_and_gradient_match_one_device(hf_mlm):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_initialisation_follows_hf():
   """Truncated normals cut at 2 std: 0.02 for embeddings, Wqkv, Wi; 0.02 / sqrt(2L) for
   both Wo and the heads' dense; norms at 1. Each weight's spread and range match a
@@ -309,7 +317,7 @@ def test_initialisation_follows_hf():
   torch.manual_seed(0)
   hf = transformers.ModernBertForMaskedLM(transformers.ModernBertConfig(**sizes))
   cfg = conv.model_config_from_hf(hf.config.to_dict())
-  ours = conv.params_to_hf(nn.unbox(mb.FAMILY.pretraining(cfg).init_params(
+  ours = conv.params_to_hf(nn.unbox(jax.jit(mb.FAMILY.pretraining(cfg).init_params)(
       jax.random.key(0))), cfg)
   for key, theirs in _state(hf).items():
     a, b = np.asarray(ours[key]), theirs

@@ -23,6 +23,7 @@ from tests.modernbert_helpers import (TEXTS, hf_outputs, load_hf, modernbert_tok
                                       pretrain_config)
 from tests.tasks_helpers import fixture
 
+pytestmark = pytest.mark.usefixtures("shared_trainers")  # reruns share one step
 STEPS = 20
 
 
@@ -54,6 +55,7 @@ def reference(prepared, tmp_path_factory):
   return workdir
 
 
+@pytest.mark.slow
 def test_prepared_rows_are_packed_documents_and_train(prepared, reference):
   """The manifest holds the recipe's packed 64-token rows; the training batches read
   from them carry the documents' segment ids (a row crossing a document's end holds
@@ -78,6 +80,7 @@ def test_prepared_rows_are_packed_documents_and_train(prepared, reference):
   assert losses[20] < losses[3]
 
 
+@pytest.mark.slow
 def test_sigterm_four_times_resumes_bit_for_bit(prepared, reference, on_train_batch,
                                                 tmp_path):
   """SIGTERM before 4 random steps; each time the loop saves and returns, and the
@@ -98,6 +101,7 @@ def test_sigterm_four_times_resumes_bit_for_bit(prepared, reference, on_train_ba
   faults.assert_same_arrays(faults.saved_state(workdir), faults.saved_state(reference))
 
 
+@pytest.mark.slow
 def test_resuming_with_another_familys_config_is_one_line(prepared, reference, tmp_path):
   """A BERT config on the ModernBERT run's workdir, or the run's config with
   `family=bert`: one line each naming the families and the fix; nothing is written."""
@@ -123,6 +127,7 @@ def test_resuming_with_another_familys_config_is_one_line(prepared, reference, t
   assert sorted(os.listdir(reference)) == before
 
 
+@pytest.mark.slow
 def test_span_masking_trains_without_an_sbo_head(prepared, tmp_path):
   """SpanBERT's span masking on ModernBERT: the rows carry span targets, which only an
   SBO head reads; the run trains (no error, finite loss)."""
@@ -135,6 +140,7 @@ def test_span_masking_trains_without_an_sbo_head(prepared, tmp_path):
   assert all(np.isfinite(v) for v in faults.losses(str(tmp_path)).values())
 
 
+@pytest.mark.slow
 def test_pretrained_workdir_exports_to_transformers(reference, tmp_path):
   """The pretrained workdir -> `python -m bertjax.convert --to=hf`: transformers'
   AutoModelForMaskedLM and AutoTokenizer read it with bertjax's ids and logits."""
@@ -150,6 +156,7 @@ def test_pretrained_workdir_exports_to_transformers(reference, tmp_path):
   assert np.abs(ours["mlm_logits"] - ref.numpy())[real].max() < 1e-5
 
 
+@pytest.mark.slow
 def test_pretrained_workdir_fine_tunes(reference, tmp_path):
   """The pretrained workdir as config.init_from (SST-2, one epoch, rows at full
   length): the fine-tuning run's encoder is the workdir's, whole."""

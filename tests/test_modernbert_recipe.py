@@ -221,11 +221,13 @@ def straight(tmp_path_factory):
   return workdir, shapes
 
 
+@pytest.mark.slow
 def test_each_batch_shape_compiles_once(straight):
   _, shapes = straight
   assert shapes == [(8, 16), (16, 16), (8, 32)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stop", [2, 4], ids=["across_a_size_change",
                                                 "across_a_phase_change"])
 def test_resume_is_bit_exact(straight, tmp_path, stop):
@@ -253,6 +255,7 @@ SMALL = dict(vocab_size=64, hidden_size=32, num_layers=3, num_heads=2, intermedi
              pad_token_id=0, local_attention=8)
 
 
+@pytest.mark.slow
 def test_attention_output_dropout_drops_the_output_only():
   """Only Wo's output is dropped (the probabilities keep rate 0, so the fast kernels
   stay allowed); exclusive with Hugging Face's attention_dropout; left out of
@@ -282,6 +285,7 @@ def test_attention_output_dropout_drops_the_output_only():
   assert "attention_output_dropout" in warning.call_args.args[0]
 
 
+@pytest.mark.slow
 def test_per_row_theta_is_the_configs_theta():
   """`global_rope_theta` [B] per row computes what a config with that theta computes
   (two rows at two thetas), and the length phases' checks are one line each."""

@@ -153,6 +153,7 @@ def test_ettin_and_mmbert_directories_load(variant, hf_dir, tmp_path):
   assert _max_diff(out["mlm_logits"], ref.numpy(), out["attention_mask"]) < 1e-5
 
 
+@pytest.mark.slow
 def test_converted_workdir_goes_on_pretraining(workdir, tmp_path):
   """The converted workdir resumes as a pretraining run of its model (the optimizer
   starts afresh at step 0): three steps move its weights a little, not to a random
@@ -184,8 +185,8 @@ def test_convert_errors_name_the_family(workdir, tmp_path, monkeypatch, capsys):
     convert_cli.main(["--to=hf", f"--src={unknown}", f"--dst={tmp_path / 'out'}"])
   err = capsys.readouterr().err.strip()
   assert err == (f"error: {unknown} holds a model of family 'neobert', which this "
-                 "bertjax does not have (bert, modernbert): use the bertjax version that "
-                 "wrote it.")
+                 f"bertjax does not have ({', '.join(sorted(model_lib.FAMILIES))}): use "
+                 "the bertjax version that wrote it.")
   # A third family in bertjax.model without its conversion table in bertjax/hf/.
   monkeypatch.setitem(model_lib.FAMILIES, "neobert", dataclasses.replace(
       model_lib.FAMILIES["modernbert"], name="neobert"))
@@ -208,6 +209,7 @@ def _cli(*args) -> str:
   return proc.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("source", ["workdir", "hf_dir"])
 def test_embed_layers_and_word_pooling_equal_transformers(source, request, hf_dir,
                                                           reference, tmp_path):
@@ -248,6 +250,7 @@ def test_embed_layers_and_word_pooling_equal_transformers(source, request, hf_di
                                  atol=1e-6)
 
 
+@pytest.mark.slow
 def test_embed_wsd_and_fill_mask_programs(workdir, hf_dir, reference):
   """`python -m bertjax.embed wsd` runs 1-NN WSD on the workdir; `python -m
   bertjax.fill_mask` prints, and `Pretrained.fill_mask` gives, transformers' top

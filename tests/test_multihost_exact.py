@@ -1,6 +1,7 @@
 """One pretraining job on 1 process x 8 CPU devices and on 2 processes x 4 (each
-process one slice: `--config.mesh.dcn_data=2`; the launch of tests/test_multihost.py)
-is fed the same global batches, masks included: process p of P feeds block p of every
+process one slice: `--config.mesh.dcn_data=2`; started by the README's
+`launch/local.sh` command, resumed by the launch of tests/test_multihost.py) is fed
+the same global batches, masks included: process p of P feeds block p of every
 global batch, each row masked by its index in the global stream.
 
 The arithmetic then differs only where the collectives add the devices' partial sums
@@ -13,15 +14,18 @@ alone) the numbers agree to float32 rounding: bounded here."""
 
 import os
 import shutil
+import subprocess
+import sys
 
-import numpy as np
+import portpicker
 import pytest
 
 from bertjax.checkpoint import files
 from bertjax.train import pretrain
 from tests import faults
 from tests.test_loop import overrides
-from tests.test_multihost import _finish, _launch
+from tests.test_multihost import REPO, TIMEOUT, _finish, _launch
+from tests.test_readme import documented
 from tests.test_reliability import TOKENIZER, rel_config
 
 STEPS, RESUME_AT = 8, 4
@@ -37,25 +41,45 @@ def _config():
                     eval_every=STEPS)
 
 
+def _extra() -> list[str]:
+  return [*overrides(_config()), f"--config.data.tokenizer.path={TOKENIZER}"]
+
+
 def _job(workdir, tmp, processes: int, run: str) -> list[str]:
   """The job on `processes` x 8 / `processes` devices joined through a coordinator
   (gloo collectives); returns what each process printed."""
-  extra = [*overrides(_config()), f"--config.data.tokenizer.path={TOKENIZER}"]
+  extra = _extra()
   if processes > 1:
     extra.append(f"--config.mesh.dcn_data={processes}")
   return _finish(_launch(str(workdir), str(tmp), run, extra, module="bertjax.main",
                          processes=processes))
 
 
+def _local_sh(workdir) -> None:
+  """The README's pod rehearsal, `DEVICES_PER_PROCESS=4 launch/local.sh 2
+  configs/bert_tiny.py DIR --config.mesh.dcn_data=2`, with this module's config."""
+  words = documented("README.md", "launch/local.sh 2 configs/bert_tiny.py", *_extra())
+  env, words = dict(os.environ), [str(workdir) if w.startswith("/tmp/") else w for w in words]
+  while "=" in words[0]:  # VAR=value before the command
+    k, v = words.pop(0).split("=", 1)
+    env[k] = v
+  env.update(PYTHON=sys.executable, PORT=str(portpicker.pick_unused_port()))
+  proc = subprocess.run(words, cwd=REPO, env=env, capture_output=True, text=True,
+                        timeout=TIMEOUT)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-  """The uninterrupted job: {1: 1 process, 2: 2 processes} (gloo), workdirs."""
+  """The uninterrupted job: {1: 1 process, 2: 2 processes launched by the README's
+  launch/local.sh} (gloo), workdirs."""
   tmp = tmp_path_factory.mktemp("exact")
-  for processes in (1, 2):
-    _job(tmp / str(processes), tmp, processes, str(processes))
+  _job(tmp / "1", tmp, 1, "1")
+  _local_sh(tmp / "2")
   return {p: tmp / str(p) for p in (1, 2)}
 
 
+@pytest.mark.slow
 def test_one_and_two_processes_log_the_same_numbers(runs):
   rows = faults.metrics(runs[1])
   assert [r["step"] for r in rows if r["split"] == "train"] == list(range(1, STEPS + 1))
@@ -64,6 +88,7 @@ def test_one_and_two_processes_log_the_same_numbers(runs):
   faults.assert_same_arrays(faults.saved_state(runs[2]), faults.saved_state(runs[1]))
 
 
+@pytest.mark.slow
 def test_a_lone_process_differs_by_the_collectives_rounding_only(runs, tmp_path):
   """The same job in this process, no coordinator (XLA's in-process collectives)."""
   pretrain.run(_config(), str(tmp_path))
@@ -84,6 +109,7 @@ def _resumable_copy(source, target):
       shutil.rmtree(target / files.CHECKPOINT_DIR / step)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("written, resumed", [(2, 1), (1, 2)])
 def test_resume_on_another_process_count_is_bit_exact(runs, tmp_path, written, resumed):
   workdir = tmp_path / f"{written}to{resumed}"

@@ -22,7 +22,7 @@ NOTEBOOKS = ("pretrain.ipynb", "finetune.ipynb", "embeddings.ipynb")
 
 # Small settings per notebook: each name must be one its parameter cell assigns.
 CI_PARAMETERS = {
-    "pretrain.ipynb": lambda tmp: {
+    "pretrain.ipynb": lambda tmp, model: {
         "WORKDIR": str(tmp / "bert_tiny"),
         "OVERRIDES": {
             "train.num_steps": 30, "train.batch_size": 16, "train.warmup_steps": 3,
@@ -31,10 +31,11 @@ CI_PARAMETERS = {
             "model.max_position_embeddings": 64, "data.tokenizer.vocab_size": 1024,
             "model.vocab_size": 1024},
     },
-    "finetune.ipynb": lambda tmp: {
+    "finetune.ipynb": lambda tmp, model: {  # a tiny BERT of MiniLM's vocabulary
         "WORKDIR": str(tmp / "finetune"), "NUM_EPOCHS": 1, "TAGGER_EPOCHS": 4,
+        "MODEL_DIR": model,
     },
-    "embeddings.ipynb": lambda tmp: {
+    "embeddings.ipynb": lambda tmp, model: {
         "STATS_TEXTS": 100, "OUT_DIR": str(tmp / "embeddings"),
     },
 }
@@ -65,12 +66,13 @@ def cell_text(cell) -> str:
   return "".join(parts)
 
 
-def execute(name: str, tmp_path) -> tuple[str, list]:
-  """Runs notebook `name` with its CI parameters; returns (the text its code cells
-  printed, stderr and displayed values included, and those cells). A cell that raises
-  fails the test (nbclient raises CellExecutionError)."""
+def execute(name: str, tmp_path, model: str = "") -> tuple[str, list]:
+  """Runs notebook `name` with its CI parameters (`model`: a Hugging Face directory
+  for those that take one); returns (the text its code cells printed, stderr and
+  displayed values included, and those cells). A cell that raises fails the test
+  (nbclient raises CellExecutionError)."""
   nb = with_parameters(nbformat.read(os.path.join(COLAB, name), as_version=4),
-                       CI_PARAMETERS[name](tmp_path))
+                       CI_PARAMETERS[name](tmp_path, model))
   env = dict(os.environ, JAX_NUM_CPU_DEVICES="1", JAX_PLATFORMS="cpu")
   client = nbclient.NotebookClient(nb, timeout=300, kernel_name="python3",
                                    resources={"metadata": {"path": COLAB}})
@@ -79,6 +81,7 @@ def execute(name: str, tmp_path) -> tuple[str, list]:
   return "".join(cell_text(c) for c in code), code
 
 
+@pytest.mark.slow
 def test_pretrain_notebook(tmp_path):
   text, cells = execute("pretrain.ipynb", tmp_path)
   assert re.search(r"JAX [\d.]+: 1 CPU device", text)
@@ -92,9 +95,11 @@ def test_pretrain_notebook(tmp_path):
   assert "please turn [MASK] homework in .\n  mask 1: " in text
 
 
-def test_finetune_notebook(tmp_path):
-  text, _ = execute("finetune.ipynb", tmp_path)
-  assert re.search(r"encoder: L=6 H=384", text)
+@pytest.mark.slow
+def test_finetune_notebook(tmp_path, tiny_hf_bert):
+  """With MODEL_DIR a tiny BERT (the embeddings notebook runs the default, MiniLM)."""
+  text, _ = execute("finetune.ipynb", tmp_path, tiny_hf_bert)
+  assert re.search(r"encoder: L=1 H=32", text)
   accuracy = float(re.search(r"classifier dev: accuracy ([\d.]+)", text).group(1))
   assert 0.0 <= accuracy <= 1.0
   assert re.search(r"tagger dev: .*\bf1 [\d.]+", text)
@@ -102,6 +107,7 @@ def test_finetune_notebook(tmp_path):
   assert "predicted tags:" in text
 
 
+@pytest.mark.slow
 def test_embeddings_notebook(tmp_path):
   text, cells = execute("embeddings.ipynb", tmp_path)
   raw, standardized = map(float, re.search(

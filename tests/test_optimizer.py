@@ -3,6 +3,7 @@ Algorithm 2) with BERT's schedule, the decay mask and global-norm clipping."""
 
 import numpy as np
 import optax
+import pytest
 
 from bertjax.train import optimizer
 from configs import bert_base
@@ -55,6 +56,7 @@ def _lamb_by_hand(params, grads_per_step, cfg):
   return out
 
 
+@pytest.mark.slow
 def test_lamb_update_matches_the_hand_computation():
   cfg = _settings()
   params = _tree(0)

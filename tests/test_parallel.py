@@ -54,6 +54,7 @@ def single_device():
   return train_3_steps(parallel_config(1, 1, 1), jax.devices()[:1])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shape", [(8, 1, 1), (1, 8, 1), (2, 2, 2), (1, 2, 4)])
 def test_mesh_layouts_match_one_device(single_device, shape):
   ref_state, ref_losses = single_device
@@ -121,6 +122,7 @@ def _gathered_vocab(config) -> list[str]:
   return found
 
 
+@pytest.mark.slow
 def test_tensor_sharded_vocabulary_is_never_gathered():
   """The MLM logits [B, P, vocab] stay sharded over 'tensor' through the softmax
   cross-entropy: GSPMD reduces max/sum over the shards and gathers no vocab-sized
@@ -134,6 +136,7 @@ def test_tensor_sharded_vocabulary_is_never_gathered():
   assert _gathered_vocab(c)
 
 
+@pytest.mark.slow
 def test_checkpoint_restores_onto_another_mesh(tmp_path):
   """Saved from (8, 1, 1) on 8 devices, restored onto (1, 2, 2) on 4 devices and onto
   (1, 2, 4): same values, the new shardings; training continues on the new mesh."""

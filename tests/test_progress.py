@@ -105,6 +105,7 @@ def test_only_process_zero_shows_progress(monkeypatch, lines):
   assert not lines
 
 
+@pytest.mark.slow
 def test_pretraining_reports_eta_and_a_final_train_line(tmp_path, monkeypatch):
   """One real operation: the pretraining loop's step lines carry the rate and ETA, and
   the run ends with the train progress line (stderr is not a terminal under pytest)."""

@@ -11,6 +11,15 @@ HTML comment just above them, and a block may declare how the test shortens it:
                                               PREFIX are left out (pip, pytest)
   <!-- test: append ARGS to "TEXT" -->      ARGS are added to the commands holding TEXT
                                               (later flags win: fewer steps, texts)
+  <!-- test: replace "OLD" with "NEW" -->   OLD becomes NEW in every command (data or a
+                                              model that is not shipped: a fixture)
+  <!-- test: before "COMMAND" (REASON) -->  COMMAND runs first (what the replacements
+                                              point to), its output unchecked
+  <!-- test: runs in tests/X.py ... -->     the block's commands run in those test
+                                              files, which read each one with
+                                              `documented(DOC, SNIPPET)` and add their
+                                              own checks (a benchmark's JSON): this
+                                              test checks that each command is read
 
 Every command, run or not, also has its flags, repository paths and `--config.*`
 fields checked against the code, so a renamed flag fails here even in a command that
@@ -23,10 +32,12 @@ import ast
 import dataclasses
 import glob
 import importlib.util
+import json
 import os
 import re
 import shlex
 import subprocess
+import sys
 
 import pytest
 
@@ -52,6 +63,9 @@ class Block:
   not_run: str | None
   skips: list[str]
   appends: list[tuple[str, str]]  # (ARGS, TEXT)
+  replaces: list[tuple[str, str]] = dataclasses.field(default_factory=list)  # (OLD, NEW)
+  runs_in: list[str] = dataclasses.field(default_factory=list)  # test files
+  before: list[str] = dataclasses.field(default_factory=list)  # setup commands
 
 
 def _complete(text: str) -> bool:
@@ -117,6 +131,17 @@ def parse(doc: str) -> list[Block]:
         block.not_run = m.group(2)
       elif m.group(2).startswith("skip "):
         block.skips += re.findall(r'"([^"]+)"', m.group(2))
+      elif m.group(2).startswith("replace "):
+        r = re.fullmatch(r'replace "([^"]+)" with "([^"]*)"(?: \(.*\))?', m.group(2))
+        assert r, f"{doc}:{start}: unknown directive {d!r}"
+        block.replaces.append((r.group(1), r.group(2)))
+      elif m.group(2).startswith("runs in "):
+        block.runs_in = re.findall(r"tests/\w+\.py", m.group(2).split("(")[0])
+        assert block.runs_in, f"{doc}:{start}: unknown directive {d!r}"
+      elif m.group(2).startswith("before "):
+        b = re.fullmatch(r'before "([^"]+)"(?: \(.*\))?', m.group(2))
+        assert b, f"{doc}:{start}: unknown directive {d!r}"
+        block.before.insert(0, b.group(1))  # directives are read bottom-up
       else:
         a = re.fullmatch(r'append (.+) to "([^"]+)"(?: \(.*\))?', m.group(2))
         assert a, f"{doc}:{start}: unknown directive {d!r}"
@@ -127,9 +152,10 @@ def parse(doc: str) -> list[Block]:
 
 
 def runnable(block: Block) -> list[tuple[Command, str]]:
-  """The block's commands as the test runs them: skipped parts left out, arguments
-  appended, /tmp/ kept (rewritten later). Checks that every directive applies."""
-  out, used = [], set()
+  """The block's commands as the test runs them: its `before` commands first (no
+  outputs), skipped parts left out, replacements made, arguments appended, /tmp/ kept
+  (rewritten later). Checks that every directive applies."""
+  out, used = [(Command(b, []), b) for b in block.before], set()
   for cmd in block.commands:
     parts = [p for p in re.split(r" && ", cmd.text)]
     kept = []
@@ -142,12 +168,16 @@ def runnable(block: Block) -> list[tuple[Command, str]]:
     if not kept:
       continue
     text = " && ".join(kept)
+    for old, new in block.replaces:
+      if old in text:
+        text = text.replace(old, new)
+        used.add(old)
     for args, where in block.appends:
       if where in text:
         text = f"{text} {args}"
         used.add(where)
     out.append((cmd, text))
-  stale = set(block.skips) | {w for _, w in block.appends}
+  stale = set(block.skips) | {w for _, w in block.appends} | {o for o, _ in block.replaces}
   assert stale <= used, f"{block.doc}:{block.line}: directives match nothing: {stale - used}"
   return out
 
@@ -290,29 +320,79 @@ def test_the_parser_reads_commands_outputs_and_directives():
                           "bertjax.embed has no flag --config"]
 
 
-@pytest.fixture(scope="module")
-def tmp(tmp_path_factory):
-  return str(tmp_path_factory.mktemp("readme"))
-
-
 def _to_run(doc: str) -> list[tuple[Command, str]]:
-  return [pair for b in parse(doc) if not b.not_run for pair in runnable(b)]
+  return [pair for b in parse(doc) if not (b.not_run or b.runs_in) for pair in runnable(b)]
 
 
-@pytest.mark.parametrize("doc", [d for d in DOCS if _to_run(d)])  # README.md first
-def test_documented_commands_run(doc, tmp):
-  """Runs the file's runnable blocks in one shell, in order, and checks each command's
-  exit status and shown outputs."""
-  commands = _to_run(doc)
+def documented(doc: str, snippet: str, *extra: str) -> list[str]:
+  """The argv of the one command of `doc` holding `snippet` (its `python` this
+  interpreter), then `extra` (later flags win): for a test that runs a documented
+  command itself, with checks of its own, from a block marked `test: runs in`."""
+  (text,) = _holding(doc, snippet)
+  words = shlex.split(text.replace("\\\n", " "), comments=False)
+  return [sys.executable if w == "python" else w for w in words] + list(extra)
+
+
+def _holding(doc: str, snippet: str) -> list[str]:
+  """The commands of `doc` equal to `snippet`, else those holding it."""
+  texts = [c.text for b in parse(doc) for c in b.commands]
+  return [t for t in texts if t == snippet] or [t for t in texts if snippet in t]
+
+
+def test_commands_run_elsewhere_are_read_there():
+  """Each command of a block marked `runs in` is read by one of those test files: a
+  string of theirs picks it alone (`documented(DOC, SNIPPET)`)."""
+  missing, count = [], 0
+  for doc in DOCS:
+    for block in parse(doc):
+      if not block.runs_in:
+        continue
+      strings = {node.value for f in block.runs_in
+                 for node in ast.walk(ast.parse(open(os.path.join(REPO, f)).read()))
+                 if isinstance(node, ast.Constant) and isinstance(node.value, str)}
+      for cmd in block.commands:
+        count += 1
+        if not any(_holding(doc, s) == [cmd.text] for s in strings if len(s) > 8):
+          missing.append(f"{doc}:{block.line}: {cmd.text[:80]}")
+  assert count and not missing, missing
+
+
+@pytest.fixture(scope="module")
+def doc_runs(tmp_path_factory):
+  """doc -> (the temporary directory standing for /tmp/, the output of its shell),
+  each doc run once, when first asked for."""
+  runs = {}
+
+  def run(doc: str) -> tuple[str, str]:
+    if doc not in runs:
+      tmp = str(tmp_path_factory.mktemp("readme"))
+      runs[doc] = tmp, _run_shell(_to_run(doc), tmp)
+    return runs[doc]
+
+  return run
+
+
+def _run_shell(commands: list[tuple[Command, str]], tmp: str) -> str:
+  """The commands in one shell, in order, /tmp/ rewritten to `tmp`: their output,
+  each command's between markers with its exit status."""
   assert not any(re.search(r"\bpytest\b", text) for _, text in commands)  # no recursion
   script = ["exec 2>&1", f"cd {shlex.quote(REPO)}"]
   for k, (_, text) in enumerate(commands):
     script += [f"echo {MARKER} {k}", text.replace("/tmp/", f"{tmp}/"),
                f"echo {MARKER} rc $?"]
-  result = subprocess.run(["bash", "-c", "\n".join(script)], capture_output=True,
-                          text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
-  sections = re.split(rf"^{MARKER} (\d+)\n", result.stdout, flags=re.M)[1:]
-  assert len(sections) == 2 * len(commands), result.stdout[-3000:]
+  return subprocess.run(["bash", "-c", "\n".join(script)], capture_output=True,
+                        text=True, env=dict(os.environ, PYTHONUNBUFFERED="1")).stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("doc", [d for d in DOCS if _to_run(d)])  # README.md first
+def test_documented_commands_run(doc, doc_runs):
+  """Runs the file's runnable blocks in one shell, in order, and checks each command's
+  exit status and shown outputs."""
+  commands = _to_run(doc)
+  tmp, stdout = doc_runs(doc)
+  sections = re.split(rf"^{MARKER} (\d+)\n", stdout, flags=re.M)[1:]
+  assert len(sections) == 2 * len(commands), stdout[-3000:]
   for (cmd, text), output in zip(commands, sections[1::2]):
     body, rc = re.match(rf"(.*){MARKER} rc (\d+)\n?$", output, re.S).groups()
     fails = bool(cmd.outputs) and cmd.outputs[0].startswith("error:")
@@ -322,3 +402,18 @@ def test_documented_commands_run(doc, tmp):
       pattern = expected_pattern(shown, tmp)
       assert any(pattern.search(line) for line in lines), (
           f"{doc}: `{text}` did not print `{shown}`:\n{body[-3000:]}")
+
+
+@pytest.mark.slow
+def test_pretrained_minilm_beats_random_init(doc_runs):
+  """The README's fine-tuning example as it ran (test_documented_commands_run): the
+  real MiniLM against the same architecture from random init on the SST-2-format
+  fixture, whose dev sentences use sentiment words absent from training, so only the
+  pretrained start can transfer."""
+  tmp, _ = doc_runs("README.md")
+  accuracy = {}
+  for name in ("minilm_sst2", "random_sst2"):
+    with open(os.path.join(tmp, name, "dev_results.json")) as f:
+      accuracy[name] = json.load(f)["accuracy"]
+  assert accuracy["minilm_sst2"] >= 0.75, accuracy
+  assert accuracy["minilm_sst2"] > accuracy["random_sst2"] + 0.15, accuracy

@@ -53,6 +53,7 @@ def _encoder_parameters(config) -> int:
   return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(shapes))
 
 
+@pytest.mark.slow
 def test_recipe_table_parameter_counts():
   (table,) = _table("what it reproduces")
   checked = 0

@@ -26,6 +26,7 @@ from tests import faults
 from tests.faults import losses, train_rows
 from tests.helpers import tiny_config
 
+pytestmark = pytest.mark.usefixtures("shared_trainers")  # reruns share one step
 STEPS = 20
 TOKENIZER = os.path.join(os.path.dirname(__file__), "fixtures", "tokenizer")
 
@@ -56,11 +57,13 @@ def reference(tmp_path_factory):
   return workdir
 
 
+@pytest.mark.slow
 def test_reference_run_keeps_max_to_keep_checkpoints(reference):
   assert sorted(losses(reference)) == [3, 6, 9, 12, 15, 18, 20]  # and the last step
   assert ckpt_lib.Checkpointer(reference, read_only=True).complete_steps() == [10, 15, 20]
 
 
+@pytest.mark.slow
 def test_sigterm_ten_times_in_one_run_is_bit_exact(reference, tmp_path, on_train_batch):
   """SIGTERM (to this process) before 10 random steps; each time the loop saves at the
   end of that step and returns, and calling it again resumes. The metrics logged
@@ -89,6 +92,7 @@ def _truncate_array_files(step_dir):
       f.truncate(100)
 
 
+@pytest.mark.slow
 def test_corrupt_checkpoint_is_named_and_previous_step_used_on_request(reference, tmp_path,
                                                                        caplog):
   """Step 20 with truncated array files, step 15 without its array metadata: by default
@@ -119,6 +123,7 @@ def test_corrupt_checkpoint_is_named_and_previous_step_used_on_request(reference
   faults.assert_same_arrays(faults.saved_state(workdir), faults.saved_state(reference))
 
 
+@pytest.mark.slow
 def test_all_checkpoints_corrupt_never_restarts_from_step_0(reference, tmp_path):
   workdir = str(tmp_path / "all_corrupt")
   shutil.copytree(reference, workdir)
@@ -153,6 +158,7 @@ def test_a_state_missing_fields_restores_the_others_never_one_without_params(tmp
   ckpt.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fault", ["disk_full", "read_only"])
 def test_disk_full_or_read_only_stops_in_one_line_and_keeps_checkpoints(
     reference, small_disk, on_train_batch, monkeypatch, fault):
@@ -190,6 +196,26 @@ def test_disk_full_or_read_only_stops_in_one_line_and_keeps_checkpoints(
   faults.assert_same_arrays(faults.saved_state(workdir), faults.saved_state(reference))
 
 
+@pytest.mark.parametrize("used", [4096, 100, 1 << 20])
+def test_filling_the_disk_ends_full_without_error_wherever_the_free_space_ends(
+    small_disk, used):
+  """`faults.fill` (the 'disk_full' fault) fills the tmpfs to its last page and
+  returns, whatever the free space modulo its 1 MiB chunks: with 4096 bytes used the
+  free space ends one page below a MiB boundary, where a buffered file kept the
+  chunk's last page and raised ENOSPC when closed (the disk_full fault test then
+  failed now and then: the run's one-line error, raised by the fault itself, and no
+  repair)."""
+  disk, mounts = small_disk
+  if mounts is None:
+    pytest.skip("needs mount rights for a tmpfs (root); the fault is simulated then")
+  (disk / "used").write_bytes(b"x" * used)
+  faults.fill(disk / "filler")
+  assert shutil.disk_usage(disk).free < 4096
+  with pytest.raises(OSError, match="No space left"):
+    (disk / "more").write_bytes(b"x" * 4096)
+
+
+@pytest.mark.slow
 def test_switching_spike_skipping_on_resume_is_refused_not_taken_for_corruption(
     reference, tmp_path):
   """skip_step_on_spikes changes the optimizer state's tree: resuming a run with it
@@ -219,6 +245,7 @@ def _spike_batch(batch):
   return dict(batch, masked_lm_ids=np.zeros_like(batch["masked_lm_ids"]))
 
 
+@pytest.mark.slow
 def test_nan_loss_stops_naming_the_step_and_the_last_good_checkpoint(tmp_path,
                                                                       on_train_batch):
   on_train_batch(lambda n, batch: _nan_batch(batch) if n == 8 else None)
@@ -231,6 +258,7 @@ def test_nan_loss_stops_naming_the_step_and_the_last_good_checkpoint(tmp_path,
   assert ckpt_lib.Checkpointer(workdir, read_only=True).complete_steps() == [5]
 
 
+@pytest.mark.slow
 def test_skip_step_on_spikes_drops_nan_and_spike_updates(reference, tmp_path,
                                                          on_train_batch, caplog):
   """A NaN batch at step 8 and a spike at step 14 (window 5, k = 6): both updates are
@@ -307,6 +335,7 @@ def _worker_main() -> None:
   cli.run(main.main, flags_parser=program.parse_flags)
 
 
+@pytest.mark.slow
 def test_kill_9_during_an_asynchronous_save_resumes_from_the_last_complete_step(
     reference, tmp_path):
   """The trainer process is SIGKILLed while step 10's checkpoint is written (its files

@@ -72,12 +72,14 @@ def reference(tmp_path_factory):
   return workdir
 
 
+@pytest.mark.slow
 def test_reference_run(reference):
   assert sorted(faults.losses(reference)) == [3, 6, 9, 12, 15, 18, 21, 24]
   assert ckpt_lib.Checkpointer(reference, read_only=True).complete_steps() == [16, 20, 24]
   assert set(dev_outputs(reference)[0]) == {"accuracy", "loss"}
 
 
+@pytest.mark.slow
 def test_sigterms_and_a_sigkill_resume_bit_for_bit_with_the_same_logged_metrics(
     reference, tmp_path, on_train_batch):
   """SIGTERM before step 5 (in this process: the trainer saves step 5 and returns);
@@ -113,6 +115,7 @@ def test_sigterms_and_a_sigkill_resume_bit_for_bit_with_the_same_logged_metrics(
   faults.assert_same_arrays(faults.saved_state(workdir), faults.saved_state(reference))
 
 
+@pytest.mark.slow
 def test_full_disk_stops_in_one_line_and_keeps_checkpoints(reference, small_disk,
                                                            on_train_batch, monkeypatch):
   """The disk fills before step 6 (real tmpfs as root, else simulated: see
@@ -140,6 +143,7 @@ def test_full_disk_stops_in_one_line_and_keeps_checkpoints(reference, small_disk
   assert dev_outputs(workdir) == dev_outputs(reference)
 
 
+@pytest.mark.slow
 def test_nan_stops_naming_the_last_good_checkpoint(tmp_path, on_train_batch):
   """A NaN example weight in the batch of step 6: found where step 6 is logged; the
   run stops naming step 4 and never saves the broken state."""
@@ -159,6 +163,7 @@ def test_nan_stops_naming_the_last_good_checkpoint(tmp_path, on_train_batch):
   assert ckpt_lib.Checkpointer(workdir, read_only=True).complete_steps() == [4]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("batching", ["bucket", "pack"])
 def test_gradient_accumulation_equals_the_full_batch(batching):
   """2 micro-batches of 8 give the loss, the gradient norm and the parameters of
@@ -193,6 +198,7 @@ def test_gradient_accumulation_equals_the_full_batch(batching):
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5), p1, p2)
 
 
+@pytest.mark.slow
 def test_two_processes_match_one_and_only_process_0_writes(reference, tmp_path):
   """2 processes x 4 devices (the same 8-device data mesh), each feeding its half of
   every batch and of the dev set: the single process's dev predictions and metrics;

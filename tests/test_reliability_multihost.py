@@ -7,6 +7,8 @@ hanging), and the restart of both, which resumes from the last checkpoint."""
 import signal
 import time
 
+import pytest
+
 from bertjax.checkpoint import manager as ckpt_lib
 from tests.test_loop import e2e_config, overrides, train_losses
 from tests.test_multihost import _finish, _launch, _rows, _wait_for_steps
@@ -14,6 +16,7 @@ from tests.test_multihost import _finish, _launch, _rows, _wait_for_steps
 HEARTBEAT_S = 10
 
 
+@pytest.mark.slow
 def test_two_processes_preempt_resume_and_survive_a_dead_peer(tmp_path):
   config = e2e_config()
   config.train.num_steps = config.train.eval_every = 10_000  # Stopped by the faults.

@@ -3,11 +3,14 @@ working: one sample per checkpoint, the checkpoint counts, the windows and the v
 
 import os
 
+import pytest
+
 from bertjax import benchmark
 from bertjax.benchmarks import soak
 from tests.helpers import tiny_config
 
 
+@pytest.mark.slow
 def test_soak_runs_a_few_steps(tmp_path):
   assert "soak" in benchmark.available()
   config = tiny_config(num_steps=8, max_to_keep=2, eval_batches=1)

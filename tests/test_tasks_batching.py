@@ -116,6 +116,7 @@ def _setup(config, train_file, n):
                                                  finetune.example_batch(features), 4)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["sst2", "ner"])
 def test_packed_and_bucketed_rows_predict_as_full_rows(vocab, name):
   """The tiny encoder's logits of every example (no dropout): from full-length rows,
@@ -173,6 +174,7 @@ def test_pack_refused_where_it_does_not_apply(vocab):
     finetune.batcher(task, None, None)
 
 
+@pytest.mark.slow
 def test_one_compilation_per_shape_and_the_stream_resumes(vocab):
   """A bucketed stream (batches of 8 over sentences of 7 to 12 tokens, two of 12;
   buckets 9, 12, 32): the jitted step compiles once per distinct batch shape; the

@@ -39,6 +39,7 @@ def sst2_run(vocab, tmp_path_factory):
   return config, workdir, finetune.run(config, workdir)
 
 
+@pytest.mark.slow
 def test_sst2_learns_the_training_words(sst2_run):
   config, workdir, scores = sst2_run
   losses = _losses(workdir)
@@ -57,6 +58,7 @@ def profile_files(workdir) -> list[str]:
   return glob.glob(os.path.join(workdir, "tensorboard", "plugins", "profile", "*", "*"))
 
 
+@pytest.mark.slow
 def test_stsb_pair_regression_with_a_profile_of_steps_2_to_3(vocab, tmp_path, sst2_run):
   """Also `config.train.profile_steps`: a jax.profiler trace of the train step in
   WORKDIR/tensorboard, for TensorBoard's profile tab (the sst2 run asked for none)."""
@@ -92,6 +94,7 @@ def test_a_dev_label_never_seen_in_training(vocab, tmp_path):
   assert task.score(["yes", "no", "no"], dev) == {"accuracy": 2 / 3}
 
 
+@pytest.mark.slow
 def test_freeze_all_but_the_top_layer(vocab, tmp_path):
   import jax
   c = _sst2(vocab, num_epochs=1)

@@ -51,6 +51,7 @@ def reference(tmp_path_factory):
   return workdir, finetune.run(feature_config(), workdir)
 
 
+@pytest.mark.slow
 def test_the_encoder_is_unchanged_and_without_optimizer_state(reference):
   workdir, scores = reference
   assert {"f1", "accuracy", "loss"} <= set(scores)
@@ -74,6 +75,7 @@ def test_the_encoder_is_unchanged_and_without_optimizer_state(reference):
   assert sizes(saved["opt_state"]) < sizes(initial["encoder"])
 
 
+@pytest.mark.slow
 def test_it_loads_and_export_to_hugging_face_refuses_in_one_line(reference, tmp_path):
   workdir, _ = reference
   finetuned = api.load_finetuned(workdir)
@@ -82,6 +84,7 @@ def test_it_loads_and_export_to_hugging_face_refuses_in_one_line(reference, tmp_
     convert.save_hf_finetuned(str(tmp_path / "hf"), finetuned)
 
 
+@pytest.mark.slow
 def test_the_step_skips_the_encoders_backward_pass():
   """Same encoder (3 layers), a linear tagger over the last 4 layers vs fine-tuning
   with a linear tagger: the compiled step does well under half the FLOPs."""
@@ -97,6 +100,7 @@ def test_the_step_skips_the_encoders_backward_pass():
   assert cost["features"] < 0.5 * cost["finetune"], cost
 
 
+@pytest.mark.slow
 def test_interrupted_run_resumes_bit_for_bit(reference, tmp_path, on_train_batch):
   workdir = str(tmp_path / "interrupted")
   on_train_batch(lambda n, _: n == 3 and os.kill(os.getpid(), signal.SIGTERM))
@@ -107,6 +111,7 @@ def test_interrupted_run_resumes_bit_for_bit(reference, tmp_path, on_train_batch
   faults.assert_same_arrays(faults.saved_state(workdir), faults.saved_state(reference[0]))
 
 
+@pytest.mark.slow
 def test_feature_shapes_and_the_scalar_mix():
   cfg = ModelConfig(vocab_size=50, hidden_size=8, num_layers=3, num_heads=2,
                     intermediate_size=16, max_position_embeddings=16)

@@ -12,6 +12,7 @@ from configs.finetune import glue
 from tests.tasks_helpers import fixture_tokenizer, tiny_finetune
 
 
+@pytest.mark.slow
 def test_matched_and_mismatched_dev_sets_are_both_reported(mnli_tsvs, tmp_path):
   c = tiny_finetune(glue.get_config("mnli"), fixture_tokenizer(str(tmp_path / "vocab")),
                     num_epochs=2)

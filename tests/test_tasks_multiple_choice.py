@@ -25,6 +25,7 @@ def vocab(tmp_path_factory):
   return fixture_tokenizer(str(tmp_path_factory.mktemp("vocab")))
 
 
+@pytest.mark.slow
 def test_one_sequence_per_choice_and_softmax_over_choices(vocab, tmp_path):
   task = MultipleChoice(swag.get_config().task, load_tokenizer(vocab), 32)
   dev = task.read(fixture("swag_dev.csv"), "dev")
@@ -63,6 +64,7 @@ def test_one_sequence_per_choice_and_softmax_over_choices(vocab, tmp_path):
     task.read(str(bad), "dev")
 
 
+@pytest.mark.slow
 def test_swag_finetuning_run(vocab, tmp_path):
   c = tiny_finetune(swag.get_config(), vocab, num_epochs=12)
   c.data.train, c.data.dev = fixture("swag_train.csv"), fixture("swag_dev.csv")

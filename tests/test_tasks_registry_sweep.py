@@ -24,6 +24,7 @@ def test_registry():
     base.Task(None, None, 8)  # pylint: disable=abstract-class-instantiated
 
 
+@pytest.mark.slow
 def test_sweep_writes_the_table_with_the_best_run(tmp_path):
   vocab = fixture_tokenizer(str(tmp_path / "vocab"))
   c = tiny_finetune(glue.get_config("sst2"), vocab, num_epochs=2)

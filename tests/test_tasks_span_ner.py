@@ -59,6 +59,7 @@ def test_spans_enumerated_with_nested_gold_labels(task):
   assert f.arrays["span_labels"][2, misc] == -1
 
 
+@pytest.mark.slow
 def test_head_pools_within_the_span():
   cfg = ModelConfig.from_config(tiny_config().model)
   B, T, E = 1, 6, cfg.hidden_size
@@ -119,6 +120,7 @@ def test_bad_pooling_is_a_config_error(vocab):
     SpanNER(c.task, load_tokenizer(vocab), 32)
 
 
+@pytest.mark.slow
 def test_span_ner_finetuning_run_learns_nested_entities(vocab, tmp_path):
   c = tiny_finetune(span_ner.get_config("attention"), vocab, num_epochs=30)
   c.task.max_span_length = 3

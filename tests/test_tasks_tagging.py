@@ -81,6 +81,7 @@ def test_entity_f1_agrees_with_seqeval():
     assert sorted(metrics.tag_spans(p)) == sorted(get_entities(p))
 
 
+@pytest.mark.slow
 def test_conll_finetuning_run(vocab, tmp_path):
   c = tiny_finetune(ner.get_config(), vocab, num_epochs=30, batch_size=8)
   c.data.train, c.data.dev = fixture("conll_train.txt"), fixture("conll_dev.txt")

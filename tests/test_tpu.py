@@ -60,6 +60,7 @@ def test_topology_names():
     plan_lib.topology("v7-8")
 
 
+@pytest.mark.slow
 @needs_libtpu
 def test_plan_figures_match_the_shardings_and_the_compiler(v5e_4):
   """Per chip: params and optimizer bytes equal those of real arrays placed on 4 CPU
@@ -90,6 +91,7 @@ def test_plan_figures_match_the_shardings_and_the_compiler(v5e_4):
   assert dp["params"] / 4 < fsdp["params"] < dp["params"] / 3
 
 
+@pytest.mark.slow
 @needs_libtpu
 def test_largest_batch_bisects_to_the_limit(v5e_4, monkeypatch):
   """A program over HBM: the TPU compiler refuses it and the plan says it does not fit.
@@ -144,6 +146,7 @@ def _attention(impl, x, pad, segments, variables):
                                          True)
 
 
+@pytest.mark.slow
 @splash_here
 @pytest.mark.parametrize("packed", [False, True])
 def test_splash_attention_equals_the_plain_path(packed):
@@ -193,6 +196,7 @@ def test_splash_refuses_dropout_and_odd_lengths():
                                     True)
 
 
+@pytest.mark.slow
 @needs_libtpu
 @splash_here
 def test_splash_compiles_for_tpu_per_shard(v5e_4):
@@ -225,6 +229,7 @@ def test_cpu_only_runs_stay_on_the_cpu_with_libtpu_installed():
   assert "TPU" not in proc.stderr and "libtpu" not in proc.stderr, proc.stderr
 
 
+@pytest.mark.slow
 @needs_libtpu
 @splash_here
 def test_modernbert_scanned_splash_compiles_for_tpu(v5e_4):

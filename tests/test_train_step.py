@@ -27,6 +27,7 @@ def _run(config, batches, max_traces=None):
   return state, losses
 
 
+@pytest.mark.slow
 def test_compiles_once_and_loss_falls():
   config = tiny_config()
   batch = synthetic_batch(config, 8)
@@ -35,6 +36,7 @@ def test_compiles_once_and_loss_falls():
   assert losses[-1] < losses[0] - 0.5, losses
 
 
+@pytest.mark.slow
 def test_gradient_accumulation_equals_full_batch():
   config = tiny_config()
   config.model.dropout_rate = config.model.attention_dropout_rate = 0.0
@@ -48,6 +50,7 @@ def test_gradient_accumulation_equals_full_batch():
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_bf16_compute_keeps_fp32_master_weights():
   config = tiny_config()
   batch = synthetic_batch(config, 8)

@@ -52,7 +52,8 @@ from ml_collections import config_flags
 
 from bertjax.benchmarks import flops as flops_lib
 from bertjax.errors import ConfigError
-from bertjax import model as model_lib
+from bertjax import objectives as objectives_lib
+from bertjax.data import pipeline
 from bertjax.model.config import REMAT_POLICIES
 
 GIB = 2.0 ** 30
@@ -164,21 +165,21 @@ def topology(name: str, num_slices: int = 1, hbm_gb: float = 0.0) -> Topology:
 
 
 def batch_spec(config, batch_size: int) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
-  """Shapes and dtypes of a pretraining batch as `bertjax.data.pipeline` makes it, with
-  the per-prediction inputs [B, P] of the model's heads (`Head.inputs`, e.g. SBO's
-  span positions)."""
+  """Shapes and dtypes of a pretraining batch as `bertjax.data.pipeline` makes it: NSP's
+  labels [B] with sentence pairs, documents' ids and positions [B, T] with isolated
+  packed rows, and the objectives' other fields per prediction [B, P] (SBO's span
+  positions)."""
   T, P, B = config.data.max_seq_length, config.data.max_predictions_per_seq, batch_size
-  cfg = model_lib.config_from(config.model)
+  fields = objectives_lib.from_config(config).fields
   spec = {k: ((B, T), np.int32) for k in ("input_ids", "attention_mask", "token_type_ids")}
   spec.update({"masked_lm_positions": ((B, P), np.int32), "masked_lm_ids": ((B, P), np.int32),
                "masked_lm_weights": ((B, P), np.float32),
                "example_weights": ((B,), np.float32)})
-  if cfg.nsp:
+  if pipeline.sentence_pairs(fields):
     spec["next_sentence_labels"] = ((B,), np.int32)
   elif config.data.isolate_documents:
     spec.update(segment_ids=((B, T), np.int32), position_ids=((B, T), np.int32))
-  for head in model_lib.family_of(cfg).pretraining(cfg).head_records:
-    spec.update({k: ((B, P), np.int32) for k in head.inputs if k not in spec})
+  spec.update({k: ((B, P), np.int32) for k in fields if k not in spec})
   return spec
 
 
@@ -234,7 +235,7 @@ def plan(config, topo: Topology, batch_size: int) -> dict:
             "compile_s": time.perf_counter() - start}
   mem, cost = compiled.memory_analysis(), compiled.cost_analysis() or {}
   chips = len(topo.devices)
-  model = model_lib.config_from(config.model)
+  objectives = objectives_lib.from_config(config)
   T, P = config.data.max_seq_length, config.data.max_predictions_per_seq
   batch = {k: jax.ShapeDtypeStruct(s, d) for k, (s, d) in batch_spec(config, batch_size).items()}
   r = {
@@ -248,7 +249,7 @@ def plan(config, topo: Topology, batch_size: int) -> dict:
       "program": mem.generated_code_size_in_bytes, "compile_s": seconds,
       "flops": float(cost.get("flops", 0.0)),
       "bytes_accessed": float(cost.get("bytes accessed", 0.0)),
-      "model_flops": flops_lib.train_flops(model, batch_size, T, P)["total"] / chips,
+      "model_flops": objectives.train_flops(batch_size, T, P)["total"] / chips,
   }
   r["peak"] = r["arguments"] + r["temp"] + r["outputs"] - r["aliased"] + r["program"]
   r["fits"] = r["peak"] <= topo.hbm_bytes

@@ -19,6 +19,7 @@ import flax.linen as nn
 import jax
 from absl import flags
 
+from bertjax import objectives as objectives_lib
 from bertjax.benchmarks import trace
 from bertjax.benchmarks import train as train_bench
 from bertjax.errors import ConfigError
@@ -43,7 +44,8 @@ def profile(config, batch: int, seq: int, predictions: int, docs_per_row: int,
   devices = jax.devices()[:1]
   trainer = state_lib.build_trainer(config, mesh_lib.create_mesh(config.mesh, devices))
   host = train_bench.synthetic_batch(config, batch, seq, predictions,
-                                     trainer.model.config.nsp, docs_per_row)
+                                     objectives_lib.from_config(config).fields,
+                                     docs_per_row)
   with jax.set_mesh(trainer.mesh), nn.logical_axis_rules(trainer.rules):
     state = trainer.init_state(config)
     data = mesh_lib.put_batch(host, trainer.batch_sharding)

@@ -5,8 +5,8 @@ Times the real jitted train step (forward, backward, the recipe's clipping and
 optimizer; donated state) on synthetic full-length rows, with the recipe's share of
 masked positions (the recipe's training rate: 15% BERT, 30% ModernBERT), after
 warm-up and reports: step time (median, min, max),
-sequences/s, tokens/s, model FLOPs per step (`bertjax.benchmarks.flops`, next to XLA's own
-count), MFU: the global step's FLOPs over the bf16 peak of all the devices it ran on
+sequences/s, tokens/s, model FLOPs per step (the objectives' networks and heads,
+`Objectives.train_flops`, next to XLA's own count), MFU: the global step's FLOPs over the bf16 peak of all the devices it ran on
 (the table of `bertjax.benchmarks.flops.CHIPS` by exact device kind; on a CPU the matmul
 throughput of all of them at once, measured in this run, in the same dtype), peak
 memory, compile time, and the attention path and dtype the step resolved to.
@@ -49,7 +49,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Callable
+from typing import Callable, Sequence
 
 import flax.linen as nn
 import jax
@@ -58,7 +58,7 @@ import numpy as np
 from absl import flags
 from ml_collections import config_flags
 
-from bertjax import model as model_lib
+from bertjax import objectives as objectives_lib
 from bertjax.benchmarks import flops as flops_lib
 from bertjax.errors import ConfigError
 from bertjax.hf import convert as hf_convert
@@ -91,13 +91,16 @@ _DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
 _OUT_OF_MEMORY = ("RESOURCE_EXHAUSTED", "Out of memory", "out of memory", "OutOfMemoryError")
 
 
-def synthetic_batch(config, batch: int, seq: int, predictions: int, nsp: bool,
-                    docs_per_row: int = 0, seed: int = 0) -> dict[str, np.ndarray]:
+def synthetic_batch(config, batch: int, seq: int, predictions: int,
+                    fields: Sequence[str] = (), docs_per_row: int = 0, seed: int = 0
+                    ) -> dict[str, np.ndarray]:
   """Full-length rows (as packing gives): ids [B, T], `predictions` masked positions;
   token types A/B halves when the model has two (BERT), else 0 (RoBERTa / XLM-R, and
   ModernBERT, which has none); with `docs_per_row` > 1 also segment_ids (1 + the
-  document) and positions restarting at each document [B, T]."""
-  cfg = model_lib.config_from(config.model)
+  document) and positions restarting at each document [B, T]. The other `fields` the
+  objectives read (`Objectives.fields`): NSP's labels [B], random; SBO's span
+  boundaries [B, P], each masked token a span of its own."""
+  cfg = objectives_lib.from_config(config).model
   rng = np.random.default_rng(seed)
   ids = rng.integers(5, cfg.vocab_size, size=(batch, seq)).astype(np.int32)
   positions = np.sort(np.stack([rng.choice(np.arange(1, seq), predictions, replace=False)
@@ -116,8 +119,16 @@ def synthetic_batch(config, batch: int, seq: int, predictions: int, nsp: bool,
     starts = (np.arange(docs_per_row) * seq + docs_per_row - 1) // docs_per_row
     out["segment_ids"] = (doc + 1).astype(np.int32)
     out["position_ids"] = (pos - starts[doc] + cfg.position_offset).astype(np.int32)
-  if nsp:
+  if "next_sentence_labels" in fields:
     out["next_sentence_labels"] = rng.integers(0, 2, size=batch).astype(np.int32)
+  if "span_left_positions" in fields:
+    out.update(span_left_positions=positions - 1,
+               span_right_positions=np.minimum(positions + 1, seq - 1).astype(np.int32),
+               span_relative_positions=np.zeros_like(positions))
+  unknown = sorted(set(fields) - set(out))
+  if unknown:
+    raise ConfigError(f"benchmark train cannot make up the batch field {unknown[0]!r} "
+                      "the objectives read; benchmark other config.objectives.")
   return out
 
 
@@ -157,8 +168,8 @@ def bench_bertjax(config, batch: int, seq: int, predictions: int, devices,
   `step()` runs one step to completion; `finish()` the compile, FLOP and memory
   figures."""
   trainer = state_lib.build_trainer(config, mesh_lib.create_mesh(config.mesh, devices))
-  host = synthetic_batch(config, batch, seq, predictions, "nsp" in trainer.model.heads,
-                        docs_per_row)
+  host = synthetic_batch(config, batch, seq, predictions,
+                         objectives_lib.from_config(config).fields, docs_per_row)
   with jax.set_mesh(trainer.mesh), nn.logical_axis_rules(trainer.rules):
     state = trainer.init_state(config)
     params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(state.params))
@@ -200,7 +211,7 @@ def hf_model(config) -> tuple[str, dict, object]:
   """The Hugging Face model that pretrains `config.model` as we do (its family's table,
   `bertjax.hf.<family>.pretraining_model`): (class name, config.json, our model config
   with the heads that class computes)."""
-  cfg = model_lib.config_from(config.model)
+  cfg = objectives_lib.from_config(config).model
   hf_json, computed = hf_convert.family_table(cfg.family).pretraining_model(cfg)
   return hf_json["architectures"][0], hf_json, computed
 
@@ -230,7 +241,8 @@ def bench_hf(config, batch: int, seq: int, predictions: int, bf16: bool):
   t = config.train
   opt = torch.optim.AdamW(model.parameters(), lr=t.learning_rate, betas=(t.b1, t.b2),
                           eps=t.eps, weight_decay=t.weight_decay)
-  host = synthetic_batch(config, batch, seq, predictions, nsp=cfg.nsp)
+  host = synthetic_batch(config, batch, seq, predictions,
+                         objectives_lib.from_config(config).fields)
   labels = np.full_like(host["input_ids"], -100)
   np.put_along_axis(labels, host["masked_lm_positions"], host["masked_lm_ids"], 1)
   inputs = {"input_ids": host["input_ids"], "attention_mask": host["attention_mask"],
@@ -359,7 +371,7 @@ def sized(config, batch: int, seq: int, dtype: str = "") -> tuple[int, int, int]
   batch = batch or config.train.batch_size
   seq = seq or config.data.max_seq_length
   config.train.batch_size, config.data.max_seq_length = batch, seq
-  offset = model_lib.config_from(config.model).position_offset
+  offset = objectives_lib.from_config(config).model.position_offset
   if seq + offset > config.model.max_position_embeddings:
     config.model.max_position_embeddings = seq + offset
   return batch, seq, masked_positions(config, seq)
@@ -376,9 +388,10 @@ def main(argv):
   if "hf" in frameworks and len(frameworks) > 1:
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # Before JAX starts.
   from bertjax.model import attention  # pylint: disable=g-import-not-at-top
-  cfg = model_lib.config_from(config.model)
+  objectives = objectives_lib.from_config(config)
+  cfg = objectives.model
   bf16 = jnp.dtype(cfg.dtype) == jnp.bfloat16
-  step_flops = flops_lib.train_flops(cfg, batch, seq, predictions)
+  step_flops = objectives.train_flops(batch, seq, predictions)
   hf_step_flops = hf_flops(config, batch, seq)
   devices = jax.devices()
   cpu = devices[0].platform == "cpu"

@@ -46,9 +46,10 @@ class TaskHead:
 @dataclasses.dataclass
 class Pretrained:
   """A model of any family with its parameters and tokenizer. `params` has the tree of
-  its family's pretraining model; heads the checkpoint lacks ('mlm', 'nsp', the pooler)
-  are absent. Loaded from a fine-tuning workdir: the encoder, and its task head in
-  `head`."""
+  its family's pretraining model; heads the checkpoint lacks ('mlm', 'nsp', the pooler;
+  an ELECTRA discriminator's 'mlm', a generator's 'rtd') are absent, and the model runs
+  the heads it has. Loaded from a fine-tuning workdir: the encoder, and its task head
+  in `head`."""
 
   config: Any  # the family's config dataclass
   params: dict
@@ -56,7 +57,9 @@ class Pretrained:
   head: TaskHead | None = None
 
   def __post_init__(self):
-    self.model = model_lib.family_of(self.config).pretraining(self.config)
+    family = model_lib.family_of(self.config)
+    self.heads = tuple(h for h in family.config_heads(self.config) if h in self.params)
+    self.model = family.pretraining(self.config, self.heads)
     self._encode = jax.jit(functools.partial(self.model.apply, method="encode"))
     self._logits = jax.jit(self.model.apply)
 
@@ -97,22 +100,30 @@ class Pretrained:
 
   def logits(self, texts: str | Sequence[str], text_pairs=None, max_length: int = 512
              ) -> dict[str, np.ndarray]:
-    """Pretraining heads on a batch: numpy `input_ids`, `attention_mask` [B, T],
-    `mlm_logits` [B, T, vocab] (float32) and every other head's logits it computes
-    without inputs of its own (with NSP, `nsp_logits` [B, 2])."""
-    if not self.has_mlm:
-      raise CheckpointError("this checkpoint has no MLM head (it holds the encoder only).")
+    """The checkpoint's pretraining heads on a batch: numpy `input_ids`,
+    `attention_mask` [B, T] and, float32, `mlm_logits` [B, T, vocab] with an MLM
+    head, `rtd_logits` [B, T] with ELECTRA's replaced-token detector, and every other
+    head's logits it computes without inputs of its own (with NSP, `nsp_logits`
+    [B, 2])."""
+    if not self.heads:
+      raise CheckpointError("this checkpoint has no pretraining head (it holds the "
+                            "encoder only).")
     batch, length = self._inputs(texts, text_pairs, max_length)
     out = self._logits({"params": self.params}, batch["input_ids"],
                        batch["attention_mask"], batch["token_type_ids"])
-    result = {"input_ids": batch["input_ids"][:, :length],
-              "attention_mask": batch["attention_mask"][:, :length],
-              "mlm_logits": np.asarray(out.pop("mlm_logits")[:, :length])}
-    return {**result, **{k: np.asarray(v) for k, v in out.items()}}
+    per_token = {f"{h}_logits" for h in ("mlm", "rtd")}
+    return {"input_ids": batch["input_ids"][:, :length],
+            "attention_mask": batch["attention_mask"][:, :length],
+            **{k: np.asarray(v[:, :length] if k in per_token else v)
+               for k, v in out.items()}}
 
   def fill_mask(self, text: str, top_k: int = 5) -> list[list[tuple[str, float]]]:
     """For each mask of `text` (the tokenizer's mask token; `[MASK]` is accepted for
     every tokenizer), left to right, the `top_k` (token, probability) pairs."""
+    if not self.has_mlm:
+      raise CheckpointError(
+          f"this checkpoint has no MLM head (its heads: {list(self.heads) or 'none'}) to "
+          "fill masks with: use one that has (of ELECTRA, the generator).")
     tok = self.tokenizer
     text = text.replace("[MASK]", tok.mask_token)
     out = self.logits([text])
@@ -133,8 +144,11 @@ def _finetuned_encoder(path: str) -> tuple[Any, dict, TaskHead]:
           head)
 
 
-def _pretraining_workdir(path: str) -> tuple[Any, Any]:
-  return workdir.saved_model(path), workdir.restore_params(path)
+def _pretraining_workdir(path: str, network: str | None = None) -> tuple[Any, Any]:
+  """The config and parameters of the pretraining workdir's network `network` (default:
+  the one its objectives export; `workdir.saved_network`)."""
+  member = workdir.saved_network(path, name=network)
+  return member.config, member.params(workdir.restore_params(path))
 
 
 def _config_json(path: str) -> dict:
@@ -162,21 +176,27 @@ def checkpoint_family(path: str) -> str:
   return workdir.saved_model(os.fspath(path)).family
 
 
-def load_pretrained(path: str, dtype: str = "float32") -> Pretrained:
+def load_pretrained(path: str, dtype: str = "float32", network: str | None = None
+                    ) -> Pretrained:
   """A Hugging Face model dir (config.json with a model_type of `bertjax.hf.convert`'s
   tables: BERT, RoBERTa, XLM-R, ModernBERT; weights; tokenizer files), a bertjax
-  pretraining workdir (config.json, checkpoints/, tokenizer/) or a fine-tuning workdir
-  (its encoder, and its task head in `head`), with parameters and computation in
-  `dtype`."""
+  pretraining workdir (config.json, checkpoints/, tokenizer/: the network its
+  objectives export, or the one named `network` where they train several) or a
+  fine-tuning workdir (its encoder, and its task head in `head`), with parameters and
+  computation in `dtype`."""
   path = os.fspath(path)
   dtype = dtype_of(dtype, "dtype")
   raw = _config_json(path)
+  if network and ("model_type" in raw or workdir.is_finetuned(path)):
+    raise CheckpointError(f"network={network!r}: {path} holds one network (only a "
+                          "pretraining workdir holds several); leave it out.")
   if "model_type" in raw:
     convert.check_supported(raw)
     tokenizer, vocab_size, load = load_tokenizer(path), raw["vocab_size"], convert.load_hf
   else:
     tokenizer, vocab_size = workdir.load_tokenizer(path), raw["model"]["vocab_size"]
-    load = _finetuned_encoder if workdir.is_finetuned(path) else _pretraining_workdir
+    load = (_finetuned_encoder if workdir.is_finetuned(path) else
+            functools.partial(_pretraining_workdir, network=network))
   if tokenizer.vocab_size > vocab_size:  # before the weights
     raise CheckpointError(
         f"{path}: the tokenizer has {tokenizer.vocab_size} ids but the checkpoint's "

@@ -1,8 +1,8 @@
 """A run's workdir, read and written in one place: config.json (`save_config`,
-`load_config`), the tokenizer, task.json of a fine-tuning run (`task_info`) and the
-parameters of a checkpoint (`restore_params`, the one way anything reads weights back:
-predict, embed, convert, fill_mask, init_from and the Python API). File names:
-`bertjax.checkpoint.files`.
+`load_config`), the network its objectives export (`saved_network`), the tokenizer,
+task.json of a fine-tuning run (`task_info`) and the parameters of a checkpoint
+(`restore_params`, the one way anything reads weights back: predict, embed, convert,
+fill_mask, init_from and the Python API). File names: `bertjax.checkpoint.files`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import ml_collections
 from etils import epath
 from jax.experimental import multihost_utils
 
-from bertjax import model as model_lib
+from bertjax import model as model_lib, objectives as objectives_lib
 from bertjax.checkpoint import files
 from bertjax.checkpoint.manager import Checkpointer, abstract_on
 from bertjax.data import tokenizer as tok_lib
@@ -25,8 +25,10 @@ from bertjax.errors import CheckpointError
 
 
 def save_config(workdir: str, config: ml_collections.ConfigDict) -> None:
-  """Writes config.json; on resume, checks that the model section and the optimizer
-  state's layout are unchanged (else every checkpoint would fail to restore)."""
+  """Writes config.json; on resume, checks that the model section, the objectives
+  (`bertjax.objectives.names_of`: a config.json written before config.objectives
+  names them by the model's booleans) and the optimizer state's layout are unchanged
+  (else every checkpoint would fail to restore)."""
   path = epath.Path(workdir) / files.CONFIG_FILE
   if path.exists():
     saved = json.loads(path.read_text())
@@ -38,15 +40,23 @@ def save_config(workdir: str, config: ml_collections.ConfigDict) -> None:
           f"{workdir} holds a run of the {old_model['family']!r} model family but "
           f"config.model.family={model_lib.family_of(new_model).name!r}: resume with "
           "the run's config (its config.json) or use a new --workdir.")
-    # A model field added to bertjax after the run started counts at its default value.
+    # A model field added to bertjax after the run started counts at its default value;
+    # the heads' booleans of older configs are compared as the objectives they name.
     defaults = model_lib.family_of(old_model).config().to_dict()
     old = lambda k: old_model.get(k, defaults.get(k))
     changed = [f"config.model.{k}={new_model[k]!r} (the run's: {old(k)!r})"
-               for k in sorted(new_model) if old(k) != new_model[k]]
+               for k in sorted(new_model)
+               if k not in objectives_lib.LEGACY and old(k) != new_model[k]]
     if changed:
       raise CheckpointError(
           f"{workdir} holds a run of another model: {', '.join(changed)}; use a new "
           "--workdir or the run's model config.")
+    theirs, ours = objectives_lib.names_of(saved), objectives_lib.names_of(config)
+    if theirs != ours:
+      raise CheckpointError(
+          f"{workdir} holds a run of the objectives {theirs} but config.objectives="
+          f"{ours}: the networks differ; resume with config.objectives={theirs} or use "
+          "a new --workdir.")
     if "train" in saved:  # A converted checkpoint holds parameters only: no optimizer.
       old_layout, new_layout = _optimizer_layout(saved["train"]), _optimizer_layout(
           new["train"])
@@ -81,18 +91,27 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict(json.loads(path.read_text()))
 
 
-def saved_model(workdir: str, config: ml_collections.ConfigDict | None = None) -> Any:
-  """The model config dataclass of a workdir (its config.json, or `config` when already
-  read), or a one-line CheckpointError when the workdir's model family is not one of
-  this bertjax's (`bertjax.model.FAMILIES`)."""
+def saved_network(workdir: str, config: ml_collections.ConfigDict | None = None,
+                  name: str | None = None) -> objectives_lib.Network:
+  """The network `name` (default: the one its objectives export, `Networks.exported`)
+  of a workdir (its config.json, or `config` when already read): where its parameters
+  lie in a checkpoint's tree and its model config; a one-line CheckpointError when the
+  workdir's model family is not one of this bertjax's (`bertjax.model.FAMILIES`)."""
   config = load_config(workdir) if config is None else config
-  name = config.model["family"] if "family" in config.model else "bert"  # pre-families
-  if name not in model_lib.FAMILIES:
+  family = config.model["family"] if "family" in config.model else "bert"  # pre-families
+  if family not in model_lib.FAMILIES:
     raise CheckpointError(
-        f"{workdir} holds a model of family {name!r}, which this bertjax does not have "
+        f"{workdir} holds a model of family {family!r}, which this bertjax does not have "
         f"({', '.join(sorted(model_lib.FAMILIES))}): use the bertjax version that wrote "
         "it.")
-  return model_lib.config_from(config.model)
+  return objectives_lib.from_config(config).networks.member(name)
+
+
+def saved_model(workdir: str, config: ml_collections.ConfigDict | None = None) -> Any:
+  """The model config dataclass of a workdir's exported network (`saved_network`): a
+  fine-tuning workdir's encoder, a pretraining workdir's model with the heads its
+  objectives trained."""
+  return saved_network(workdir, config).config
 
 
 def load_tokenizer(workdir: str) -> tok_lib.Tokenizer:

@@ -95,16 +95,16 @@ def eval_split(length: int) -> str:
 
 def check(manifest: dict[str, Any], spec: str, data_cfg, tokenizer_fingerprint: str, *,
           nsp: bool, lengths: Sequence[int]) -> None:
-  """ConfigError (one line) unless `spec` was prepared as `data_cfg` (+ the model's
-  nsp) would build it, for every length in `lengths` (training and held-out rows),
+  """ConfigError (one line) unless `spec` was prepared as `data_cfg` (+ `nsp`: the
+  objectives read sentence pairs, `pipeline.sentence_pairs`) would build it, for every length in `lengths` (training and held-out rows),
   with the tokenizer of `tokenizer_fingerprint`."""
   again = (f"prepare it again with this config (python -m bertjax.data.prepare "
            f"--config=... --input=TOKENIZED --output=DIR) or train with the settings it "
            f"was built with")
   builder = builder_name(nsp, data_cfg.packing)
   if manifest["builder"] != builder:
-    field = ("config.model.nsp=True" if nsp else
-             f"config.model.nsp=False, config.data.packing={builder!r}")
+    field = ("config.objectives with 'nsp'" if nsp else
+             f"config.objectives without 'nsp', config.data.packing={builder!r}")
     raise ConfigError(f"prepared corpus {spec} holds {manifest['builder']!r} examples "
                       f"but this run ({field}) trains on {builder!r} examples: {again}")
   settings = {"eval_fraction": data_cfg.eval_fraction}

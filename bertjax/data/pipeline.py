@@ -26,7 +26,8 @@ max_seq_length (or the phase's length), P max_predictions_per_seq (or the phase'
 
 Batch dict (numpy): input_ids, attention_mask, token_type_ids [b, T] int32;
 masked_lm_positions, masked_lm_ids [b, P] int32; masked_lm_weights [b, P] float32;
-next_sentence_labels [b] int32 (0 = B follows A, 1 = random B; only with NSP);
+next_sentence_labels [b] int32 (0 = B follows A, 1 = random B; only with NSP pairs:
+`sentence_pairs` of the objectives' fields);
 segment_ids, position_ids [b, T] int32 with config.data.isolate_documents; a length
 phase's constant inputs [b] float32 (ModernBERT's global_rope_theta).
 Evaluation batches add example_weights [b] float32 (0 for padding examples).
@@ -38,7 +39,7 @@ import dataclasses
 import math
 import sys
 import time
-from typing import Any, Sequence
+from typing import Any, Collection, Sequence
 
 from absl import flags, logging
 import grain
@@ -277,6 +278,13 @@ def make_train_dataset(examples: builders.Examples | list[Phase],
   return ds
 
 
+def sentence_pairs(fields: Collection[str]) -> bool:
+  """Whether batches carrying `fields` (what a run's objectives read:
+  `bertjax.objectives.Objectives.fields`) are BERT's sentence pairs, the only rows with
+  next_sentence_labels; else they are packed rows (`config.data.packing`)."""
+  return "next_sentence_labels" in fields
+
+
 def check_config(data_cfg, model, num_steps: int) -> None:
   """Every field of `config.data` in range (one ConfigError line each), given the
   model it feeds (`model`: the model's config dataclass) and the run's step count."""
@@ -306,9 +314,6 @@ def check_config(data_cfg, model, num_steps: int) -> None:
   within("data.short_seq_prob", d.short_seq_prob, 0, 1)
   at_least("data.dupe_factor", d.dupe_factor, 1)
   one_of("data.packing", d.packing, builders.PACKINGS)
-  if model.nsp and d.isolate_documents:
-    raise ConfigError("config.data.isolate_documents applies to packed rows: set "
-                      "config.model.nsp=False or isolate_documents=False.")
   length_phases(d, num_steps)
   masked_lm_prob_phases(d, num_steps)
   within("data.language_alpha", d.language_alpha, 0, 1)
@@ -366,7 +371,8 @@ def build_pretraining_data(data_cfg, tokenizer, *, batch_size: int, seed: int, n
   `bertjax.data.phases.stages`; a phase's held-out batches have its full batch's
   rows); `phase_inputs` gives each length phase's constant per-row model inputs
   (ModernBERT's `global_rope_theta`; () none), its training and held-out batches alike.
-  With `nsp` the examples are BERT's sentence pairs, otherwise packed rows
+  With `nsp` (`sentence_pairs` of the run's objectives' fields: NSP reads
+  next_sentence_labels) the examples are BERT's sentence pairs, otherwise packed rows
   (`config.data.packing`: RoBERTa's FULL-SENTENCES or DOC-SENTENCES;
   `config.data.isolate_documents` adds segment_ids and position_ids starting at
   `position_offset`, the model's). `config.data.length_phases` splits `num_steps`

@@ -29,7 +29,7 @@ from ml_collections import config_flags
 from bertjax.console import cli
 from bertjax.data import manifest, mixture, pipeline, prepare_examples, prepare_tokens
 from bertjax.errors import ConfigError
-from bertjax import model as model_lib
+from bertjax import objectives as objectives_lib
 
 
 def main(argv):
@@ -66,9 +66,11 @@ def prepare_config(config, *, input_spec: str | None, tokenizer_path: str | None
   OUTPUT[/NAME]/tokens), then stage 2 into OUTPUT[/NAME] (on the Apache Beam `runner`
   with `beam_options` when given, see `prepare_beam`); yields summary lines and the
   flags to train with (the same sources and weights, each its prepared directory)."""
-  # The sections the examples depend on, in range, as training checks them.
-  model = model_lib.config_from(config.model)
-  pipeline.check_config(config.data, model, config.train.num_steps)
+  # The sections the examples depend on, in range, as training checks them; the rows
+  # the objectives read (NSP's sentence pairs, or packed rows).
+  objectives = objectives_lib.check(config)
+  pipeline.check_config(config.data, objectives.model, config.train.num_steps)
+  nsp = pipeline.sentence_pairs(objectives.fields)
   data = config.data
   beam = _beam() if runner else None  # before any work: Beam may not be installed
   sources = mixture.sources_of(data)
@@ -91,10 +93,10 @@ def prepare_config(config, *, input_spec: str | None, tokenizer_path: str | None
                                data.text_field)
       yield " | ".join(f"{k} {v:,}" for k, v in totals.items())
     if runner:
-      built = beam.build(tokens, out, data, nsp=model.nsp, seed=config.seed,
+      built = beam.build(tokens, out, data, nsp=nsp, seed=config.seed,
                          runner=runner, options=beam_options)
     else:
-      built = prepare_examples.build(tokens, out, data, nsp=model.nsp,
+      built = prepare_examples.build(tokens, out, data, nsp=nsp,
                                    seed=config.seed, workers=workers)
     parts = [f"{split} {info['examples']:,}" for split, info in built["splits"].items()]
     yield (f"{name + ': ' if name else ''}examples {' | '.join(parts)} | documents "

@@ -64,6 +64,12 @@ class FamilyConfig:
   classifier_pooling: ClassVar[str] = "cls"  # packed examples' rows: first token
 
   @property
+  def embedding_size(self) -> int:
+    """The width of the token embedding, which the MLM head's transform maps back to:
+    `hidden_size` unless the family projects its embeddings (ELECTRA's field)."""
+    return self.hidden_size
+
+  @property
   def windows(self) -> tuple[int | None, ...]:
     """Each block's attention half-width (query i sees keys j with |i - j| <= w), None
     for global attention."""

@@ -13,7 +13,8 @@ A new family is one file, bertjax/model/<family>.py, listed in
 
 1. `config`: its frozen hyperparameter dataclass (mixing in `config.FamilyConfig`),
    whose instances answer what the data, the trainer and the stack ask of any model:
-   `family`, `vocab_size`, `hidden_size`, `num_layers`, `num_heads`, `head_dim`,
+   `family`, `vocab_size`, `hidden_size`, `embedding_size` (the token embedding's
+   width: `hidden_size` unless the family projects), `num_layers`, `num_heads`, `head_dim`,
    `intermediate_size`, `max_position_embeddings`, `pad_token_id`,
    `position_offset` (0 unless positions start past the padding id),
    `type_vocab_size` (token types it embeds, 0 for none), `nsp`, `sbo`, `pooler`
@@ -38,16 +39,20 @@ A new family is one file, bertjax/model/<family>.py, listed in
    matmul FLOPs per token / 2).
 6. `task_features(config, out, deterministic, pooled, dropout)`: what a task head
    reads, called in the head's compact `__call__`: `pooled` [B, E] (sequence
-   classification, multiple choice) or per token [B, T, E] (tagging, span QA;
-   `dropout`: whether the family's classic head drops out there). `out` is the
-   encoder's output with the batch's 'attention_mask' [B, T].
+   classification, multiple choice) or per token [B, T, E] (tagging, span QA).
+   `dropout`: whether the family's classic head drops out there (per token: tagging
+   True, span QA False); pooled, sequence classification passes True and multiple
+   choice False, for a family whose two heads differ (ELECTRA's classification head
+   drops out [CLS] before its dense, its multiple-choice summary does not; BERT and
+   ModernBERT ignore it there). `out` is the encoder's output with the batch's
+   'attention_mask' [B, T].
 7. `output_layer(config, features, name)`: a task head's `nn.Dense` [E] -> [features].
 And, where it has them: `unscanned_layers` (the leading blocks kept out of the scan:
 ModernBERT's block 0 has no attention norm), `inputs` (its embedding's own inputs,
 e.g. ModernBERT's `global_rope_theta`), `final_norm(config)` (the module named
 'final_norm' after the blocks), `pooler(config)` (the module on the first position,
 named 'pooler', when `config.pooler`), `heads` (its own pretraining heads),
-`head_flops`, `pretraining_heads` and `phase_inputs` (below).
+`head_flops`, `token_weights`, `pretraining_heads` and `phase_inputs` (below).
 
 Shapes: B batch, T length, E hidden, V vocabulary, P predictions per row.
 """
@@ -89,6 +94,9 @@ class Family:
   heads: its own pretraining heads (`Head`); every family has the stack's 'mlm'.
   head_flops: (config, batch) -> {term: FLOPs of one training step} of its own heads
     and pooler (`stack.train_flops` adds them).
+  token_weights: config -> the weights every token is multiplied by outside the blocks
+    and the MLM head (ELECTRA's embedding projection, its replaced-token detector at
+    every position; `stack.train_flops` counts 6 B T of them). None: none.
   pretraining_heads: config -> the config with every pretraining head the family's
     recipe trains (what an imported encoder gets fresh heads for).
   phase_inputs: (config, lengths) -> for each pretraining length phase (its row
@@ -111,6 +119,7 @@ class Family:
   pooler: Callable[[Any], nn.Module] | None = None
   heads: tuple[Head, ...] = ()
   head_flops: Callable[[Any, int], dict[str, float]] | None = None
+  token_weights: Callable[[Any], int] | None = None
   pretraining_heads: Callable[[Any], Any] = lambda config: config
   phase_inputs: Callable[[Any, Sequence[int]], list[dict[str, float]]] = _no_phase_inputs
 

@@ -89,7 +89,8 @@ def layer_norm(cfg: Any, name: str, eps: float, *, use_bias: bool = True,
 
 
 def embed(cfg: Any, num: int, names: Sequence[str | None], *, init=None,
-          name: str | None = None) -> nn.Embed:
-  """A [num, E] table (E = `cfg.hidden_size`; `init` as `dense`'s)."""
-  return nn.Embed(num, cfg.hidden_size, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
+          name: str | None = None, features: int | None = None) -> nn.Embed:
+  """A [num, features] table (default `cfg.hidden_size`; `init` as `dense`'s)."""
+  return nn.Embed(num, features or cfg.hidden_size, dtype=cfg.dtype,
+                  param_dtype=cfg.param_dtype,
                   embedding_init=_kernel_init(cfg, init, names), name=name)

@@ -289,21 +289,27 @@ def train_flops(family: Any, cfg: Any, batch: int, seq: int, predictions: int
     + 12 * B * E * sum_l pairs_l       attention Q K^T and P V over the pairs each
                                        layer scores (`attention_pairs` of the config's
                                        `windows`: T^2 for a global layer)
-    + 6 * B * P * (E^2 + E V)          the MLM head at the P masked positions only
+    + 6 * B * P * (E D + D V)          the MLM head at the P masked positions only
+    + 6 * B * T * W_tok                the weights outside the blocks every token is
+                                       multiplied by (`Family.token_weights`, e.g.
+                                       ELECTRA's embedding projection)
     + the family's own heads' terms    (`Family.head_flops`, e.g. BERT's pooler + NSP)
 
-  B batch, T length, P masked positions per row, L layers, E hidden, V vocabulary.
+  B batch, T length, P masked positions per row, L layers, E hidden, D the token
+  embedding's width (`embedding_size`, E unless the family projects), V vocabulary.
   Embedding lookups are gathers (no FLOPs); element-wise work (softmax, activations,
   norms, rotary, the optimizer) is not model FLOPs, as in the PaLM MFU definition. A
   model computing the MLM logits at every position (Hugging Face's) does
   `train_flops(..., predictions=T)`."""
-  E, V = cfg.hidden_size, cfg.vocab_size
+  E, D, V = cfg.hidden_size, cfg.embedding_size, cfg.vocab_size
   pairs = sum(attention_pairs(seq, w) for w in cfg.windows)
   terms = {
       "encoder_matmuls": 6.0 * (cfg.num_layers * family.block_weights(cfg)) * batch * seq,
       "attention": 12.0 * batch * E * pairs,
-      "mlm_head": 6.0 * batch * predictions * (E * E + E * V),
+      "mlm_head": 6.0 * batch * predictions * (E * D + D * V),
   }
+  if family.token_weights is not None:
+    terms["token_weights"] = 6.0 * family.token_weights(cfg) * batch * seq
   if family.head_flops is not None:
     terms.update(family.head_flops(cfg, batch))
   terms["total"] = sum(terms.values())

@@ -29,7 +29,8 @@ class ChoiceHead(nn.Module):
     """Encoder outputs of the [B*C, T] flattened choices -> `logits` [B, C] float32."""
     B, C = batch["input_ids"].shape[:2]
     family = family_of(self.config)
-    x = family.task_features(self.config, out, deterministic, pooled=True)  # [B*C, E]
+    x = family.task_features(self.config, out, deterministic, pooled=True,
+                             dropout=False)  # [B*C, E]
     score = family.output_layer(self.config, 1, "scorer")(x)  # [B*C, 1]
     return {"logits": score.reshape(B, C).astype(jnp.float32)}
 

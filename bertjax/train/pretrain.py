@@ -1,6 +1,7 @@
-"""Pretraining on the trainer: the tokenizer, the grain data stream and the held-out
-evaluation of `config`, handed with pretraining's objective to
-`bertjax.train.trainer.Trainer` (which resumes, checkpoints, logs and stops cleanly).
+"""Pretraining on the trainer: the tokenizer, the grain data stream (the rows the
+objectives read: `config.objectives`) and the evaluations of `config.evals`, handed
+with the objectives to `bertjax.train.trainer.Trainer` (which resumes, checkpoints,
+logs and stops cleanly).
 
   python -m bertjax.main --config=configs/bert_tiny.py --workdir=DIR   # runs this
 """
@@ -9,23 +10,21 @@ from __future__ import annotations
 
 import os
 
-import flax.linen as nn
 import jax
 import ml_collections
-import numpy as np
 from absl import logging
 from etils import epath
 from jax.experimental import multihost_utils
 
 from bertjax.checkpoint import files, workdir as workdir_lib
 from bertjax.console import progress
-from bertjax.data import held_out, mixture, phases, pipeline
+from bertjax.data import mixture, phases, pipeline
 from bertjax.data import tokenizer as tok_lib
 from bertjax.errors import ConfigError, at_least
-from bertjax import model as model_lib
+from bertjax import model as model_lib, objectives as objectives_lib
 from bertjax.parallel import mesh as mesh_lib
-from bertjax.train import objective, state as state_lib, trainer as trainer_lib
-from bertjax.train.trainer import Evaluator, Trainer
+from bertjax.train import evaluators, state as state_lib, trainer as trainer_lib
+from bertjax.train.trainer import Trainer
 
 
 def get_tokenizer(config, workdir: str) -> tok_lib.Tokenizer:
@@ -68,71 +67,12 @@ def get_tokenizer(config, workdir: str) -> tok_lib.Tokenizer:
   return tokenizer
 
 
-def evaluators(setup: state_lib.Setup, data: pipeline.PretrainingData, batches: int,
-               every: int, final_too: bool) -> list[Evaluator]:
-  """Every `every` steps, the held-out MLM (+ NSP, SBO) metrics over `batches` of each
-  source's eval batches (0: all) and the accuracy of always predicting the corpus's
-  most frequent token, logged as eval/NAME (all sources together: the sums of theirs)
-  and, with several sources, eval/SOURCE/NAME. 'eval' runs at the length phase of the
-  step just taken (its length and inputs, e.g. ModernBERT's global rope theta: the
-  model the run trains then); with `final_too` (config.train.eval_final_length)
-  'eval_final' runs at the final phase's too (its figures are eval's once the final
-  phase runs). Both log seq_length (and the inputs) beside the metrics."""
-  eval_step = jax.jit(objective.make_eval_step(setup.model),
-                      in_shardings=(setup.shardings.params, setup.batch_sharding))
-  last: dict[tuple[int, int], dict[str, float]] = {}  # (step, phase) -> its metrics
-
-  def sums(params, chosen) -> tuple[dict[str, float], float]:
-    totals: dict[str, float] = {}
-    baseline = 0.0
-    with jax.set_mesh(setup.mesh), nn.logical_axis_rules(setup.rules):
-      for batch in progress.Progress("eval", len(chosen), "batches", leave=False).wrap(
-          chosen):
-        out = jax.device_get(eval_step(params, mesh_lib.put_batch(batch,
-                                                                  setup.batch_sharding)))
-        for k, v in out.items():
-          totals[k] = totals.get(k, 0.0) + float(v)
-        baseline += float(np.sum((batch["masked_lm_ids"] == data.most_frequent_token)
-                                 * batch["masked_lm_weights"]))
-    if jax.process_count() > 1:  # Each process counted its own eval rows.
-      baseline = float(np.sum(multihost_utils.process_allgather(np.float32(baseline))))
-    return totals, baseline
-
-  def metrics_of(totals, baseline) -> dict[str, float]:
-    out = objective.eval_metrics(totals)
-    out["mlm_accuracy_most_frequent_baseline"] = baseline / max(totals["mlm_count"], 1)
-    return out
-
-  def evaluate(params, step: int, held: held_out.HeldOut) -> dict[str, float]:
-    if (step, held.phase) in last:
-      return last[step, held.phase]
-    every_source = {name: sums(params, b[:batches or None])
-                    for name, b in held.sources.items()}
-    totals = {k: sum(t.get(k, 0.0) for t, _ in every_source.values())
-              for k in next(iter(every_source.values()))[0]}
-    out = {**metrics_of(totals, sum(b for _, b in every_source.values())),
-           **held.describe()}
-    if len(every_source) > 1:
-      for name, (t, b) in every_source.items():
-        out.update({f"{name}/{k}": v for k, v in metrics_of(t, b).items()})
-    last.clear()
-    last[step, held.phase] = out
-    return out
-
-  out = [Evaluator("eval", lambda params, step: evaluate(
-      params, step, held_out.phase_of(data.held_out, step)), every)]
-  if final_too and len(data.held_out) > 1:
-    out.append(Evaluator("eval_final", lambda params, step: evaluate(
-        params, step, data.held_out[-1]), every))
-  return out
-
-
 def check_config(config: ml_collections.ConfigDict) -> None:
   """Every field of a pretraining config (configs/bert_base.py) in range, each section
-  by its owner (the model's dataclass, `trainer.check_config`, `pipeline.check_config`):
-  one ConfigError line, before anything slow starts (`run` and `prepare --config` call
-  it once)."""
-  model = model_lib.config_from(config.model)
+  by its owner (the objectives, the model's dataclass, `trainer.check_config`,
+  `pipeline.check_config`, `evaluators.evals_of`): one ConfigError line, before
+  anything slow starts (`run` and `prepare --config` call it once)."""
+  model = objectives_lib.check(config).model
   t = config.train
   at_least("train.num_steps", t.num_steps, 1)
   at_least("train.batch_size", t.batch_size, 1)
@@ -146,17 +86,19 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   trainer_lib.check_config(config)
   at_least("train.eval_every", t.eval_every, 1)
   at_least("train.eval_batches", t.eval_batches, 0)
+  evaluators.evals_of(config)
   pipeline.check_config(config.data, model, t.num_steps)
   phases.stages(config.data, t.num_steps, t.batch_size, phases.BatchSchedule.from_config(t))
   phase_inputs(config)
 
 
 def phase_inputs(config: ml_collections.ConfigDict) -> list[dict[str, float]]:
-  """Each length phase's constant per-row model inputs (`Family.phase_inputs`: a
-  one-line ConfigError when the model cannot train at a phase's length)."""
+  """Each length phase's constant per-row inputs of the run's model (the objectives'
+  exported network: `Family.phase_inputs`, a one-line ConfigError when the model
+  cannot train at a phase's length)."""
   lengths = [t for _, t, _ in phases.length_phases(config.data, config.train.num_steps)]
-  model = model_lib.config_from(config.model)
-  return model_lib.family_of(config.model).phase_inputs(model, lengths)
+  model = objectives_lib.from_config(config).model
+  return model_lib.family_of(model).phase_inputs(model, lengths)
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
@@ -165,8 +107,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   check_config(config)
   epath.Path(workdir).mkdir(parents=True, exist_ok=True)
   workdir_lib.save_config(workdir, config)
+  objectives = objectives_lib.from_config(config)
   setup = state_lib.build_trainer(config)
-  model = setup.model.config
+  model = objectives.model
   batches = phases.BatchSchedule.from_config(config.train)
   phases.check_divisible(
       phases.stages(config.data, config.train.num_steps, config.train.batch_size, batches),
@@ -174,14 +117,18 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   tokenizer = get_tokenizer(config, workdir)
   data = pipeline.build_pretraining_data(
       config.data, tokenizer, batch_size=config.train.batch_size // jax.process_count(),
-      seed=config.seed, nsp=model.nsp, process_index=jax.process_index(),
-      process_count=jax.process_count(), position_offset=model.position_offset,
-      num_steps=config.train.num_steps, batch_schedule=batches,
-      phase_inputs=phase_inputs(config))
+      seed=config.seed, nsp=pipeline.sentence_pairs(objectives.fields),
+      process_index=jax.process_index(), process_count=jax.process_count(),
+      position_offset=model.position_offset, num_steps=config.train.num_steps,
+      batch_schedule=batches, phase_inputs=phase_inputs(config))
   trainer = Trainer(setup, config, workdir)
   trainer.info("Data: %s", data.stats)
-  trainer.info("Model: %s parameters; mesh %s.",
-                   f"{state_lib.param_count(setup.abstract.params):,}", dict(setup.mesh.shape))
-  evaluate = evaluators(setup, data, config.train.eval_batches, config.train.eval_every,
-                        config.train.eval_final_length)
+  members = objectives.networks.members
+  trainer.info("Model: %s parameters%s; objectives %s; mesh %s.",
+               f"{state_lib.param_count(setup.abstract.params):,}",
+               "" if len(members) == 1 else " (" + ", ".join(
+                   f"{name} {state_lib.param_count(m.params(setup.abstract.params)):,}"
+                   for name, m in members.items()) + ")",
+               ", ".join(objectives.names), dict(setup.mesh.shape))
+  evaluate = evaluators.from_config(config, setup, data, objectives)
   return trainer.fit(iter(data.train), evaluate).get("eval", {})

@@ -13,7 +13,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding
 
 from bertjax.errors import ConfigError
-from bertjax import model as model_lib
+from bertjax import objectives as objectives_lib
 from bertjax.parallel import mesh as mesh_lib
 from bertjax.train import optimizer, objective
 from bertjax.train.step import Objective, TrainState, make_train_step, new_window
@@ -108,15 +108,17 @@ def setup(config: ml_collections.ConfigDict, model: nn.Module, objective: Object
 
 
 def build_model(config: ml_collections.ConfigDict) -> nn.Module:
-  """The pretraining model of `config.model`'s family (encoder and heads)."""
-  return model_lib.family_of(config.model).pretraining(model_lib.config_from(config.model))
+  """The pretraining model (encoder and heads) of the network the run exports: with
+  the heads its objectives read (`bertjax.objectives.from_config`)."""
+  return objectives_lib.from_config(config).module
 
 
 def build_trainer(config: ml_collections.ConfigDict, mesh: Mesh | None = None) -> Setup:
-  """Pretraining's `Setup`: the model with its heads, the optimizer and schedule of
+  """Pretraining's `Setup`: the objectives of `config.objectives` and the networks they
+  train (`Setup.model`: the exported one), the optimizer and schedule of
   `config.train`, the sharded state and the jitted step. No data, no workdir."""
-  model = build_model(config)
-  return setup(config, model, objective.objective(model),
+  objectives = objectives_lib.from_config(config)
+  return setup(config, objectives.module, objective.objective(objectives),
                optimizer.create_optimizer(config.train),
                optimizer.learning_rate_schedule(config.train), mesh)
 
@@ -125,8 +127,8 @@ def abstract_state(config: ml_collections.ConfigDict) -> tuple[TrainState, Any]:
   """Pretraining's (unboxed abstract TrainState, boxed abstract TrainState) — no
   memory, no mesh."""
   tx = optimizer.create_optimizer(config.train)
-  boxed = jax.eval_shape(_initial_state(objective.objective(build_model(config)), tx,
-                                        config.seed))
+  boxed = jax.eval_shape(_initial_state(
+      objective.objective(objectives_lib.from_config(config)), tx, config.seed))
   return nn.unbox(boxed), boxed
 
 

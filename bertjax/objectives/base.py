@@ -1,0 +1,130 @@
+"""What one pretraining objective supplies (`Objective`), and what the parameters it
+trains are (`Networks`: by default one pretraining network of `config.model`'s family
+with the heads the objectives read, `pretraining`).
+
+Shapes: B batch, T length, P predictions per row.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Callable
+
+import flax.linen as nn
+import jax
+
+from bertjax import model as model_lib
+from bertjax.errors import CheckpointError
+
+
+@dataclasses.dataclass(frozen=True)
+class Objective:
+  """One pretraining objective, chosen by name in `config.objectives`
+  (`bertjax.objectives.REGISTRY`). Several objectives train together: the run's loss
+  is the sum of their losses (in the config's order), its metrics the union of theirs.
+
+  name: its name in `config.objectives`.
+  fields: the batch fields it reads (the data must carry them: 'next_sentence_labels'
+    makes the rows BERT's sentence pairs, `bertjax.data.pipeline.sentence_pairs`).
+  sums: (the networks' outputs, batch) -> {name: []} its losses and correct counts
+    summed over the batch's targets (rows and targets weighing 0 add nothing), so that
+    micro-batches add up exactly (`bertjax.train.step.Objective`).
+  counts: batch -> {name: []} its denominators, from the batch alone.
+  loss: (sums, counts) -> [] its term of the run's loss; linear in `sums`.
+  metrics: (sums, counts) -> {name: []}, named `metric_names`, logged each step and
+    in the held-out evaluation.
+  heads: the pretraining heads it reads on the shared network (`Family.head`, by
+    name); their logits are its outputs ('<head>_logits').
+  check: the run's config -> None, or a one-line ConfigError where the config
+    contradicts it (its data, its heads' needs); None: nothing to check.
+  flops: (model config, B, T, P) -> {term: FLOPs of one training step} of its own
+    compute beyond the networks' (`Networks.flops`), e.g. SBO's head.
+  eval_sums: (a held-out batch (numpy), data facts {'most_frequent_token': id}) ->
+    {name: float} summed on the host beside `sums` (MLM's most-frequent-token hits).
+  eval_metrics: held-out totals (every `sums`, `eval_sums` and '<count>_count') ->
+    {name: float}: its held-out metrics beyond `metrics` (MLM's baseline accuracy).
+  networks: (the run's config, the model config of `config.model` with the heads of
+    the objectives) -> the `Networks` it trains, for an objective that owns its
+    networks (e.g. a generator and a discriminator); None: the shared network.
+  """
+
+  name: str
+  fields: tuple[str, ...]
+  sums: Callable[[dict, dict], dict[str, jax.Array]]
+  counts: Callable[[dict], dict[str, jax.Array]]
+  loss: Callable[[dict, dict], jax.Array]
+  metrics: Callable[[dict, dict], dict[str, jax.Array]]
+  metric_names: tuple[str, ...]
+  heads: tuple[str, ...] = ()
+  check: Callable[[Any], None] | None = None
+  flops: Callable[[Any, int, int, int], dict[str, float]] | None = None
+  eval_sums: Callable[[dict, dict], dict[str, float]] | None = None
+  eval_metrics: Callable[[dict], dict[str, float]] | None = None
+  networks: Callable[[Any, Any], "Networks"] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Network:
+  """One pretrained model among the trained parameters: where its parameters lie in the
+  tree (`path`, () the root), its family config dataclass and its pretraining module
+  (encoder and heads, `Family.pretraining`), whose parameters the sub-tree holds."""
+
+  path: tuple[str, ...]
+  config: Any
+  module: nn.Module
+
+  def params(self, params: Any) -> Any:
+    """Its sub-tree of the whole parameter tree."""
+    for key in self.path:
+      params = params[key]
+    return params
+
+
+@dataclasses.dataclass(frozen=True)
+class Networks:
+  """The parameters a run trains, as one tree under one optimizer state and one
+  checkpoint, and how they run.
+
+  init: rng -> the whole tree, boxed in `nn.Partitioned` (logical axes: the shardings
+    and the weight-decay mask follow from it).
+  forward: (params, batch, dropout rng or None: deterministic) -> the outputs the
+    objectives' `sums` read.
+  flops: (B, T, P) -> {term: FLOPs of one training step, 'total'} of every network.
+  members: {name: `Network`}: each pretrained model in the tree.
+  exported: the name of the member that export (`convert --to=hf`), fine-tuning's
+    `init_from`, `load_pretrained`, embed and fill_mask take by default.
+  """
+
+  init: Callable[[jax.Array], Any]
+  forward: Callable[[Any, dict, jax.Array | None], dict]
+  flops: Callable[[int, int, int], dict[str, float]]
+  members: dict[str, Network]
+  exported: str
+
+  def member(self, name: str | None = None) -> Network:
+    """The member `name` (default: the exported one)."""
+    name = name or self.exported
+    if name not in self.members:
+      raise CheckpointError(f"no network {name!r} among the trained ones "
+                            f"({', '.join(self.members)}).")
+    return self.members[name]
+
+
+def apply(module: nn.Module, params: Any, batch: dict, rng: jax.Array | None) -> dict:
+  """`module` (a pretraining module) on the batch fields it reads (`module.inputs`),
+  dropout from `rng` (None: deterministic) -> {'<head>_logits': float32}."""
+  inputs = {k: batch[k] for k in module.inputs if k in batch}
+  return module.apply({"params": params}, **inputs, deterministic=rng is None,
+                      rngs=None if rng is None else {"dropout": rng})
+
+
+def pretraining(config: Any, heads: tuple[str, ...]) -> Networks:
+  """One pretraining network of `config`'s family (`Family.pretraining`) with `heads`,
+  its parameters the whole tree ({'encoder', 'mlm', 'nsp', ...}); its FLOPs the
+  family's (`Family.train_flops`)."""
+  family = model_lib.family_of(config)
+  module = family.pretraining(config, heads)
+  return Networks(init=module.init_params, forward=functools.partial(apply, module),
+                  flops=functools.partial(family.train_flops, config),
+                  members={"model": Network((), config, module)}, exported="model")

@@ -1,0 +1,187 @@
+"""ELECTRA through fine-tuning: each task head against transformers' ElectraFor* on the
+same weights (ElectraForSequenceClassification's ElectraClassificationHead,
+ForTokenClassification, ForQuestionAnswering, ForMultipleChoice's SequenceSummary),
+their dropouts where transformers has them, and every task family fine-tuned cheaply
+from a Hugging Face discriminator directory or its converted workdir, `predict`, and
+the export to ElectraFor<Task> (equal outputs, labels)."""
+
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from bertjax import convert as convert_cli  # pylint: disable=wrong-import-position
+from bertjax.hf import electra as conv  # pylint: disable=wrong-import-position
+from bertjax.tasks import base, finetune, get_task, predict  # pylint: disable=wrong-import-position
+from bertjax.tasks.finetuned import load_finetuned  # pylint: disable=wrong-import-position
+from configs.finetune import glue, ner, span_ner, squad, swag  # pylint: disable=wrong-import-position
+from tests.electra_helpers import hf_config, hf_electra, hf_outputs, load_hf  # pylint: disable=wrong-import-position
+from tests.helpers import perturb  # pylint: disable=wrong-import-position
+from tests.tasks_helpers import fixture  # pylint: disable=wrong-import-position
+
+T = 20
+
+
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory):
+  """A Hugging Face ElectraForPreTraining (the discriminator) directory."""
+  return hf_electra(str(tmp_path_factory.mktemp("hf")))
+
+
+@pytest.fixture(scope="module")
+def workdir(hf_dir, tmp_path_factory):
+  """`python -m bertjax.convert --to=bertjax` of the discriminator."""
+  out = str(tmp_path_factory.mktemp("converted") / "wd")
+  convert_cli.main(["--to=bertjax", f"--src={hf_dir}", f"--dst={out}"])
+  return out
+
+
+# ---- The heads against transformers ------------------------------------------------
+
+HEADS = {  # bertjax task -> its task config
+    "classification": glue.get_config("mnli").task, "tagging": ner.get_config().task,
+    "squad": squad.get_config().task, "multiple_choice": swag.get_config().task}
+
+
+def _batch(task_name: str, pad_id: int, seed: int = 0) -> dict:
+  rng = np.random.default_rng(seed)
+  shape = (2, 4, T) if task_name == "multiple_choice" else (3, T)
+  lengths = rng.integers(T // 2, T + 1, shape[:-1])
+  lengths.flat[0] = T
+  mask = (np.arange(T) < lengths[..., None]).astype(np.int32)
+  ids = np.where(mask > 0, rng.integers(5, 400, shape), pad_id).astype(np.int32)
+  types = (np.arange(T) >= lengths[..., None] // 2).astype(np.int32) * mask
+  return {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
+
+
+def _ours(task, cfg, params, batch, deterministic=True, rng=None) -> np.ndarray:
+  out = base.FinetuneModel(cfg, task.head(cfg)).apply(
+      {"params": params}, batch, deterministic=deterministic,
+      rngs=None if rng is None else {"dropout": rng})
+  return np.asarray(np.stack([out["start_logits"], out["end_logits"]], -1)
+                    if task.name == "squad" else out["logits"])
+
+
+def _theirs(task_name: str, model, batch) -> np.ndarray:
+  out = hf_outputs(model, batch["input_ids"], batch["attention_mask"],
+                   token_type_ids=torch.as_tensor(batch["token_type_ids"]))
+  return (np.stack([out.start_logits.numpy(), out.end_logits.numpy()], -1)
+          if task_name == "squad" else out.logits.numpy())
+
+
+@pytest.mark.parametrize("task_name", list(HEADS))
+@pytest.mark.parametrize("embedding", [16, 32], ids=["projected", "unprojected"])
+def test_task_classes_equal_transformers(task_name, embedding):
+  """A random transformers ElectraFor<Task> (every weight moved), read through the
+  family's table (its task from `architectures`), gives the same outputs in bertjax's
+  task model, on padded rows with two token types."""
+  cls = conv.TASK_CLASSES[task_name][0]
+  config = hf_config(embedding_size=embedding, attn_implementation="eager",
+                     num_labels=2 if task_name == "squad" else 3)
+  torch.manual_seed(0)
+  model = perturb(getattr(transformers, cls)(config))
+  state = {k: v.detach().numpy() for k, v in model.state_dict().items()}
+  cfg, params, task_read = conv.load(dict(config.to_dict(), architectures=[cls]), state)
+  assert task_read == task_name
+  task = get_task(task_name)(HEADS[task_name], None, T)
+  task.labels = ["a", "b", "c"] if task_name in ("classification", "tagging") else []
+  batch = _batch(task_name, cfg.pad_token_id)
+  ours, ref = _ours(task, cfg, params, batch), _theirs(task_name, model, batch)
+  if task_name in ("tagging", "squad"):  # per token: the real ones
+    ours, ref = ours[batch["attention_mask"] > 0], ref[batch["attention_mask"] > 0]
+  diff = float(np.abs(ours - ref).max())
+  print(f"{cls} D={embedding}: max |dlogits|={diff:.2e}")
+  assert diff < 1e-5
+
+
+def test_head_dropouts_are_transformers():
+  """In training, sequence classification drops out [CLS] and the head's dense output
+  at classifier_dropout (ElectraClassificationHead); multiple choice drops out only
+  its summary's output, at summary_dropout (SequenceSummary's summary_last_dropout):
+  with that at 0 its training logits are its evaluation ones, whatever
+  classifier_dropout is."""
+  state = {}
+  for task_name in ("classification", "multiple_choice"):
+    for summary, classifier in ((0.0, 0.5), (0.5, 0.0)):
+      cfg = conv.model_config_from_hf(hf_config(
+          hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+          classifier_dropout=classifier, summary_last_dropout=summary).to_dict())
+      task = get_task(task_name)(HEADS[task_name], None, T)
+      task.labels = ["a", "b", "c"] if task_name == "classification" else []
+      batch = _batch(task_name, 0)
+      params = jax.jit(base.FinetuneModel(cfg, task.head(cfg)).init)(
+          jax.random.key(0), batch)["params"]
+      train = _ours(task, cfg, params, batch, False, jax.random.key(1))
+      state[task_name, summary] = np.abs(train - _ours(task, cfg, params, batch)).max()
+  assert state["classification", 0.0] > 1e-3 and state["classification", 0.5] == 0
+  assert state["multiple_choice", 0.0] == 0 and state["multiple_choice", 0.5] > 1e-3
+
+
+# ---- Every task family, fine-tuned -------------------------------------------------
+
+# case -> (config, train file, dev file, init_from fixture, batching)
+RUNS = {
+    "sst2": (lambda: glue.get_config("sst2"), "sst2_train.tsv", "sst2_dev.tsv", "hf_dir", "pack"),
+    "stsb": (lambda: glue.get_config("stsb"), "stsb_train.tsv", "stsb_dev.tsv", "workdir", "bucket"),
+    "ner": (ner.get_config, "conll_train.txt", "conll_dev.txt", "workdir", "pack"),
+    "squad": (lambda: squad.get_config("v2"), "squad_v2.json", "squad_v2.json", "hf_dir", "bucket"),
+    "span_ner": (span_ner.get_config, "span_ner_train.jsonl", "span_ner_dev.jsonl", "hf_dir", "max"),
+    "swag": (swag.get_config, "swag_train.csv", "swag_dev.csv", "workdir", "bucket"),
+}
+
+
+@pytest.mark.parametrize("case", RUNS)
+def test_fine_tunes_predicts_and_exports(case, request, tmp_path, capsys):
+  """One epoch of each task family from the Hugging Face discriminator or its workdir;
+  `predict` gives the dev predictions again; `convert --to=hf` writes the
+  ElectraFor<Task> with the labels, whose outputs equal the fine-tuned model's on dev
+  rows (span NER: one line saying why not)."""
+  make, train, dev, source, batching = RUNS[case]
+  c = make()
+  c.init_from = request.getfixturevalue(source)
+  c.data.train, c.data.dev = fixture(train), fixture(dev)
+  c.task.max_seq_length = 64 if c.task.name == "squad" else 32
+  c.task.batching = batching
+  c.train.num_epochs, c.train.batch_size, c.train.eval_batch_size = 1, 8, 8
+  c.train.learning_rate = 1e-3
+  if c.task.name == "squad":
+    c.task.doc_stride, c.task.max_query_length = 16, 16
+  workdir = str(tmp_path / "run")
+  scores = finetune.run(c, workdir)
+  assert scores and all(np.isfinite(v) for v in scores.values())
+  with open(os.path.join(workdir, "dev_predictions.json")) as f:
+    dev_predictions = json.load(f)
+  records = predict.predict(workdir, fixture(dev), "dev")
+  if isinstance(dev_predictions, dict):  # SQuAD: {id: answer}
+    dev_predictions = [dev_predictions[r["id"]] for r in records]
+  assert [r["prediction"] for r in records] == dev_predictions
+
+  exported = str(tmp_path / "hf")
+  if c.task.name == "span_ner":
+    with pytest.raises(SystemExit):
+      convert_cli.main(["--to=hf", f"--src={workdir}", f"--dst={exported}"])
+    err = capsys.readouterr().err.strip()
+    assert "has no Hugging Face class" in err and "\n" not in err
+    return
+  convert_cli.main(["--to=hf", f"--src={workdir}", f"--dst={exported}"])
+  finetuned = load_finetuned(workdir)
+  with open(os.path.join(exported, "config.json")) as f:
+    hf = json.load(f)
+  assert hf["architectures"] == [conv.TASK_CLASSES[c.task.name][0]]
+  if finetuned.task.regression:
+    assert hf["num_labels"] == 1 and hf["problem_type"] == "regression"
+  elif c.task.name in ("classification", "tagging"):
+    assert list(hf["id2label"].values()) == finetuned.task.labels
+  features = finetuned.task.featurize(finetuned.task.read(fixture(dev), "dev"), False)
+  n = min(4, len(features))
+  batch = finetune.rows(features, np.arange(n), np.ones(n, bool))
+  ours = _ours(finetuned.task, finetuned.model, finetuned.params, batch)
+  ref = _theirs(c.task.name, load_hf(exported), batch)
+  if c.task.name in ("tagging", "squad"):
+    ours, ref = ours[batch["attention_mask"] > 0], ref[batch["attention_mask"] > 0]
+  assert np.abs(ours - ref).max() < 1e-5
