@@ -18,7 +18,8 @@ from bertjax.benchmarks import pretrain_fidelity as pf  # pylint: disable=wrong-
 from bertjax import model as model_lib  # pylint: disable=wrong-import-position
 from bertjax.data import builders, pipeline, sources  # pylint: disable=wrong-import-position
 from bertjax.data import tokenizer as tok_lib  # pylint: disable=wrong-import-position
-from configs import modernbert_tiny  # pylint: disable=wrong-import-position
+from bertjax import objectives  # pylint: disable=wrong-import-position
+from configs import bert_tiny, modernbert_tiny  # pylint: disable=wrong-import-position
 
 T = 32
 
@@ -64,6 +65,13 @@ def test_every_arm_is_a_valid_config_that_changes_what_it_names(setup):
     changed = pf.VARIANTS.get(arm.removeprefix("bertjax_"), {})
     assert all(base.data[k] != v == config.data[k] for k, v in changed.items()), arm
     pipeline.check_config(config.data, model_lib.config_from(config.model), 6)
+
+
+def test_the_bert_recipe_is_mlm_alone_on_packed_rows():
+  """BERT's arm trains without NSP (the loop has none): its objectives and heads."""
+  c = pf.recipe(bert_tiny.get_config(), 6)
+  assert objectives.names_of(c) == ("mlm",) and not c.model.pooler
+  assert c.train.num_steps == 6 and c.model.dtype == "float32"
 
 
 def test_tiny_comparison(setup):

@@ -136,6 +136,7 @@ def recipe(config, steps: int):
   """bertjax's config of the run (the module docstring): `config` (a recipe file's,
   copied) changed as the family's recipe says, before the paths."""
   c = ml_collections.ConfigDict(config.to_dict())
+  c.lock()  # A field the recipe file lacks fails here (renamed upstream).
   steps = steps or (800 if c.model.family == "modernbert" else 1500)
   if c.model.family == "modernbert":
     c.model.global_rope_theta_phases = ()
@@ -148,7 +149,7 @@ def recipe(config, steps: int):
     c.train.decay_fraction = 0.2
     c.train.final_lr_fraction = 0.0
   else:
-    c.model.nsp = c.model.pooler = False
+    c.objectives, c.model.pooler = ("mlm",), False
   c.model.dtype = "float32"
   c.train.warmup_steps = min(c.train.warmup_steps, steps // 8)  # Short (test) runs.
   c.train.num_steps = steps
@@ -161,12 +162,12 @@ def recipe(config, steps: int):
 
 def arm_config(config, steps: int, arm: str, train_path: str, tokenizer: str,
                seed: int):
-  """The recipe of `arm` on the corpus, with the shared tokenizer and `seed`."""
+  """The recipe of `arm` on the corpus, with the shared tokenizer and `seed` (locked:
+  a variant's field that the config lacks fails)."""
   c = recipe(config, steps)
   c.seed = seed
   c.data.corpus = train_path
   c.data.tokenizer.path = tokenizer
-  c.lock()  # A variant's field that the config lacks fails here.
   for k, v in VARIANTS.get(arm.removeprefix("bertjax_"), {}).items():
     c.data[k] = v
   return c
