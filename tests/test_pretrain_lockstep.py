@@ -98,7 +98,7 @@ def run_config(run: str, directory: str):
     c.train.weight_decay = 0.1  # Large enough to show in 36 steps.
     c.train.max_grad_norm = 0.5  # Clips some steps.
     if layout == "packed":
-      c.model.nsp = c.model.pooler = False
+      c.objectives, c.model.pooler = ("mlm",), False
       c.data.isolate_documents = True
     return c
   c.data.tokenizer.path = modernbert_helpers.modernbert_tokenizer(
@@ -106,6 +106,7 @@ def run_config(run: str, directory: str):
   c.data.tokenizer.kind = "byte_level_bpe"
   c.data.tokenizer.vocab_size = modernbert_helpers.VOCAB
   c.model = modernbert_helpers.model_section(max_position_embeddings=64)
+  c.objectives = ("mlm",)
   c.data.masked_lm_prob = 0.3
   c.data.max_predictions_per_seq = 10
   c.data.packing = "doc_sentences" if layout == "padded" else "full_sentences"
@@ -180,7 +181,7 @@ def lockstep(run: str, steps: int = STEPS) -> dict:
   differences of parameters and updates."""
   import flax.linen as nn  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
-  from bertjax import model as model_lib  # pylint: disable=g-import-not-at-top
+  from bertjax import objectives as objectives_lib  # pylint: disable=g-import-not-at-top
   from bertjax.benchmarks import hf_reference  # pylint: disable=g-import-not-at-top
   from bertjax.data import phases, pipeline  # pylint: disable=g-import-not-at-top
   from bertjax.data import tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
@@ -192,11 +193,12 @@ def lockstep(run: str, steps: int = STEPS) -> dict:
   c = run_config(run, directory)
   pretrain.check_config(c)
   tokenizer = tok_lib.load_tokenizer(c.data.tokenizer.path)
-  cfg = model_lib.config_from(c.model)
+  objectives = objectives_lib.from_config(c)
+  cfg, nsp = objectives.model, pipeline.sentence_pairs(objectives.fields)
   mesh = mesh_lib.create_mesh(c.mesh, jax.devices()[:1])
   setup = state_lib.build_trainer(c, mesh)
   data = pipeline.build_pretraining_data(
-      c.data, tokenizer, batch_size=c.train.batch_size, seed=c.seed, nsp=cfg.nsp,
+      c.data, tokenizer, batch_size=c.train.batch_size, seed=c.seed, nsp=nsp,
       position_offset=cfg.position_offset, num_steps=c.train.num_steps,
       batch_schedule=phases.BatchSchedule.from_config(c.train),
       phase_inputs=pretrain.phase_inputs(c))
@@ -230,7 +232,7 @@ def lockstep(run: str, steps: int = STEPS) -> dict:
       np.testing.assert_array_equal(batch["global_rope_theta"], theta)
       set_global_theta(hf, theta)
       out["shapes"].append(list(batch["input_ids"].shape))
-    inputs = hf_batch(batch, tokenizer.pad_id, cfg.nsp if cfg.family == "bert" else None)
+    inputs = hf_batch(batch, tokenizer.pad_id, nsp if cfg.family == "bert" else None)
     out["hf_lr"].append(ref.opt.param_groups[0]["lr"])
     with jax.set_mesh(setup.mesh), nn.logical_axis_rules(setup.rules):
       state, metrics = setup.train_step(state, mesh_lib.put_batch(batch,
