@@ -136,7 +136,9 @@ def get_config(arg=None):
   # run stops and asks for `python -m bertjax.data.prepare --config=...` (0: no limit).
   c.data.raw_text_limit_mb = 64
   c.data.tokenizer = ml_collections.ConfigDict()
-  c.data.tokenizer.kind = "wordpiece"  # 'wordpiece', 'sentencepiece' or 'byte_level_bpe'.
+  # 'wordpiece', 'sentencepiece' (XLM-R's ids), 'sentencepiece_bert' (DeBERTa-v3's
+  # spm.model: [CLS] a [SEP] b [SEP]) or 'byte_level_bpe'.
+  c.data.tokenizer.kind = "wordpiece"
   c.data.tokenizer.path = ""  # vocab.txt / .model / directory; '' trains one.
   c.data.tokenizer.lowercase = True  # Uncased WordPiece (bert-base-uncased).
   c.data.tokenizer.vocab_size = 30522  # Size when training a tokenizer.

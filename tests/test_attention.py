@@ -125,12 +125,13 @@ def test_attention_dropout_only_on_xla():
                      dropout_rng=jax.random.key(1))
 
 
-def _biased_by_hand(q, k, v, padding, segments, window, bias):
-  """softmax(Q K^T / sqrt(D) + bias) V in float64, query i seeing key j iff j is real,
-  of i's document and within the window: [B, T, N, D]."""
+def _biased_by_hand(q, k, v, padding, segments, window, bias, scale=None):
+  """softmax(Q K^T * scale + bias) V in float64 (scale None: 1/sqrt(D)), query i seeing
+  key j iff j is real, of i's document and within the window: [B, T, N, D]."""
   q, k, v, bias = (np.asarray(t, np.float64) for t in (q, k, v, bias))
   T = q.shape[1]
-  scores = np.einsum("bind,bjnd->bnij", q, k) / np.sqrt(q.shape[-1]) + bias
+  scale = q.shape[-1] ** -0.5 if scale is None else scale
+  scores = np.einsum("bind,bjnd->bnij", q, k) * scale + bias
   i, j = np.arange(T)[:, None], np.arange(T)[None, :]
   seen = np.asarray(padding, bool)[:, None, None, :] & (np.abs(i - j) <= window)
   if segments is not None:
@@ -162,6 +163,29 @@ def test_score_bias_is_added_to_the_scaled_scores(bias_batch, bias_heads):
   np.testing.assert_allclose(np.asarray(dropped)[real], want[real], atol=1e-5)
   plain = attn.attention(q, k, v, padding, segments, window=5, impl="xla")
   assert not np.allclose(np.asarray(plain)[real], want[real], atol=1e-3)  # it matters
+
+
+@pytest.mark.parametrize("impl", ["xla", "xla_dropout", "pallas_gpu", "splash"])
+def test_scale_multiplies_the_scores_on_every_path(impl):
+  """attention(..., scale=s) is softmax(s Q K^T) V written out by hand (DeBERTa's
+  s = 1/sqrt(3 D)) on every path (the Pallas kernels in their interpreter; the dropout
+  path at a vanishing rate), padded rows of three documents; None is 1/sqrt(D)."""
+  b, t, n, d = 2, 128, 2, 16
+  keys = jax.random.split(jax.random.key(4), 3)
+  q, k, v = (2.0 * jax.random.normal(key, (b, t, n, d)) for key in keys)
+  padding = (jnp.arange(t)[None] < jnp.array([[t], [90]])).astype(jnp.int32)
+  segments = jnp.broadcast_to(jnp.arange(t) // 50, (b, t))
+  scale = (3 * d) ** -0.5
+  want = _biased_by_hand(q, k, v, padding, segments, t, np.zeros((1, 1, t, t)), scale)
+  dropout = dict(dropout_rate=1e-9, dropout_rng=jax.random.key(0)) if (
+      impl == "xla_dropout") else {}
+  run = lambda s: np.asarray(attn.attention(  # noqa: E731
+      q, k, v, padding, segments, scale=s, impl=impl.removesuffix("_dropout"), **dropout))
+  real = np.asarray(padding, bool)
+  np.testing.assert_allclose(run(scale)[real], want[real], atol=1e-5)
+  default = _biased_by_hand(q, k, v, padding, segments, t, np.zeros((1, 1, t, t)))
+  np.testing.assert_allclose(run(None)[real], default[real], atol=1e-5)
+  assert not np.allclose(want[real], default[real], atol=1e-3)  # it matters
 
 
 def test_score_bias_goes_to_xla_only(caplog):

@@ -33,7 +33,8 @@ def on_gpu(monkeypatch):
     calls.append((implementation, None))
     return real(q, k, v, implementation="xla")
 
-  def pallas(q, k, v, ids, *, window=None):
+  def pallas(q, k, v, ids, *, window=None, scale=None):
+    del scale
     calls.append(("pallas_gpu", window))
     return jnp.zeros_like(q)
 

@@ -1,9 +1,13 @@
-"""Tokenizers: WordPiece (BERT), byte-level BPE (RoBERTa) and SentencePiece (XLM-R).
+"""Tokenizers: WordPiece (BERT), byte-level BPE (RoBERTa) and SentencePiece (XLM-R,
+DeBERTa-v2 / v3).
 
 One interface, `Tokenizer`, over two well-kept libraries: `tokenizers` (WordPiece, BPE,
-any `tokenizer.json`) and `sentencepiece` (`.model` files, with fairseq's id mapping
-<s>=0 <pad>=1 </s>=2 <unk>=3, spm piece id + 1, <mask> = last id). Inputs are built the
-way Hugging Face's tokenizers build them: BERT `[CLS] a [SEP] b [SEP]` with token types
+any `tokenizer.json`) and `sentencepiece` (`.model` files in one of two layouts: XLM-R's,
+with fairseq's id mapping <s>=0 <pad>=1 </s>=2 <unk>=3, spm piece id + 1, <mask> = last
+id; or DeBERTa's spm.model, whose pieces hold [PAD] [CLS] [SEP] [UNK] themselves: ids
+are the pieces', [MASK] the piece of that name or the id after the last piece, as
+transformers' DebertaV2Tokenizer adds it). Inputs are built the way Hugging Face's
+tokenizers build them: BERT (and DeBERTa) `[CLS] a [SEP] b [SEP]` with token types
 0/1, RoBERTa / XLM-R `<s> a </s></s> b </s>` with token types all 0, longest-first
 truncation and right padding to the longest row of the batch.
 """
@@ -31,6 +35,7 @@ _BERT_SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")  # pad unk cls s
 _ROBERTA_SPECIALS = ("<pad>", "<unk>", "<s>", "</s>", "<mask>")
 _FAIRSEQ_ORDER = ("<s>", "<pad>", "</s>", "<unk>")  # ids 0..3 of RoBERTa and XLM-R
 SENTENCEPIECE_FILE = "sentencepiece.bpe.model"  # the name Hugging Face's XLM-R dirs use
+SPM_FILE = "spm.model"  # DeBERTa's layout: the name its Hugging Face dirs use
 
 
 # Characters Python's str.split() splits at but BERT's normalizer deletes (control
@@ -105,27 +110,46 @@ class _HFBackend:
 
 
 class _SentencePieceBackend:
-  """A SentencePiece model with fairseq's (XLM-R's) id mapping.
+  """A SentencePiece model, in XLM-R's layout (fairseq's id mapping) or DeBERTa's (the
+  pieces' own ids, BERT's special tokens; `bert` True).
 
-  Special tokens written inside the text (`<mask>`, `<s>`, ...) are recognised as
-  Hugging Face does; `<mask>` also swallows the whitespace on its left (lstrip).
+  Special tokens written inside the text (`<mask>`, `<s>`, ..., or `[MASK]`, `[CLS]`,
+  ...) are recognised as Hugging Face does; XLM-R's `<mask>` also swallows the
+  whitespace on its left (lstrip); DeBERTa's text between them is encoded stripped
+  (SentencePiece's normalisation; transformers' Strip normaliser).
   """
 
   FAIRSEQ = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3}
+  BERT = ("[PAD]", "[CLS]", "[SEP]", "[UNK]", "[MASK]")
   wordpiece = False  # words start at '▁'
 
   def __init__(self, proto: bytes):
     self.proto = proto
     self.sp = spm.SentencePieceProcessor(model_proto=proto)
-    self.mask_id = self.sp.get_piece_size() + 1
-    self.vocab_size = self.mask_id + 1
-    self.specials = dict(self.FAIRSEQ, **{"<mask>": self.mask_id})
+    n, unk = self.sp.get_piece_size(), self.sp.unk_id()
+    self.bert = self.sp.piece_to_id("[CLS]") != unk
+    if self.bert:  # DeBERTa's spm.model: ids are the pieces', [MASK] after them
+      self.specials = {t: self.sp.piece_to_id(t) for t in self.BERT
+                       if self.sp.piece_to_id(t) != unk or t == self.sp.id_to_piece(unk)}
+      self.specials.setdefault("[MASK]", n)
+      self.vocab_size = max(n, self.specials["[MASK]"] + 1)
+      self.split_re = re.compile("(" + "|".join(map(re.escape, self.specials)) + ")")
+    else:
+      self.mask_id = n + 1
+      self.vocab_size = self.mask_id + 1
+      self.specials = dict(self.FAIRSEQ, **{"<mask>": self.mask_id})
+      self.split_re = re.compile(r"(\s*<mask>|<s>|</s>|<pad>|<unk>)")
     self.special_tokens = {v: k for k, v in self.specials.items()}
-    self.split_re = re.compile(r"(\s*<mask>|<s>|</s>|<pad>|<unk>)")
 
-  def _to_fairseq(self, spm_ids: list[int]) -> list[int]:
+  def _to_ids(self, spm_ids: list[int]) -> list[int]:
+    if self.bert:
+      return list(spm_ids)
     unk = self.sp.unk_id()
     return [self.FAIRSEQ["<unk>"] if i == unk else i + 1 for i in spm_ids]
+
+  def _piece_of(self, i: int) -> int:
+    """The SentencePiece id of our id `i` (not a special token's)."""
+    return i if self.bert else i - 1
 
   def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
     parts = [self.split_re.split(t) for t in texts]
@@ -138,20 +162,21 @@ class _SentencePieceBackend:
         if k % 2:
           ids.append(self.specials[p.strip()])
         elif p:
-          ids.extend(self._to_fairseq(next(encoded)))
+          ids.extend(self._to_ids(next(encoded)))
       out.append(ids)
     return out
 
   def id_to_token(self, i: int) -> str | None:
     if i in self.special_tokens:
       return self.special_tokens[i]
-    return self.sp.id_to_piece(i - 1) if 0 < i - 1 < self.sp.get_piece_size() else None
+    piece = self._piece_of(i)
+    return self.sp.id_to_piece(piece) if 0 < piece < self.sp.get_piece_size() else None
 
   def token_to_id(self, t: str) -> int | None:
     if t in self.specials:
       return self.specials[t]
     i = self.sp.piece_to_id(t)
-    return None if i == self.sp.unk_id() else i + 1
+    return None if i == self.sp.unk_id() else self._to_ids([i])[0]
 
   def decode(self, ids: Sequence[int]) -> str:
     pieces, out = [], []
@@ -162,13 +187,14 @@ class _SentencePieceBackend:
           pieces = []
         out.append(self.special_tokens[i])
       else:
-        pieces.append(int(i) - 1)
+        pieces.append(self._piece_of(int(i)))
     if pieces:
       out.append(self.sp.decode(pieces))
     return " ".join(out)
 
   def save(self, directory: str) -> None:
-    with open(os.path.join(directory, SENTENCEPIECE_FILE), "wb") as f:
+    with open(os.path.join(directory, SPM_FILE if self.bert else SENTENCEPIECE_FILE),
+              "wb") as f:
       f.write(self.proto)
 
 
@@ -422,14 +448,18 @@ def _from_bpe(vocab_json: str, merges_txt: str) -> Tokenizer:
   return Tokenizer(_HFBackend(tok), "roberta")
 
 
-def _from_sentencepiece(path: str) -> Tokenizer:
-  with open(path, "rb") as f:
-    proto = f.read()
+def _from_proto(proto: bytes, name: str) -> Tokenizer:
+  """The Tokenizer of a SentencePiece model's bytes, in its layout's style."""
   try:
     backend = _SentencePieceBackend(proto)
   except RuntimeError as e:
-    raise DataError(f"{path} is not a SentencePiece model ({str(e).splitlines()[0]}).")
-  return Tokenizer(backend, "roberta")
+    raise DataError(f"{name} is not a SentencePiece model ({str(e).splitlines()[0]}).")
+  return Tokenizer(backend, "bert" if backend.bert else "roberta")
+
+
+def _from_sentencepiece(path: str) -> Tokenizer:
+  with open(path, "rb") as f:
+    return _from_proto(f.read(), path)
 
 
 def _from_tokenizer_json(path: str) -> Tokenizer:
@@ -478,7 +508,8 @@ def load_tokenizer(path: str) -> Tokenizer:
                   ".model, or vocab.json + merges.txt).")
 
 
-KINDS = ("wordpiece", "sentencepiece", "byte_level_bpe")  # what train_tokenizer trains
+# What train_tokenizer trains.
+KINDS = ("wordpiece", "sentencepiece", "sentencepiece_bert", "byte_level_bpe")
 
 
 def _continuing_pieces(tok: tokenizers.Tokenizer, texts: list[str]) -> list[str]:
@@ -500,6 +531,9 @@ def train_tokenizer(texts: Iterable[str], kind: str = "wordpiece", vocab_size: i
   [CLS]=2 [SEP]=3 [MASK]=4. kind='sentencepiece': a SentencePiece `model_type`
   ('unigram' or 'bpe') model covering `character_coverage` of the characters, with
   XLM-R's ids (<s>=0 <pad>=1 </s>=2 <unk>=3, pieces, <mask> last).
+  kind='sentencepiece_bert': the same with DeBERTa-v3's layout (its spm.model:
+  [PAD]=0 [CLS]=1 [SEP]=2 [UNK]=3 as pieces, [MASK] after the last piece; inputs
+  [CLS] a [SEP] b [SEP], token types 0 / 1).
   kind='byte_level_bpe': RoBERTa's (GPT-2's) byte-level BPE via `tokenizers`, with
   RoBERTa's ids (<s>=0 <pad>=1 </s>=2 <unk>=3, the 256 bytes and the merges, <mask>
   last); `lowercase` adds a lowercasing normalizer (RoBERTa is cased: pass False).
@@ -533,16 +567,20 @@ def train_tokenizer(texts: Iterable[str], kind: str = "wordpiece", vocab_size: i
         tok.get_vocab(), unk_token="[UNK]")), lowercase)
     _add_specials(tok, _BERT_SPECIALS)
     return Tokenizer(_HFBackend(tok), "bert")
-  if kind == "sentencepiece":
+  if kind in ("sentencepiece", "sentencepiece_bert"):
     model = io.BytesIO()
+    ids = (dict(vocab_size=vocab_size - 2, unk_id=0, bos_id=1, eos_id=2, pad_id=-1)
+           if kind == "sentencepiece" else
+           dict(vocab_size=vocab_size - 1, pad_id=0, pad_piece="[PAD]", bos_id=1,
+                bos_piece="[CLS]", eos_id=2, eos_piece="[SEP]", unk_id=3,
+                unk_piece="[UNK]"))
     try:
       spm.SentencePieceTrainer.train(
-          sentence_iterator=iter(texts), model_writer=model, vocab_size=vocab_size - 2,
-          model_type=model_type, unk_id=0, bos_id=1, eos_id=2, pad_id=-1,
+          sentence_iterator=iter(texts), model_writer=model, model_type=model_type,
           hard_vocab_limit=False, character_coverage=character_coverage,
           normalization_rule_name="nmt_nfkc_cf" if lowercase else "nmt_nfkc",
-          minloglevel=2)
+          minloglevel=2, **ids)
     except RuntimeError as e:
       raise DataError(f"SentencePiece training failed: {str(e).splitlines()[0]}")
-    return Tokenizer(_SentencePieceBackend(model.getvalue()), "roberta")
+    return _from_proto(model.getvalue(), "the trained model")
   raise DataError(f"train_tokenizer kind={kind!r}: use one of {list(KINDS)}.")

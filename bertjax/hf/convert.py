@@ -1,8 +1,8 @@
 """Hugging Face checkpoints <-> bertjax, for every family: a directory's config.json
 names its `model_type`, which picks the family's table (`TABLES`: `bert.py`,
-`modernbert.py`, `electra.py`, each a mapping run by the one engine `table.py`); this
-module reads and writes the directories (`load_hf`, `save_hf`, `save_hf_finetuned`) through
-`files.py`.
+`modernbert.py`, `electra.py`, `deberta.py`, each a mapping run by the one engine
+`table.py`); this module reads and writes the directories (`load_hf`, `save_hf`,
+`save_hf_finetuned`) through `files.py`.
 
 A family's table module holds its `param_table` (`table.Entry` rows), FAMILY (its `bertjax.model.FAMILIES` name), MODEL_TYPES,
 TASK_CLASSES (the bertjax tasks it exports), TOKENIZER_JSON (whether transformers'
@@ -21,9 +21,9 @@ import os
 from typing import Any
 
 from bertjax.errors import CheckpointError
-from bertjax.hf import bert, electra, files, modernbert
+from bertjax.hf import bert, deberta, electra, files, modernbert
 
-TABLES = (bert, modernbert, electra)
+TABLES = (bert, modernbert, electra, deberta)
 
 
 def table_of(hf_config: dict[str, Any]):

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from bertjax.data.tokenizer import SENTENCEPIECE_FILE
+from bertjax.data.tokenizer import SENTENCEPIECE_FILE, SPM_FILE
 from bertjax.errors import CheckpointError
 
 
@@ -80,20 +80,27 @@ def _special_tokens(tokenizer) -> dict[str, str]:
 def save_hf_tokenizer(directory: str, tokenizer, max_length: int = 512,
                       tokenizer_json: bool = False) -> str:
   """Writes the tokenizer as Hugging Face reads it, for a model of `max_length`
-  positions (tokenizer_config.json's model_max_length; BERT's 512 when not given): a WordPiece vocabulary as vocab.txt (+ do_lower_case), a SentencePiece
-  model as sentencepiece.bpe.model (XLM-R), a byte-level BPE as vocab.json +
-  merges.txt (RoBERTa), any other `tokenizers` model as tokenizer.json — or, with
+  positions (tokenizer_config.json's model_max_length; BERT's 512 when not given): a
+  WordPiece vocabulary as vocab.txt (+ do_lower_case), a SentencePiece model as
+  sentencepiece.bpe.model (XLM-R's layout) or spm.model (DeBERTa's, read by
+  DebertaV2Tokenizer), a byte-level BPE as vocab.json + merges.txt (RoBERTa), any other
+  `tokenizers` model as tokenizer.json — or, with
   `tokenizer_json` (a model type whose AutoTokenizer reads tokenizer.json only, e.g.
   ModernBERT's), every `tokenizers` model as tokenizer.json with a post-processor
   adding the special tokens as bertjax does (when it has none) and their names in
-  tokenizer_config.json. Returns 'wordpiece', 'sentencepiece', 'byte_level_bpe' or
-  'json'."""
+  tokenizer_config.json. Returns 'wordpiece', 'sentencepiece', 'spm',
+  'byte_level_bpe' or 'json'."""
   tokenizer.save(directory)
   json_path = os.path.join(directory, "tokenizer.json")
-  state = None if os.path.isfile(os.path.join(directory, SENTENCEPIECE_FILE)) else _json(
-      json_path)
-  if state is None:
+  spm_file = [n for n in (SENTENCEPIECE_FILE, SPM_FILE)
+              if os.path.isfile(os.path.join(directory, n))]
+  state = None if spm_file else _json(json_path)
+  if spm_file == [SENTENCEPIECE_FILE]:
     kind, settings = "sentencepiece", {"tokenizer_class": "XLMRobertaTokenizer"}
+  elif spm_file:  # DeBERTa's spm.model
+    kind, settings = "spm", {"tokenizer_class": "DebertaV2Tokenizer",
+                             "do_lower_case": False, "split_by_punct": False,
+                             **_special_tokens(tokenizer)}
   elif tokenizer_json:
     if not state.get("post_processor"):
       import tokenizers  # pylint: disable=g-import-not-at-top

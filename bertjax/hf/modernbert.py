@@ -307,14 +307,9 @@ def export(params: dict, config: ModernBertConfig, task: str | None = None,
   state = params_to_hf(params, config, task)
   arch = (TASK_CLASSES[task][0] if task else
           "ModernBertForMaskedLM" if "decoder.weight" in state else "ModernBertModel")
-  extra = dict(extra or {})
   if task in ("classification", "tagging", "squad"):  # num_labels: the classifier's rows
-    k = state["classifier.weight"].shape[0]
-    names = list(labels) if labels is not None else [f"LABEL_{i}" for i in range(k)]
-    if len(names) != k:
-      raise CheckpointError(f"{len(names)} labels for a classifier with {k} outputs.")
-    extra.setdefault("id2label", {str(i): l for i, l in enumerate(names)})
-    extra.setdefault("label2id", {l: i for i, l in enumerate(names)})
+    rows = state["classifier.weight"].shape[0]
+    extra = {**engine.label_config(labels, rows), **(extra or {})}
   return hf_config(config, arch, extra), state
 
 
@@ -337,15 +332,9 @@ def export_finetuned(finetuned, tokenizer_kind: str
   """(config.json, state dict) of the ModernBertFor<Task> of a fine-tuned model
   (`bertjax.tasks.finetuned.load_finetuned`)."""
   del tokenizer_kind
-  task = finetuned.task
-  extra = _token_ids(finetuned.tokenizer)
-  if task.regression:
-    extra.update(problem_type="regression")
-  elif task.name == "classification":
-    extra.update(problem_type="single_label_classification")
-  labels = (["LABEL_0"] if task.regression else list(task.labels)
-            if task.name in ("classification", "tagging") else None)
-  return export(finetuned.params, finetuned.model, task.name, labels, extra)
+  problem, labels = engine.task_config(finetuned.task)
+  return export(finetuned.params, finetuned.model, finetuned.task.name, labels,
+                {**_token_ids(finetuned.tokenizer), **problem})
 
 
 def pretraining_model(config: ModernBertConfig) -> tuple[dict[str, Any], ModernBertConfig]:

@@ -101,6 +101,28 @@ def exact_key(state_dict: dict, key: str) -> np.ndarray:
   return state_dict[key]
 
 
+def label_config(labels: Sequence[str] | None, outputs: int) -> dict[str, dict]:
+  """config.json's id2label / label2id of a classifier with `outputs` rows, named by
+  `labels` (default LABEL_i), or a one-line CheckpointError when they differ in
+  number."""
+  names = list(labels) if labels is not None else [f"LABEL_{i}" for i in range(outputs)]
+  if len(names) != outputs:
+    raise CheckpointError(f"{len(names)} labels for a classifier with {outputs} outputs.")
+  return {"id2label": {str(i): l for i, l in enumerate(names)},
+          "label2id": {l: i for i, l in enumerate(names)}}
+
+
+def task_config(task) -> tuple[dict[str, str], list[str] | None]:
+  """A fine-tuned `task`'s config.json problem_type ({} where it has none) and the names
+  of its classifier's outputs (None: Hugging Face's defaults)."""
+  extra = ({"problem_type": "regression"} if task.regression else
+           {"problem_type": "single_label_classification"}
+           if task.name == "classification" else {})
+  labels = (["LABEL_0"] if task.regression else list(task.labels)
+            if task.name in ("classification", "tagging") else None)
+  return extra, labels
+
+
 def read(state_dict: dict[str, np.ndarray], table: Sequence[Entry], config,
          lookup: Callable[[dict, str], np.ndarray] = exact_key) -> dict:
   """bertjax params (nested dict of float32 numpy arrays, unscanned) of a Hugging Face

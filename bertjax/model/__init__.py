@@ -1,8 +1,8 @@
 """Flax Linen encoders: one shared stack (`stack.py`: embedding dispatch, blocks,
 scan / remat, final norm and pooler slots, the tied MLM head, layouts, FLOPs) and a
 file of parts per family (`bert.py`: BERT, RoBERTa, XLM-R, SpanBERT; `modernbert.py`:
-ModernBERT, Ettin, mmBERT; `electra.py`: ELECTRA's discriminators and generators); and
-the one place a model is chosen:
+ModernBERT, Ettin, mmBERT; `electra.py`: ELECTRA's discriminators and generators;
+`deberta.py`: DeBERTa-v2 / v3); and the one place a model is chosen:
 `family_of(config.model)` gives the `Family` (`family.py`) every other package builds
 models through; `config_from(config.model)` its hyperparameter dataclass."""
 
@@ -12,12 +12,13 @@ import dataclasses
 from typing import Any
 
 from bertjax.errors import ConfigError
-from bertjax.model import bert, electra, modernbert
+from bertjax.model import bert, deberta, electra, modernbert
 from bertjax.model.bert import ModelConfig
 from bertjax.model.family import Family
 
 # config.model.family -> its Family.
-FAMILIES = {f.name: f for f in (bert.FAMILY, modernbert.FAMILY, electra.FAMILY)}
+FAMILIES = {f.name: f for f in (bert.FAMILY, modernbert.FAMILY, electra.FAMILY,
+                                    deberta.FAMILY)}
 
 
 def family_of(model: Any) -> Family:

@@ -3,7 +3,8 @@ implementation is chosen (`resolve_impl`).
 
 Semantics, on every path: query i may attend key j iff padding[j] (a real key), the two
 are in the same segment (document) of a packed row, and, with a window w, |i - j| <= w
-(ModernBERT's local_attention=128 is w=64). Scale 1/sqrt(D), float32 softmax statistics.
+(ModernBERT's local_attention=128 is w=64). Scale 1/sqrt(D) unless given (DeBERTa's
+1/sqrt(3 D)), float32 softmax statistics.
 An additive score bias (float32, added to the scaled scores before the softmax: a
 family's relative-position terms, DeBERTa's c2p + p2c) is taken by the 'xla' path only;
 `resolve_impl` picks that path for a model with one.
@@ -116,13 +117,15 @@ def _resolve(requested: str, platform: str, dtype: np.dtype, dropout: bool,
 
 def attention(q: jax.Array, k: jax.Array, v: jax.Array, padding: jax.Array,
               segment_ids: jax.Array | None = None, *, window: int | None = None,
-              bias: jax.Array | None = None, impl: str = "xla", dropout_rate: float = 0.0,
+              bias: jax.Array | None = None, scale: float | None = None,
+              impl: str = "xla", dropout_rate: float = 0.0,
               dropout_rng: jax.Array | None = None) -> jax.Array:
   """Bidirectional multi-head attention: q, k, v [B, T, N, D]; padding [B, T] (1 real,
   0 pad; right-padded rows for 'cudnn'); segment_ids [B, T] int >= 0 (the documents of
   packed rows) or None; window None (global) or the half-width w >= 0; bias None or
-  [B or 1, N or 1, T, T], added in float32 to the scaled scores (Q K^T / sqrt(D) +
-  bias) before the mask and the softmax ('xla' only); impl a resolved name
+  [B or 1, N or 1, T, T], added in float32 to the scaled scores (Q K^T * scale +
+  bias) before the mask and the softmax ('xla' only); scale the scores' factor, a
+  Python float (None: 1/sqrt(D)), on every path; impl a resolved name
   (`resolve_impl`). Attention-probability dropout when dropout_rate > 0 and
   dropout_rng is given ('xla' only). Returns [B, T, N, D] in q's dtype."""
   if impl not in IMPLS:
@@ -141,8 +144,10 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, padding: jax.Array,
   if impl == "xla":
     mask = xla_mask(padding, segment_ids, window)
     if not dropout:
-      return jax.nn.dot_product_attention(q, k, v, bias=bias, mask=mask,
+      return jax.nn.dot_product_attention(q, k, v, bias=bias, mask=mask, scale=scale,
                                           implementation="xla")
+    if scale is not None:  # flax's attention scales by 1/sqrt(D): q carries the rest.
+      q = q * jnp.asarray(scale * q.shape[-1] ** 0.5, q.dtype)
     return nn.dot_product_attention(
         q, k, v, bias=bias, mask=mask, dropout_rng=dropout_rng, dropout_rate=dropout_rate,
         deterministic=False, dtype=q.dtype, force_fp32_for_softmax=True,
@@ -153,10 +158,10 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, padding: jax.Array,
   if impl == "cudnn" and segment_ids is None and window is None:
     lengths = jnp.maximum(jnp.sum(padding, axis=-1, dtype=jnp.int32), 1)  # [B]
     return jax.nn.dot_product_attention(q, k, v, key_value_seq_lengths=lengths,
-                                        implementation="cudnn")
+                                        scale=scale, implementation="cudnn")
   from bertjax.model import flash_gpu  # pylint: disable=g-import-not-at-top
   kernel = _splash if impl == "splash" else flash_gpu.flash_attention
-  return _per_shard(functools.partial(kernel, window=window), q, k, v,
+  return _per_shard(functools.partial(kernel, window=window, scale=scale), q, k, v,
                     kernel_ids(padding, segment_ids))
 
 
@@ -226,13 +231,15 @@ def _check_splash_length(T: int) -> None:
                       f"{SPLASH_BLOCK}, got {T}; pad the rows or use '' / 'xla'.")
 
 
-def _splash(q, k, v, ids, *, window):
-  """The splash kernel on [b, T, n, D] x3 and [b, T] ids (one shard)."""
+def _splash(q, k, v, ids, *, window, scale=None):
+  """The splash kernel on [b, T, n, D] x3 and [b, T] ids (one shard); the scores
+  scaled by `scale` (None: 1/sqrt(D))."""
   from jax.experimental.pallas.ops.tpu import splash_attention as splash  # pylint: disable=g-import-not-at-top
 
   _, T, n, D = q.shape
   _check_splash_length(T)
-  q = q * jnp.asarray(D ** -0.5, q.dtype)  # The kernel does not scale the logits.
+  # The kernel does not scale the logits.
+  q = q * jnp.asarray(D ** -0.5 if scale is None else scale, q.dtype)
   block = min(T, 512)
   sizes = splash.BlockSizes(
       block_q=block, block_kv=block, block_kv_compute=SPLASH_BLOCK,

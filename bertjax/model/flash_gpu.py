@@ -32,13 +32,14 @@ LOG2_E = math.log2(math.e)
 
 
 def flash_attention(q: jax.Array, k: jax.Array, v: jax.Array, ids: jax.Array, *,
-                    window: int | None = None) -> jax.Array:
+                    window: int | None = None, scale: float | None = None) -> jax.Array:
   """q, k, v: [B, T, N, D]; ids: [B, T] int32 (real tokens >= 0, padding -1): query i
   attends key j iff ids[i] == ids[j] and, with a window w, |i - j| <= w (every query
-  attends at least itself). Scale 1/sqrt(D), float32 softmax statistics. Returns
-  [B, T, N, D] in q's dtype. T is padded up to a tile multiple here (rows of their own
-  segment), and the result cut back."""
+  attends at least itself). Scores scaled by `scale` (None: 1/sqrt(D)), float32
+  softmax statistics. Returns [B, T, N, D] in q's dtype. T is padded up to a tile
+  multiple here (rows of their own segment), and the result cut back."""
   T, D = q.shape[1], q.shape[3]
+  scale = D ** -0.5 if scale is None else float(scale)
   padded = max(16, pl.next_power_of_2(T)) if T <= BLOCK else -(-T // BLOCK) * BLOCK
   if padded != T:
     rows = ((0, 0), (0, padded - T), (0, 0), (0, 0))
@@ -47,7 +48,7 @@ def flash_attention(q: jax.Array, k: jax.Array, v: jax.Array, ids: jax.Array, *,
   ids = ids.astype(jnp.int32)
 
   def run(interpret):
-    return lambda q, k, v, ids: _flash(q, k, v, ids, D ** -0.5, window, interpret)
+    return lambda q, k, v, ids: _flash(q, k, v, ids, scale, window, interpret)
 
   out = lax.platform_dependent(q, k, v, ids, cuda=run(False), default=run(True))
   return out[:, :T]

@@ -10,6 +10,7 @@ Shapes: B batch, T length, E hidden, N heads, D head size, M intermediate size.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Sequence
 
 import flax.linen as nn
@@ -20,8 +21,19 @@ from bertjax.model.attention import BATCH, HEADS
 
 LENGTH, EMBED = "activation_length", "activation_embed"
 KV, MLP = "activation_kv", "activation_mlp"
-__all__ = ["BATCH", "EMBED", "HEADS", "KV", "LENGTH", "MLP", "attention_impl", "constrain",
-           "dense", "einsum", "embed", "layer_norm", "truncated_normal", "zeros_init"]
+__all__ = ["ACTIVATIONS", "BATCH", "EMBED", "HEADS", "KV", "LENGTH", "MLP", "attention_impl",
+           "constrain", "dense", "einsum", "embed", "layer_norm", "truncated_normal",
+           "zeros_init"]
+
+# Hugging Face's ACT2FN names -> the function ('gelu' is the exact, erf GELU).
+ACTIVATIONS = {
+    "gelu": functools.partial(nn.gelu, approximate=False),
+    "gelu_new": functools.partial(nn.gelu, approximate=True),
+    "gelu_pytorch_tanh": functools.partial(nn.gelu, approximate=True),
+    "silu": nn.silu,
+    "relu": nn.relu,
+    "tanh": jax.numpy.tanh,
+}
 
 
 def constrain(x: jax.Array, names: Sequence[str | None]) -> jax.Array:

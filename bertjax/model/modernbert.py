@@ -59,16 +59,9 @@ from bertjax.errors import ConfigError
 from bertjax.model import attention as attention_lib, layers, stack
 from bertjax.model.config import FamilyConfig
 from bertjax.model.family import Family
-from bertjax.model.layers import BATCH, EMBED, HEADS, KV, LENGTH, MLP, constrain
+from bertjax.model.layers import (ACTIVATIONS, BATCH, EMBED, HEADS, KV, LENGTH, MLP,
+                                  constrain)
 
-# Hugging Face's ACT2FN names -> the function ('gelu' is the exact, erf GELU).
-ACTIVATIONS = {
-    "gelu": functools.partial(nn.gelu, approximate=False),
-    "gelu_new": functools.partial(nn.gelu, approximate=True),
-    "gelu_pytorch_tanh": functools.partial(nn.gelu, approximate=True),
-    "silu": nn.silu,
-    "relu": nn.relu,
-}
 POOLINGS = ("cls", "mean")
 
 
@@ -247,16 +240,6 @@ def layer_norm(cfg: ModernBertConfig, name: str) -> nn.LayerNorm:
 
 # ---- Rotary positions -------------------------------------------------------------
 
-def document_positions(segment_ids: jax.Array) -> jax.Array:
-  """[B, T] document ids of packed rows -> [B, T] positions restarting at 0 wherever
-  the id changes."""
-  T = segment_ids.shape[1]
-  idx = jnp.broadcast_to(jnp.arange(T), segment_ids.shape)
-  starts = jnp.concatenate([jnp.ones_like(segment_ids[:, :1], bool),
-                            segment_ids[:, 1:] != segment_ids[:, :-1]], axis=1)
-  return idx - jax.lax.cummax(jnp.where(starts, idx, 0), axis=1)
-
-
 def rotary_tables(position_ids: jax.Array, head_dim: int, theta, dtype
                   ) -> tuple[jax.Array, jax.Array]:
   """[B, T] positions -> (cos, sin), each [B, T, D] in `dtype` (angles in float32).
@@ -322,7 +305,7 @@ class Embeddings(nn.Module):
     cfg = self.config
     if position_ids is None:
       position_ids = (jnp.broadcast_to(jnp.arange(input_ids.shape[1]), input_ids.shape)
-                      if segment_ids is None else document_positions(segment_ids))
+                      if segment_ids is None else stack.document_positions(segment_ids))
     tables = tuple(rotary_tables(position_ids, cfg.head_dim, theta, cfg.dtype)
                    for theta in (cfg.global_rope_theta if global_rope_theta is None
                                  else global_rope_theta, cfg.local_rope_theta))

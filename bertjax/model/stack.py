@@ -145,6 +145,16 @@ class Encoder(nn.Module):
     return slots
 
 
+def document_positions(segment_ids: jax.Array) -> jax.Array:
+  """[B, T] document ids of packed rows -> [B, T] positions restarting at 0 wherever
+  the id changes (a family's positions in packed rows: each document's own)."""
+  T = segment_ids.shape[1]
+  idx = jnp.broadcast_to(jnp.arange(T), segment_ids.shape)
+  starts = jnp.concatenate([jnp.ones_like(segment_ids[:, :1], bool),
+                            segment_ids[:, 1:] != segment_ids[:, :-1]], axis=1)
+  return idx - jax.lax.cummax(jnp.where(starts, idx, 0), axis=1)
+
+
 def pool(hidden: jax.Array, attention_mask: jax.Array, how: str) -> jax.Array:
   """[B, T, E] -> [B, E]: 'cls' the first position (bertjax rows are right-padded),
   'mean' the mean over the real tokens."""

@@ -29,7 +29,9 @@ from bertjax.train.trainer import Trainer
 
 def get_tokenizer(config, workdir: str) -> tok_lib.Tokenizer:
   """The workdir's tokenizer on resume; else the configured file; else one trained on
-  the corpus (saved into the workdir so the checkpoint carries it)."""
+  the corpus (saved into the workdir so the checkpoint carries it). A one-line
+  ConfigError when the model has fewer rows than the tokenizer has ids, or other than
+  a tokenizer trained here."""
   saved = os.path.join(workdir, files.TOKENIZER_DIR)
   tcfg = config.data.tokenizer
   resumed = epath.Path(saved).is_dir()  # The workdir may be remote (gs://).
@@ -59,7 +61,11 @@ def get_tokenizer(config, workdir: str) -> tok_lib.Tokenizer:
     if multihost and not tcfg.path:  # The others read process 0's trained tokenizer.
       multihost_utils.sync_global_devices("bertjax: tokenizer saved")
       tokenizer = tok_lib.load_tokenizer(saved)
-  if tokenizer.vocab_size != config.model.vocab_size:
+  # A given tokenizer may have fewer ids than the model has rows (a checkpoint's padded
+  # embedding: DeBERTa-v3's 128,100 rows for 128,001 ids); one trained here must fit.
+  trained = not resumed and not tcfg.path
+  if tokenizer.vocab_size > config.model.vocab_size or (
+      trained and tokenizer.vocab_size != config.model.vocab_size):
     raise ConfigError(
         f"config.model.vocab_size={config.model.vocab_size} but the tokenizer has "
         f"{tokenizer.vocab_size} tokens; set --config.model.vocab_size="

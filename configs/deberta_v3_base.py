@@ -1,0 +1,119 @@
+"""DeBERTa-v3-base (He et al. 2021, "DeBERTaV3: Improving DeBERTa using ELECTRA-Style
+Pre-Training with Gradient-Disentangled Embedding Sharing", arXiv 2111.09543): 12 post-LN
+layers, H=768, I=3072, A=12, disentangled attention (content, c2p and p2c terms over 256
+log buckets of relative positions, the position keys through the content projections,
+the relative embeddings layer-normed), no absolute positions, no token types, a
+128,100-row SentencePiece vocabulary; 184,551,780 parameters with the MLM head
+(183,831,552 in the encoder: Hugging Face's counts, tests/test_deberta_numerics.py).
+
+The model is Hugging Face's `microsoft/deberta-v3-base` config.json (`python -m
+bertjax.convert --to=bertjax` imports that checkpoint: its released weights are the
+replaced-token-detection discriminator, without an MLM head).
+
+The objective becomes 'rtd' with the replaced-token-detection issue: a generator of half
+the discriminator's depth (rtd_base.json: 6 layers), gradient-disentangled embedding
+sharing, the RTD loss weighted by `rtd_lambda`. Until then this recipe pretrains the
+discriminator's network with MLM, on the settings the authors' released pretraining
+code gives (github:microsoft/DeBERTa; the paper's appendix table could not be read on
+this machine, which reaches no arXiv: every number below cites the file it comes from):
+
+- Rows of 512 tokens (experiments/language_model/rtd.sh: `max_seq_length=512`); the
+  corpus concatenated and cut into lines of 510 tokens plus [CLS] and [SEP]
+  (prepare_data.py, README "We concatenate all documents into a single text"): packed
+  rows crossing documents, no document isolation, no NSP, no token types.
+- Batch 256, 1,000,000 steps, 10,000 warm-up steps, peak learning rate 1e-4 (rtd.sh
+  `deberta-v3-base`: `--train_batch_size 256 --warmup 10000 --learning_rate 1e-4`,
+  `--num_training_steps 1000000`), then linear decay to 0 measured from step 0
+  (DeBERTa/optims/lr_schedulers.py `warmup_linear`, the default `lr_schedule`).
+- Adam with decoupled weight decay 0.01, b1 0.9, b2 0.999, eps 1e-6, gradient clipping
+  at global norm 1 (DeBERTa/optims/args.py defaults); mixed precision (rtd.sh
+  `--fp16 True`: bfloat16 on TPUs and GPUs here).
+- Masking 15% of the tokens, every chosen one replaced by [MASK] (RTD's generator input:
+  DeBERTa/apps/tasks/rtd_task.py `NGramMaskGenerator(..., keep_prob=0, mask_prob=1)`,
+  `mask_lm_prob` 0.15), at most ceil(512 x 0.15 / 10) x 10 = 80 predictions a row
+  (mlm_task.py `max_preds_per_seq`). Not reproduced: their masker picks one token in
+  each window of int(1 / 0.15) = 6 (bertjax draws the 15% uniformly).
+- Dropout 0.1 on hidden states and attention probabilities, initializer range 0.02,
+  LayerNorm eps 1e-7 (rtd_base.json `discriminator`).
+- Tokenizer: their spm.model (128,000 pieces, [MASK] after them) as
+  `--config.data.tokenizer.path`, or one trained on the corpus in the same layout
+  (`sentencepiece_bert`, cased).
+
+  python -m bertjax.data.prepare --config=configs/deberta_v3_base.py --input=/data/text \
+      --tokenizer=/data/deberta-v3-base/spm.model --output=/data/prepared --workers=64
+  python -m bertjax.main --config=configs/deberta_v3_base.py --workdir=gs://bucket/dv3 \
+      --config.data.corpus=/data/prepared --config.data.tokenizer.path=/data/prepared/tokenizer
+"""
+
+import ml_collections
+
+from configs import bert_base
+
+
+def model_config() -> ml_collections.ConfigDict:
+  """DeBERTa-v3-base's `config.model` (microsoft/deberta-v3-base config.json)."""
+  m = ml_collections.ConfigDict()
+  m.family = "deberta"  # Post-LN blocks with disentangled (relative) attention.
+  m.vocab_size = 128100  # 128,000 SentencePiece pieces + [MASK], padded.
+  m.hidden_size = 768  # H.
+  m.num_layers = 12  # L.
+  m.num_heads = 12  # A (64 each).
+  m.intermediate_size = 3072  # Feed-forward size, 4H.
+  m.max_position_embeddings = 512  # The relative span's default (no absolute table).
+  m.type_vocab_size = 0  # No token-type embeddings.
+  m.pad_token_id = 0  # [PAD] in DeBERTa's spm.model.
+  m.embedding_size = 0  # The token embedding's width; 0: hidden_size.
+  m.position_biased_input = False  # No absolute position embeddings (v2: True).
+  m.relative_attention = True  # The c2p and p2c terms.
+  m.max_relative_positions = -1  # < 1: max_position_embeddings (512).
+  m.position_buckets = 256  # Log buckets of relative positions (span S = 256).
+  m.pos_att_type = ("p2c", "c2p")  # Position-to-content and content-to-position.
+  m.share_att_key = True  # Positions through the content key / query projections.
+  m.norm_rel_ebd = "layer_norm"  # The relative embeddings layer-normed.
+  m.layer_norm_eps = 1e-7  # LayerNorm epsilon.
+  m.hidden_act = "gelu"  # The feed-forward and MLM-head activation (exact GELU).
+  m.dropout_rate = 0.1  # hidden_dropout_prob: embeddings, residual branches, positions.
+  m.attention_dropout_rate = 0.1  # attention_probs_dropout_prob.
+  m.pooler_dropout = 0.0  # The sequence heads' ContextPooler: dropout before its dense.
+  m.pooler_hidden_act = "gelu"  # ... and its activation.
+  m.cls_dropout = 0.1  # The sequence heads' dropout after the pooler.
+  m.initializer_range = 0.02  # Truncated-normal std of every weight matrix.
+  # '' = the XLA path (the only one that takes the relative-position score bias; logged
+  # at start-up), or 'xla'. The fused kernels (cudnn, pallas_gpu, splash) take no bias.
+  m.attention_impl = ""
+  m.scan_layers = False  # nn.scan over blocks: compile time independent of depth.
+  m.remat_policy = "none"  # Recompute in backward: 'none', 'full', 'dots', 'dots_no_batch'.
+  # Activation dtype: '' = bfloat16 on GPUs and TPUs, float32 on the CPU; or 'float32',
+  # 'bfloat16', 'float16'. Softmax / LayerNorm statistics and the loss are float32.
+  m.dtype = ""
+  m.param_dtype = "float32"  # Master-weight dtype (keep float32).
+  return m
+
+
+def get_config(arg=None):
+  c = bert_base.get_config(arg)
+  c.model = model_config()
+  c.objectives = ("mlm",)  # MLM alone (no NSP): 'rtd' with the RTD objective.
+  c.data.max_seq_length = 512  # rtd.sh max_seq_length.
+  c.data.length_phases = ()  # 512 throughout.
+  c.data.max_predictions_per_seq = 80  # ceil(512 x 0.15 / 10) x 10.
+  c.data.masked_lm_prob = 0.15  # mask_lm_prob.
+  c.data.mask_token_prob = 1.0  # Every chosen token becomes [MASK] ...
+  c.data.random_token_prob = 0.0  # ... none random, none kept (keep_prob=0, mask_prob=1).
+  c.data.packing = "full_sentences"  # Rows cut from the concatenated corpus ...
+  c.data.isolate_documents = False  # ... attending across documents.
+  c.data.tokenizer.kind = "sentencepiece_bert"  # DeBERTa's spm.model layout ...
+  c.data.tokenizer.lowercase = False  # ... cased ...
+  c.data.tokenizer.vocab_size = 128100  # ... when trained here.
+  c.train.batch_size = 256  # --train_batch_size.
+  c.train.num_steps = 1_000_000  # --num_training_steps.
+  c.train.learning_rate = 1e-4  # --learning_rate.
+  c.train.warmup_steps = 10_000  # --warmup.
+  c.train.schedule = "linear"  # warmup_linear: to 0, measured from step 0.
+  c.train.decay_start = "step0"
+  c.train.weight_decay = 0.01
+  c.train.b1 = 0.9
+  c.train.b2 = 0.999
+  c.train.eps = 1e-6
+  c.train.max_grad_norm = 1.0
+  return c

@@ -1,0 +1,218 @@
+"""DeBERTa-v2 / v3 through the tools: DeBERTa's spm.model read (and a trained one in its
+layout written back) as transformers' DebertaV2Tokenizer reads it; `python -m
+bertjax.convert` both ways (a DebertaV2ForMaskedLM directory -> a bertjax workdir with
+transformers' logits -> a directory transformers loads with the same logits, for v3's
+`lm_predictions` head and v2's legacy `cls` head); fine-tuning the deberta_tiny recipe's
+model and a converted checkpoint through `bertjax.tasks` (classification on packed rows,
+tagging, span QA, multiple choice), `predict`, and the export to DebertaV2For<Task>
+that transformers loads and that predicts as bertjax does; a converted workdir going on
+pretraining (MLM, packed rows)."""
+
+import json
+import os
+import shutil
+
+import jax
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from bertjax import api, convert as convert_cli  # pylint: disable=wrong-import-position
+from bertjax.data.tokenizer import load_tokenizer, train_tokenizer  # pylint: disable=wrong-import-position
+from bertjax.hf import deberta as hf_deberta_table, files  # pylint: disable=wrong-import-position
+from bertjax.model import deberta as db  # pylint: disable=wrong-import-position
+from bertjax.tasks import base, finetune, predict  # pylint: disable=wrong-import-position
+from bertjax.tasks.finetuned import load_finetuned  # pylint: disable=wrong-import-position
+from bertjax.train import pretrain  # pylint: disable=wrong-import-position
+from tests import faults  # pylint: disable=wrong-import-position
+from configs import deberta_tiny  # pylint: disable=wrong-import-position
+from configs.finetune import glue, ner, squad, swag  # pylint: disable=wrong-import-position
+from tests.deberta_helpers import (CLS, MASK, PAD, SEP, TEXTS, UNK, VOCAB,  # pylint: disable=wrong-import-position
+                                   deberta_tokenizer, hf_deberta, hf_outputs, load_hf,
+                                   pretrain_config)
+from tests.tasks_helpers import fixture  # pylint: disable=wrong-import-position
+
+# Every test here converts, fine-tunes or pretrains (tens of seconds to minutes).
+pytestmark = pytest.mark.slow
+PAIRS = (["the cat sat on the mat", "a dog"], ["while the dog ran", "in the old garden"])
+
+
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory):
+  return hf_deberta(str(tmp_path_factory.mktemp("hf")))
+
+
+@pytest.fixture(scope="module")
+def workdir(hf_dir, tmp_path_factory):
+  """`python -m bertjax.convert --to=bertjax` of the Hugging Face directory."""
+  out = str(tmp_path_factory.mktemp("converted") / "wd")
+  convert_cli.main(["--to=bertjax", f"--src={hf_dir}", f"--dst={out}"])
+  return out
+
+
+def _max_diff(ours, theirs, mask):
+  return float(np.abs(np.asarray(ours) - np.asarray(theirs))[mask.astype(bool)].max())
+
+
+# ---- Tokenizer -------------------------------------------------------------------
+
+def _same_ids(ours, theirs):
+  texts = TEXTS + ["please turn [MASK] homework in ."]
+  for args in ((texts,), PAIRS):
+    got, want = ours(*args), theirs(*args, padding=True)
+    for key in ("input_ids", "token_type_ids", "attention_mask"):
+      np.testing.assert_array_equal(got[key], want[key])
+
+
+def test_spm_model_is_read_as_transformers_reads_it(hf_dir, tmp_path):
+  """DeBERTa's spm.model ([PAD] [CLS] [SEP] [UNK] as pieces, [MASK] after them): the
+  special ids and the ids, token types and masks of DebertaV2Tokenizer for texts, pairs
+  and a [MASK]; a tokenizer trained here in that layout (`sentencepiece_bert`),
+  exported as spm.model, gives transformers the ids bertjax builds."""
+  ours = load_tokenizer(hf_dir)
+  theirs = transformers.AutoTokenizer.from_pretrained(hf_dir)
+  assert ours.style == "bert" and ours.vocab_size == VOCAB
+  assert (ours.unk_id, ours.cls_id, ours.sep_id, ours.pad_id, ours.mask_id) == (
+      UNK, CLS, SEP, PAD, MASK) == (theirs.unk_token_id, theirs.cls_token_id,
+                                    theirs.sep_token_id, theirs.pad_token_id,
+                                    theirs.mask_token_id)
+  _same_ids(ours, theirs)
+  trained = train_tokenizer(TEXTS * 20 + [" ".join(PAIRS[0] + PAIRS[1])] * 5,
+                            "sentencepiece_bert", vocab_size=60, lowercase=False)
+  assert (trained.pad_id, trained.cls_id, trained.sep_id, trained.unk_id) == (0, 1, 2, 3)
+  out = str(tmp_path / "out")
+  assert files.save_hf_tokenizer(out, trained, 64) == "spm"
+  with open(os.path.join(out, "config.json"), "w") as f:
+    json.dump({"model_type": "deberta-v2"}, f)
+  theirs = transformers.AutoTokenizer.from_pretrained(out)
+  assert theirs.mask_token_id == trained.mask_id and theirs.model_max_length == 64
+  _same_ids(trained, theirs)
+
+
+# ---- Convert ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("variant", ["v3", "v2"])
+def test_convert_both_ways_keeps_the_logits(variant, hf_dir, workdir, tmp_path):
+  """HF dir -> bertjax workdir: its MLM logits equal transformers' on padded rows; ->
+  HF dir again: AutoModelForMaskedLM reads it (the MLM head in the style it came in:
+  v3's lm_predictions, v2's legacy cls with its narrower embedding) with the same
+  logits, config.json naming the tokenizer's special ids."""
+  if variant == "v3":
+    source, converted = hf_dir, workdir
+  else:
+    source = hf_deberta(str(tmp_path / "hf_v2"), variant="v2")
+    converted = str(tmp_path / "wd_v2")
+    convert_cli.main(["--to=bertjax", f"--src={source}", f"--dst={converted}"])
+  reference = load_hf(source)
+  ours = api.load_pretrained(converted).logits(TEXTS)
+  ids, mask = ours["input_ids"], ours["attention_mask"]
+  assert mask.min() == 0 and ids.shape[1] > 8  # padding, and past the buckets
+  ref = hf_outputs(reference, ids, mask).logits.numpy()
+  assert _max_diff(ours["mlm_logits"], ref, mask) < 1e-5
+  exported = str(tmp_path / "exported")
+  convert_cli.main(["--to=hf", f"--src={converted}", f"--dst={exported}"])
+  with open(os.path.join(exported, "config.json")) as f:
+    written = json.load(f)
+  assert written["architectures"] == ["DebertaV2ForMaskedLM"]
+  assert written["legacy"] == (variant == "v2")
+  assert (written["bos_token_id"], written["eos_token_id"], written["pad_token_id"]) == (
+      CLS, SEP, PAD)
+  back = load_hf(exported)
+  assert _max_diff(hf_outputs(back, ids, mask).logits.numpy(), ref, mask) < 1e-5
+  assert transformers.AutoTokenizer.from_pretrained(exported).mask_token_id == MASK
+
+
+def test_converted_workdir_goes_on_pretraining(workdir, tmp_path):
+  """The converted workdir resumes as a pretraining run of its model (MLM on packed rows
+  of the embedded corpus, documents isolated; the optimizer starts afresh at step 0):
+  three steps move its weights a little, not to a random initialisation's."""
+  run = str(tmp_path / "run")
+  shutil.copytree(workdir, run)
+  config = pretrain_config(os.path.join(workdir, "tokenizer"), num_steps=3, warmup_steps=1,
+                           log_every=1, checkpoint_every=3, learning_rate=1e-4)
+  with open(os.path.join(workdir, "config.json")) as f:
+    config.model.update(json.load(f)["model"])
+  pretrain.run(config, run)
+  assert sorted(faults.losses(run)) == [1, 2, 3]
+  start, end = faults.saved_state(run, 0)["params"], faults.saved_state(run, 3)["params"]
+  moved = max(float(np.abs(a - b).max()) for a, b in zip(
+      *(jax.tree.leaves(p["encoder"]) for p in (start, end))))
+  assert 0 < moved < 0.01
+
+
+# ---- Fine-tuning -----------------------------------------------------------------
+
+# case -> (config, train file, dev file, start, batching); start 'recipe' is the
+# deberta_tiny recipe's model from scratch (its tokenizer the spm.model of hf_dir).
+RUNS = {
+    "sst2": (lambda: glue.get_config("sst2"), "sst2_train.tsv", "sst2_dev.tsv", "recipe",
+             "pack"),
+    "ner": (ner.get_config, "conll_train.txt", "conll_dev.txt", "hf_dir", "pack"),
+    "squad": (lambda: squad.get_config("v2"), "squad_v2.json", "squad_v2.json", "workdir",
+              "bucket"),
+    "swag": (swag.get_config, "swag_train.csv", "swag_dev.csv", "hf_dir", "bucket"),
+}
+
+
+@pytest.mark.parametrize("case", RUNS)
+def test_fine_tunes_predicts_and_exports(case, request, tmp_path):
+  """A few steps (one epoch of the fixture) of each task family on the DeBERTa trunk
+  (ContextPooler heads for sequences); `predict` gives the dev predictions again;
+  `convert --to=hf` writes the DebertaV2For<Task> with the labels, which transformers
+  loads with outputs equal to the fine-tuned model's on dev rows."""
+  make, train, dev, start, batching = RUNS[case]
+  c = make()
+  if start == "recipe":
+    c.model = deberta_tiny.get_config().model
+    c.model.vocab_size = VOCAB
+    c.model.dtype = "float32"
+    c.tokenizer = deberta_tokenizer(str(tmp_path / "tok"))
+  else:
+    c.init_from = request.getfixturevalue(start)
+  c.data.train, c.data.dev = fixture(train), fixture(dev)
+  c.task.max_seq_length = 64 if c.task.name == "squad" else 32
+  c.task.batching = batching
+  c.train.num_epochs, c.train.batch_size, c.train.eval_batch_size = 1, 8, 8
+  c.train.learning_rate = 1e-3
+  if c.task.name == "squad":
+    c.task.doc_stride, c.task.max_query_length = 16, 16
+  workdir = str(tmp_path / "run")
+  scores = finetune.run(c, workdir)
+  assert scores and all(np.isfinite(v) for v in scores.values())
+  with open(os.path.join(workdir, "dev_predictions.json")) as f:
+    dev_predictions = json.load(f)
+  records = predict.predict(workdir, fixture(dev), "dev")
+  if isinstance(dev_predictions, dict):  # SQuAD: {id: answer}
+    dev_predictions = [dev_predictions[r["id"]] for r in records]
+  assert [r["prediction"] for r in records] == dev_predictions
+
+  exported = str(tmp_path / "hf")
+  convert_cli.main(["--to=hf", f"--src={workdir}", f"--dst={exported}"])
+  finetuned = load_finetuned(workdir)
+  assert isinstance(finetuned.model, db.DebertaConfig)
+  with open(os.path.join(exported, "config.json")) as f:
+    hf = json.load(f)
+  assert hf["architectures"] == [hf_deberta_table.TASK_CLASSES[c.task.name][0]]
+  if c.task.name in ("classification", "tagging"):
+    assert list(hf["id2label"].values()) == finetuned.task.labels
+  features = finetuned.task.featurize(finetuned.task.read(fixture(dev), "dev"), False)
+  n = min(4, len(features))
+  batch = finetune.rows(features, np.arange(n), np.ones(n, bool))
+  model = base.FinetuneModel(finetuned.model, finetuned.task.head(finetuned.model))
+  out = model.apply({"params": finetuned.params}, batch)
+  theirs = hf_outputs(load_hf(exported), batch["input_ids"], batch["attention_mask"],
+                      token_type_ids=torch.as_tensor(np.asarray(batch["token_type_ids"]),
+                                                     dtype=torch.long))
+  if c.task.name == "squad":
+    ours = np.stack([out["start_logits"], out["end_logits"]], -1)
+    ref = np.stack([theirs.start_logits.numpy(), theirs.end_logits.numpy()], -1)
+  else:
+    ours, ref = np.asarray(out["logits"]), theirs.logits.numpy()
+  if c.task.name in ("tagging", "squad"):
+    assert _max_diff(ours, ref, batch["attention_mask"]) < 1e-5
+  else:
+    assert np.abs(ours - ref).max() < 1e-5
+
