@@ -117,12 +117,23 @@ def get_config(arg=None):
   c.data.mask_token_prob = 0.8  # Of the chosen: replaced by [MASK] ...
   c.data.random_token_prob = 0.1  # ... by a random token; the rest stay unchanged.
   c.data.masking = "token"  # 'token' (BERT), 'whole_word' or 'span' (SpanBERT).
+  # Predictions per row: 'fixed' round(masked_lm_prob x its maskable tokens) (BERT's
+  # create_pretraining_data.py) or 'per_token' each with probability masked_lm_prob
+  # (transformers' DataCollatorForLanguageModeling, the ModernBERT authors'); at most
+  # max_predictions_per_seq either way (give per_token room above the mean).
+  c.data.masked_lm_draw = "fixed"
+  # True: [CLS] and [SEP] (any token but padding) may be chosen too (the ModernBERT
+  # authors' packer); False: never (BERT, RoBERTa, transformers' collator).
+  c.data.mask_special_tokens = False
   c.data.random_token_distribution = "uniform"  # Random replacements: or 'unigram'.
   c.data.span_geometric_p = 0.2  # span: span lengths ~ Geometric(p) in words ...
   c.data.max_span_length = 10  # ... clipped at this many words.
   c.data.short_seq_prob = 0.1  # NSP: chance of a shorter target length.
   c.data.dupe_factor = 5  # NSP: passes over the corpus with different pairings.
-  c.data.packing = "full_sentences"  # No NSP: rows cross documents, or 'doc_sentences'.
+  # No NSP: rows cross documents with a separator between two ('full_sentences',
+  # RoBERTa's), or back to back ('stream'); or each row ends with its document
+  # ('doc_sentences').
+  c.data.packing = "full_sentences"
   c.data.isolate_documents = False  # Packed rows: no attention across documents.
   # Sequence-length phases: ((fraction of steps, length[, max predictions]), ...); the
   # predictions scale with the length unless given (80 at 512 -> 20 at 128). The paper:

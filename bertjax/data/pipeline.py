@@ -304,6 +304,10 @@ def check_config(data_cfg, model, num_steps: int, trains_tokenizer: bool = True)
     raise ConfigError(f"config.data.mask_token_prob={d.mask_token_prob} + "
                       f"random_token_prob={d.random_token_prob} must be <= 1.")
   one_of("data.masking", d.masking, masking.STRATEGIES)
+  one_of("data.masked_lm_draw", d.masked_lm_draw, masking.DRAWS)
+  if not isinstance(d.mask_special_tokens, bool):
+    raise ConfigError(f"config.data.mask_special_tokens={d.mask_special_tokens!r}: use "
+                      "True or False.")
   one_of("data.random_token_distribution", d.random_token_distribution,
          masking.RANDOM_DISTRIBUTIONS)
   within("data.span_geometric_p", d.span_geometric_p, 0, 1, "(]")
