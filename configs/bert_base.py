@@ -53,6 +53,22 @@ def get_config(arg=None):
   # ('rtd',) alone: ELECTRA's replaced-token detection (family 'electra', a generator of
   # config.generator's sizes and config.rtd.discriminator_weight; configs/electra_small.py).
   c.objectives = ("mlm", "nsp")
+  # Continued pretraining (bertjax/train/continued.py): a bertjax workdir or a Hugging
+  # Face dir (BERT, RoBERTa, XLM-R, ModernBERT, ELECTRA, DeBERTa) whose encoder and the
+  # heads of config.objectives the run starts from (heads it lacks start fresh; the
+  # optimizer, schedule and step start afresh; its tokenizer is used unless
+  # data.tokenizer.path is given). The model section must agree
+  # with it: configs/continued.py takes it from the checkpoint. '' = random weights.
+  c.init_from = ""
+  c.vocab_extension = ml_collections.ConfigDict()  # New tokens (with init_from only).
+  c.vocab_extension.tokens_file = ""  # A file of words to add, one a line; or ...
+  c.vocab_extension.num_new_tokens = 0  # ... the N most useful, learned from a corpus:
+  # a source of data.corpus's mixture by name (e.g. 'domain'), a corpus spec, or '' for
+  # the run's corpus.
+  c.vocab_extension.corpus = ""
+  # The vocabulary's rows (with new tokens) padded to a multiple of this (the matmul
+  # tiles GPUs and TPUs like); padding rows are never predicted. 0: no padding.
+  c.vocab_extension.pad_to_multiple = 64
 
   c.model = ml_collections.ConfigDict()
   c.model.family = "bert"  # Model family: 'bert' (BERT, RoBERTa, XLM-R, SpanBERT) here.
@@ -103,12 +119,23 @@ def get_config(arg=None):
   c.data.mask_token_prob = 0.8  # Of the chosen: replaced by [MASK] ...
   c.data.random_token_prob = 0.1  # ... by a random token; the rest stay unchanged.
   c.data.masking = "token"  # 'token' (BERT), 'whole_word' or 'span' (SpanBERT).
+  # Predictions per row: 'fixed' round(masked_lm_prob x its maskable tokens) (BERT's
+  # create_pretraining_data.py) or 'per_token' each with probability masked_lm_prob
+  # (transformers' DataCollatorForLanguageModeling, the ModernBERT authors'); at most
+  # max_predictions_per_seq either way (give per_token room above the mean).
+  c.data.masked_lm_draw = "fixed"
+  # True: [CLS] and [SEP] (any token but padding) may be chosen too (the ModernBERT
+  # authors' packer); False: never (BERT, RoBERTa, transformers' collator).
+  c.data.mask_special_tokens = False
   c.data.random_token_distribution = "uniform"  # Random replacements: or 'unigram'.
   c.data.span_geometric_p = 0.2  # span: span lengths ~ Geometric(p) in words ...
   c.data.max_span_length = 10  # ... clipped at this many words.
   c.data.short_seq_prob = 0.1  # NSP: chance of a shorter target length.
   c.data.dupe_factor = 5  # NSP: passes over the corpus with different pairings.
-  c.data.packing = "full_sentences"  # No NSP: rows cross documents, or 'doc_sentences'.
+  # No NSP: rows cross documents with a separator between two ('full_sentences',
+  # RoBERTa's), or back to back ('stream'); or each row ends with its document
+  # ('doc_sentences').
+  c.data.packing = "full_sentences"
   c.data.isolate_documents = False  # Packed rows: no attention across documents.
   # Sequence-length phases: ((fraction of steps, length[, max predictions]), ...); the
   # predictions scale with the length unless given (80 at 512 -> 20 at 128). The paper:
@@ -205,6 +232,9 @@ def get_config(arg=None):
   # True: during an earlier length phase, also at the final phase's, logged as
   # eval_final/... (the curve of the model the run ends with).
   c.evals.eval.final_length = False
+  # Every evaluation: True also evaluates the weights a new run starts from (logged at
+  # step 0): the baseline of continued pretraining (config.init_from).
+  c.evals.eval.at_start = False
 
   c.checkpoint = ml_collections.ConfigDict()
   # A checkpoint that cannot be restored: 'error' stops naming its step; 'previous'

@@ -60,9 +60,11 @@ def _batch(task_name: str, pad_id: int, seed: int = 0) -> dict:
 
 
 def _ours(task, cfg, params, batch, deterministic=True, rng=None) -> np.ndarray:
-  out = base.FinetuneModel(cfg, task.head(cfg)).apply(
-      {"params": params}, batch, deterministic=deterministic,
-      rngs=None if rng is None else {"dropout": rng})
+  model = base.FinetuneModel(cfg, task.head(cfg))
+  # Jitted: one compiled program, not an eager dispatch of every op.
+  out = jax.jit(lambda p, b, r: model.apply(
+      {"params": p}, b, deterministic=deterministic,
+      rngs=None if r is None else {"dropout": r}))(params, batch, rng)
   return np.asarray(np.stack([out["start_logits"], out["end_logits"]], -1)
                     if task.name == "squad" else out["logits"])
 
@@ -75,7 +77,8 @@ def _theirs(task_name: str, model, batch) -> np.ndarray:
 
 
 @pytest.mark.parametrize("task_name", list(HEADS))
-@pytest.mark.parametrize("embedding", [16, 32], ids=["projected", "unprojected"])
+@pytest.mark.parametrize("embedding", [  # The projection's numerics: test_electra_numerics.
+    pytest.param(16, id="projected"), pytest.param(32, id="unprojected", marks=pytest.mark.slow)])
 def test_task_classes_equal_transformers(task_name, embedding):
   """A random transformers ElectraFor<Task> (every weight moved), read through the
   family's table (its task from `architectures`), gives the same outputs in bertjax's
@@ -99,6 +102,7 @@ def test_task_classes_equal_transformers(task_name, embedding):
   assert diff < 1e-5
 
 
+@pytest.mark.slow  # 12 s at load 9 (8 compiles); the heads themselves are fast above.
 def test_head_dropouts_are_transformers():
   """In training, sequence classification drops out [CLS] and the head's dense output
   at classifier_dropout (ElectraClassificationHead); multiple choice drops out only
@@ -106,18 +110,22 @@ def test_head_dropouts_are_transformers():
   with that at 0 its training logits are its evaluation ones, whatever
   classifier_dropout is."""
   state = {}
+  config = lambda summary, classifier: conv.model_config_from_hf(hf_config(
+      hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+      classifier_dropout=classifier, summary_last_dropout=summary).to_dict())
   for task_name in ("classification", "multiple_choice"):
+    task = get_task(task_name)(HEADS[task_name], None, T)
+    task.labels = ["a", "b", "c"] if task_name == "classification" else []
+    batch = _batch(task_name, 0)
+    # The rates change no parameter and no evaluation: one init and one evaluation.
+    cfg = config(0.0, 0.0)
+    params = jax.jit(base.FinetuneModel(cfg, task.head(cfg)).init)(
+        jax.random.key(0), batch)["params"]
+    evaluation = _ours(task, cfg, params, batch)
     for summary, classifier in ((0.0, 0.5), (0.5, 0.0)):
-      cfg = conv.model_config_from_hf(hf_config(
-          hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
-          classifier_dropout=classifier, summary_last_dropout=summary).to_dict())
-      task = get_task(task_name)(HEADS[task_name], None, T)
-      task.labels = ["a", "b", "c"] if task_name == "classification" else []
-      batch = _batch(task_name, 0)
-      params = jax.jit(base.FinetuneModel(cfg, task.head(cfg)).init)(
-          jax.random.key(0), batch)["params"]
-      train = _ours(task, cfg, params, batch, False, jax.random.key(1))
-      state[task_name, summary] = np.abs(train - _ours(task, cfg, params, batch)).max()
+      train = _ours(task, config(summary, classifier), params, batch, False,
+                    jax.random.key(1))
+      state[task_name, summary] = np.abs(train - evaluation).max()
   assert state["classification", 0.0] > 1e-3 and state["classification", 0.5] == 0
   assert state["multiple_choice", 0.0] == 0 and state["multiple_choice", 0.5] > 1e-3
 
@@ -135,6 +143,7 @@ RUNS = {
 }
 
 
+@pytest.mark.slow  # A fine-tuning run each (and the module's conversion).
 @pytest.mark.parametrize("case", RUNS)
 def test_fine_tunes_predicts_and_exports(case, request, tmp_path, capsys):
   """One epoch of each task family from the Hugging Face discriminator or its workdir;

@@ -29,14 +29,25 @@ T, VOCAB = 16, 64
 NETWORKS = {"discriminator": ("ElectraForPreTraining", "rtd"),
             "generator": ("ElectraForMaskedLM", "mlm")}
 EMBEDDING = {"projected": 16, "unprojected": 32}  # hidden size 32
+# The fast tier checks the discriminator with a projected embedding (padded rows
+# unscanned, packed rows scanned, gradients); the other networks and layouts are slow.
+FAST = ("discriminator", "projected")
+SLOW = pytest.mark.slow
+
+
+def _scans(fast: bool):
+  """[False, True] (unscanned, scanned) with the other one marked slow."""
+  return [pytest.param(scan, id=name, marks=() if scan == fast else SLOW)
+          for scan, name in ((False, "unscanned"), (True, "scanned"))]
 
 
 def _state(model):
   return {k: v.detach().numpy() for k, v in model.state_dict().items()}
 
 
-@pytest.fixture(scope="module", params=[(n, e) for n in NETWORKS for e in EMBEDDING],
-                ids=lambda p: f"{p[0]}-{p[1]}")
+@pytest.fixture(scope="module", params=[
+    pytest.param((n, e), id=f"{n}-{e}", marks=() if (n, e) == FAST else SLOW)
+    for n in NETWORKS for e in EMBEDDING])
 def network(request):
   """(transformers model, our config, our params, head name) of one network."""
   name, embedding = request.param
@@ -57,9 +68,11 @@ def _ours(cfg, params, head, scan, ids, mask, **inputs):
   cfg = el.ElectraConfig.from_config({**cfg.to_dict(), "scan_layers": scan})
   model = el.FAMILY.pretraining(cfg, (head,))
   params = el.FAMILY.to_layout(params, scan)
-  hidden = model.apply({"params": params}, ids, mask, method=lambda m, *a: m.encoder(
-      *a, output_hidden_states=True, **inputs))["hidden_states"]
-  logits = model.apply({"params": params}, ids, mask, **inputs)[f"{head}_logits"]
+  # Jitted: one compiled program each, not an eager dispatch of every op.
+  hidden = jax.jit(lambda p, i: model.apply({"params": p}, ids, mask, method=lambda m, *a: (
+      m.encoder(*a, output_hidden_states=True, **i))))(params, inputs)["hidden_states"]
+  logits = jax.jit(lambda p, i: model.apply({"params": p}, ids, mask, **i))(
+      params, inputs)[f"{head}_logits"]
   return np.asarray(hidden), np.asarray(logits)
 
 
@@ -75,7 +88,7 @@ def _ids(rng, shape):
   return rng.integers(3, VOCAB, shape).astype(np.int32)
 
 
-@pytest.mark.parametrize("scan", [False, True], ids=["unscanned", "scanned"])
+@pytest.mark.parametrize("scan", _scans(False))
 def test_padded_rows_match_hf(network, scan):
   model, cfg, params, head = network
   lengths = [T, 11, 4]
@@ -91,7 +104,7 @@ def test_padded_rows_match_hf(network, scan):
   assert dh < ATOL and dl < ATOL
 
 
-@pytest.mark.parametrize("scan", [False, True], ids=["unscanned", "scanned"])
+@pytest.mark.parametrize("scan", _scans(True))
 def test_packed_rows_match_each_document_alone(network, scan):
   """Three documents in one row (+ padding): no attention across them, positions and
   token types as BERT's packing gives them (positions from 0 in each document)."""
@@ -198,7 +211,7 @@ def _count(tree) -> int:
 
 
 @pytest.mark.parametrize("name", list(RELEASED))
-@pytest.mark.parametrize("scan", [False, True], ids=["unscanned", "scanned"])
+@pytest.mark.parametrize("scan", _scans(True))  # Unscanned: 2-5 s each.
 def test_full_size_parameter_counts_equal_hf(name, scan):
   size, network = name.split("-")
   cls, head = NETWORKS[network]
@@ -220,7 +233,8 @@ def test_full_size_parameter_counts_equal_hf(name, scan):
   assert _count(params) == hf_count(hf_model)
 
 
-@pytest.mark.parametrize("size", list(RECIPES))
+@pytest.mark.parametrize("size", [pytest.param(s, marks=SLOW) if s == "large" else s
+                                  for s in RECIPES])
 def test_recipes_build_the_released_networks(size):
   """Each recipe's config.model is the released discriminator (with its 'rtd' head);
   its generator (`generator_config` of config.generator) is Table 6's size, which for

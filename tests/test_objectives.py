@@ -106,12 +106,14 @@ def test_an_old_workdir_resumes_under_the_names(tmp_path):
 
 def test_evals_by_name_and_the_old_field():
   config = tiny_config()
-  assert evaluators.evals_of(config) == {"eval": {"type": "held_out",
+  assert evaluators.evals_of(config) == {"eval": {"type": "held_out", "at_start": False,
                                                   "final_length": False}}
   old = ml_collections.ConfigDict(_legacy(config))
-  assert evaluators.evals_of(old) == {"eval": {"type": "held_out", "final_length": True}}
-  config.evals.mine = {"type": "held_out"}  # Defaults filled in.
-  assert evaluators.evals_of(config)["mine"] == {"type": "held_out", "final_length": False}
+  assert evaluators.evals_of(old) == {"eval": {"type": "held_out", "at_start": False,
+                                               "final_length": True}}
+  config.evals.mine = {"type": "held_out"}  # Defaults filled in (every type's too).
+  assert evaluators.evals_of(config)["mine"] == {"type": "held_out", "at_start": False,
+                                                 "final_length": False}
   config.evals.mine.type = "glue"
   with pytest.raises(ConfigError, match=r"config.evals.mine.type='glue': use one of "
                      r"\['held_out'\]"):

@@ -16,9 +16,10 @@ import numpy as np
 import pytest
 
 from bertjax import model as model_lib
+from bertjax import objectives
 from bertjax.benchmarks import flops
 from bertjax.benchmarks import train as benchmark_train
-from bertjax.model import ModelConfig, config_from, family_of
+from bertjax.model import config_from, family_of
 from tests.tasks_helpers import fixture
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -47,7 +48,8 @@ def _encoder_parameters(config) -> int:
         model_lib.config_from(config.model))
     shapes = jax.eval_shape(model.init_params, jax.random.key(0))["encoder"]
     return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(shapes))
-  model = dataclasses.replace(ModelConfig.from_config(config.model), pooler=True)
+  # The model config a run builds: its objectives choose the heads (RoBERTa: no NSP).
+  model = dataclasses.replace(objectives.from_config(config).model, pooler=True)
   shapes = jax.eval_shape(lambda: nn.unbox(family_of(model).pretraining(model).init(
       jax.random.key(0), jnp.zeros((1, 2), jnp.int32))["params"]["encoder"]))
   return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(shapes))

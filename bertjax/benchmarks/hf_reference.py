@@ -2,6 +2,9 @@
 examples, the one loop every comparison of bertjax with Hugging Face runs
 (`benchmark fidelity`, `benchmark finetune --compare=hf`), and the one
 `tests/test_finetune_lockstep.py` checks against bertjax's train step, step by step.
+Pretraining runs the same `train_step` with `pretraining_optimizer` (AdamW as above,
+or torch-optimi's StableAdamW with the ModernBERT authors' schedules, `composer_lr`):
+`tests/test_pretrain_lockstep.py` and `benchmark pretrain_fidelity`.
 
   python -m bertjax.benchmark hf_reference --model=DIR --train=train.jsonl \
       --dev=dev.jsonl --labels=a,b,c --seed=0
@@ -24,8 +27,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 from absl import flags
 
@@ -74,6 +78,91 @@ def make_optimizer(model, recipe: Recipe, num_steps: int):
                           eps=recipe.eps)
   warmup = int(recipe.warmup_fraction * num_steps)
   return opt, transformers.get_linear_schedule_with_warmup(opt, warmup, num_steps)
+
+
+def composer_lr(step: int, peak: float, warmup: int, num_steps: int, decay: int,
+                final_fraction: float, levels: Sequence[tuple[int, float]] = ()) -> float:
+  """The learning rate of 0-based step `step` of the ModernBERT authors' runs, counted
+  in steps (their main.py and src/scheduler.py, Composer evaluating a schedule at the
+  step before the batch): `warmup_stable_decay` with t_decay 0 (LinearScheduler from
+  1e-10 to 1 over `warmup` steps, then 1) x `peak`; from each (first step, level) of
+  `levels` on (a run restarted with `restart_override`, `constant_with_warmup` at
+  t_warmup 0) `level`; over the last `decay` steps `one_minus_sqrt` from the level
+  held, L: L x (alpha_f + (1 - alpha_f)(1 - sqrt(n / decay))), n steps into the decay,
+  alpha_f = `final_fraction`."""
+  held = peak
+  for first, level in levels:
+    if step >= first:
+      held = level
+  if step < warmup:
+    return peak * (1e-10 + (1.0 - 1e-10) * step / warmup)
+  n = step - (num_steps - decay)
+  if decay <= 0 or n <= 0:
+    return held
+  scale = final_fraction + (1 - final_fraction) * (1 - math.sqrt(n / decay))
+  return held * max(final_fraction, scale)
+
+
+class Pretraining(NamedTuple):
+  """The PyTorch optimizer and learning-rate schedule of a pretraining config, and the
+  clipping norm (0: none): what `train_step` takes."""
+
+  opt: Any
+  schedule: Any
+  max_grad_norm: float
+
+
+def pretraining_optimizer(model, train_cfg) -> Pretraining:
+  """PyTorch's counterpart of bertjax's pretraining optimizer for `train_cfg`
+  (bertjax's `config.train`; its numbers, none of its code):
+  - 'adamw': torch AdamW (b1, b2, eps) with weight decay on every parameter but biases
+    and LayerNorm (the Trainer's grouping); `decay_start` 'warmup_end':
+    `get_linear_schedule_with_warmup`, 'step0': BERT's TF `optimization.py`
+    (peak x (1 - t / num_steps), warm-up peak x t / warmup before); `clip_grad_norm_`
+    at max_grad_norm;
+  - 'stable_adamw': torch-optimi's StableAdamW as the ModernBERT authors build it
+    (`decoupled_stableadamw` with `filter_bias_norm_wd`: no decay on biases and
+    tensors of one dimension, `decouple_lr=True`, max_lr the peak), the `composer_lr`
+    schedule, and at each of `learning_rate_restarts` (first step round(fraction x
+    num_steps)) its peak and weight decay set as `restart_override` does (the decayed
+    group's weight decay replaced, max_lr and the optimizer state kept)."""
+  import torch  # pylint: disable=g-import-not-at-top
+  import transformers  # pylint: disable=g-import-not-at-top
+  t = train_cfg
+  named = list(model.named_parameters())
+  if t.optimizer == "adamw":
+    decay = set(transformers.Trainer.get_decay_parameter_names(None, model))
+    groups = [{"params": [p for n, p in named if n in decay], "weight_decay": t.weight_decay},
+              {"params": [p for n, p in named if n not in decay], "weight_decay": 0.0}]
+    opt = torch.optim.AdamW(groups, lr=t.learning_rate, betas=(t.b1, t.b2), eps=t.eps)
+    if t.decay_start == "warmup_end":
+      schedule = transformers.get_linear_schedule_with_warmup(opt, t.warmup_steps,
+                                                              t.num_steps)
+    else:
+      schedule = torch.optim.lr_scheduler.LambdaLR(
+          opt, lambda s: s / t.warmup_steps if s < t.warmup_steps else 1 - s / t.num_steps)
+    return Pretraining(opt, schedule, t.max_grad_norm)
+  if t.optimizer != "stable_adamw":
+    raise ValueError(f"no PyTorch reference for config.train.optimizer={t.optimizer!r}")
+  import optimi  # pylint: disable=g-import-not-at-top
+  opt = optimi.StableAdamW(optimi.param_groups_weight_decay(model, t.weight_decay),
+                           lr=t.learning_rate, betas=(t.b1, t.b2), eps=t.eps,
+                           weight_decay=t.weight_decay, decouple_lr=True)
+  restarts = [(int(round(f * t.num_steps)), peak, wd)
+              for f, peak, wd in t.learning_rate_restarts]
+  decay = int(round(t.decay_fraction * t.num_steps))
+  levels = [(first, peak) for first, peak, _ in restarts]
+  peak = t.learning_rate
+
+  def factor(step: int) -> float:
+    for first, _, wd in restarts:  # restart_override: the new weight decay.
+      if step == first:
+        for group in opt.param_groups:
+          group["weight_decay"] = wd if group["weight_decay"] > 0 else 0.0
+    return composer_lr(step, peak, t.warmup_steps, t.num_steps, decay,
+                       t.final_lr_fraction, levels) / peak
+
+  return Pretraining(opt, torch.optim.lr_scheduler.LambdaLR(opt, factor), 0.0)
 
 
 def train_step(model, batch: dict, opt, schedule, max_grad_norm: float,

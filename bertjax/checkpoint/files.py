@@ -3,6 +3,8 @@
 A pretraining workdir (`python -m bertjax.main --workdir=DIR`) holds:
   config.json            the run's config (its model section must not change on resume)
   tokenizer/             the tokenizer (`Tokenizer.save`)
+  init_from.json         a run continued from a checkpoint (`config.init_from`): where
+                         from, its model and vocabulary (`bertjax.train.continued`)
   checkpoints/N/         orbax step N: `state` (the train state) and `data` (the
                          data-iterator position)
   corrupt_checkpoints/N  steps moved aside by `config.checkpoint.on_corrupt=previous`
@@ -20,6 +22,7 @@ A fine-tuning workdir (`python -m bertjax.finetune`) holds the same, and:
 
 CONFIG_FILE = "config.json"
 TOKENIZER_DIR = "tokenizer"
+INIT_FROM_FILE = "init_from.json"
 CHECKPOINT_DIR = "checkpoints"
 CORRUPT_DIR = "corrupt_checkpoints"
 METRICS_FILE = "metrics.jsonl"

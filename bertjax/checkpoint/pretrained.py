@@ -24,7 +24,8 @@ import numpy as np
 
 from bertjax.checkpoint import files, workdir
 from bertjax.checkpoint.manager import Checkpointer
-from bertjax.data.tokenizer import Tokenizer, load_tokenizer
+from bertjax.data import vocab_extension
+from bertjax.data.tokenizer import Tokenizer
 from bertjax.errors import CheckpointError, DataError
 from bertjax import model as model_lib
 from bertjax.hf import convert
@@ -176,14 +177,23 @@ def checkpoint_family(path: str) -> str:
   return workdir.saved_model(os.fspath(path)).family
 
 
-def load_pretrained(path: str, dtype: str = "float32", network: str | None = None
-                    ) -> Pretrained:
+def checkpoint_tokenizer(path: str) -> Tokenizer:
+  """The tokenizer files of what `load_pretrained(path)` reads (a Hugging Face dir's,
+  a workdir's tokenizer/), or the one-line error of their absence."""
+  path = os.fspath(path)
+  _config_json(path)  # a checkpoint
+  return vocab_extension.checkpoint_tokenizer(path)
+
+
+def load_pretrained(path: str, dtype: str = "float32", network: str | None = None,
+                    tokenizer: Tokenizer | None = None) -> Pretrained:
   """A Hugging Face model dir (config.json with a model_type of `bertjax.hf.convert`'s
   tables: BERT, RoBERTa, XLM-R, ModernBERT; weights; tokenizer files), a bertjax
   pretraining workdir (config.json, checkpoints/, tokenizer/: the network its
   objectives export, or the one named `network` where they train several) or a
   fine-tuning workdir (its encoder, and its task head in `head`), with parameters and
-  computation in `dtype`."""
+  computation in `dtype`; with `tokenizer`, that one instead of the checkpoint's files
+  (`checkpoint_tokenizer`)."""
   path = os.fspath(path)
   dtype = dtype_of(dtype, "dtype")
   raw = _config_json(path)
@@ -192,11 +202,12 @@ def load_pretrained(path: str, dtype: str = "float32", network: str | None = Non
                           "pretraining workdir holds several); leave it out.")
   if "model_type" in raw:
     convert.check_supported(raw)
-    tokenizer, vocab_size, load = load_tokenizer(path), raw["vocab_size"], convert.load_hf
+    vocab_size, load = raw["vocab_size"], convert.load_hf
   else:
-    tokenizer, vocab_size = workdir.load_tokenizer(path), raw["model"]["vocab_size"]
+    vocab_size = raw["model"]["vocab_size"]
     load = (_finetuned_encoder if workdir.is_finetuned(path) else
             functools.partial(_pretraining_workdir, network=network))
+  tokenizer = tokenizer or checkpoint_tokenizer(path)
   if tokenizer.vocab_size > vocab_size:  # before the weights
     raise CheckpointError(
         f"{path}: the tokenizer has {tokenizer.vocab_size} ids but the checkpoint's "

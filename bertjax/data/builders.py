@@ -1,5 +1,6 @@
 """Pretraining example builders: BERT's NSP pairs and RoBERTa's FULL-SENTENCES and
-DOC-SENTENCES packing, optionally with per-document attention isolation.
+DOC-SENTENCES packing (or a plain stream of the documents' tokens), optionally with
+per-document attention isolation.
 
 Both take tokenized documents (each a list of sentences, each a list of ids without
 special tokens) and return `Examples`: fixed-length numpy arrays plus lengths, with the
@@ -20,6 +21,7 @@ from typing import Sequence
 
 import numpy as np
 
+from bertjax.data import tokenizer as tok_lib
 from bertjax.errors import ConfigError
 
 Document = list[list[int]]  # sentences, each a list of token ids (no special tokens)
@@ -85,7 +87,7 @@ def tokenize_documents(documents: Sequence[Sequence[str]], tokenizer) -> list[Do
 
   Returns documents aligned with the input except that empty ones are removed.
   """
-  flat = [s for doc in documents for s in doc]
+  flat = [s for doc in documents for s in tok_lib.running_text(doc)]
   ids = [x for i in range(0, len(flat), _TOKENIZE_CHUNK)
          for x in tokenizer.tokenize_batch(flat[i:i + _TOKENIZE_CHUNK])]
   out, k = [], 0
@@ -214,7 +216,11 @@ def _nsp_rows(documents: Sequence[Document], document_indices: Sequence[int], to
   return rows, sources
 
 
-PACKINGS = ("full_sentences", "doc_sentences")
+# config.data.packing of rows without NSP: 'full_sentences' (RoBERTa: rows filled across
+# documents, a separator token between two), 'stream' (filled the same way, documents
+# back to back without one: transformers' run_mlm.py over untokenized specials) or
+# 'doc_sentences' (a row ends with its document).
+PACKINGS = ("full_sentences", "stream", "doc_sentences")
 
 
 def create_packed_examples(documents: Sequence[Document], tokenizer, *,
@@ -225,8 +231,9 @@ def create_packed_examples(documents: Sequence[Document], tokenizer, *,
 
   packing='full_sentences' fills every row completely, crossing document boundaries
   with an extra separator token between documents (only the last row has padding);
-  'doc_sentences' ends a row at each document's end instead. Text that does not fit
-  in a row continues in the next one.
+  'stream' fills them the same way without the separator; 'doc_sentences' ends a row
+  at each document's end instead. Text that does not fit in a row continues in the
+  next one.
   With `isolate_documents`, each row also gets `segment_ids` (no token attends to
   another document's tokens) and `position_ids` restarting at `position_offset` for
   each document; a separator belongs to the document it ends, [CLS] to the first.
@@ -249,7 +256,7 @@ def create_packed_examples(documents: Sequence[Document], tokenizer, *,
   for d, document in enumerate(documents):
     if current and packing == "doc_sentences":
       emit()
-    if current:  # full_sentences: a separator ends the previous document
+    if current and packing == "full_sentences":  # a separator ends the previous one
       current.append(tokenizer.sep_id)
       spans[-1][1] += 1
       if len(current) == max_num_tokens:

@@ -54,7 +54,8 @@ def kind_of(spec: str) -> str | None:
 
 
 def builder_name(nsp: bool, packing: str) -> str:
-  """'nsp' (BERT's sentence pairs) or the packing ('full_sentences', 'doc_sentences')."""
+  """'nsp' (BERT's sentence pairs) or the packing ('full_sentences', 'stream',
+  'doc_sentences')."""
   return "nsp" if nsp else packing
 
 

@@ -1,7 +1,10 @@
 """Masked-LM corruption, vectorised in numpy: token, whole-word and SpanBERT span masking.
 
-Per example the candidates are the non-special, non-padding tokens (n of them) and the
-budget is `min(max_predictions_per_seq, max(1, round(n * masked_lm_prob)))` tokens.
+Per example the candidates are the non-special, non-padding tokens (n of them; with
+`mask_special_tokens` every non-padding token) and the budget is
+`min(max_predictions_per_seq, max(1, round(n * masked_lm_prob)))` tokens (`draw`
+'fixed'), or with `draw` 'per_token' the number of candidates that a draw of each
+with probability masked_lm_prob picks (Binomial(n, p)), capped the same way.
 
 * 'token' (BERT): the budget's worth of candidates chosen uniformly without replacement.
 * 'whole_word' (BERT's --do_whole_word_mask): words (a word-start token and its
@@ -33,6 +36,7 @@ import numpy as np
 from bertjax.errors import ConfigError
 
 STRATEGIES = ("token", "whole_word", "span")
+DRAWS = ("fixed", "per_token")  # config.data.masked_lm_draw
 RANDOM_DISTRIBUTIONS = ("uniform", "unigram")
 
 # SplitMix64 (Steele, Lea & Flood 2014; the seeder of numpy's and Java's generators).
@@ -79,10 +83,12 @@ class RowStreams:
 class MaskingConfig:
   """What the masker needs from the data config and the tokenizer.
 
-  `special_ids` [S] are never chosen (padding included); `random_ids` [R] is the pool
-  random replacements are drawn from (the vocabulary minus the special tokens) and
+  `special_ids` [S] are never chosen (padding included), unless `mask_special_tokens`
+  (then only `pad_id` is never chosen); `random_ids` [R] is the pool random
+  replacements are drawn from (the vocabulary minus the special tokens) and
   `random_cdf` [R] their cumulative probabilities (None: uniform). `word_starts` [V]
-  bool marks tokens that begin a word (None: every token is a word).
+  bool marks tokens that begin a word (None: every token is a word). `draw`: 'fixed'
+  or 'per_token' (the module docstring).
   """
 
   mask_id: int
@@ -97,6 +103,9 @@ class MaskingConfig:
   word_starts: np.ndarray | None = None
   span_p: float = 0.2
   max_span_length: int = 10
+  draw: str = "fixed"
+  mask_special_tokens: bool = False
+  pad_id: int = 0
 
   @classmethod
   def create(cls, data_cfg, tokenizer, token_counts: np.ndarray | None = None
@@ -127,7 +136,10 @@ class MaskingConfig:
                random_token_prob=float(data_cfg.random_token_prob),
                strategy=strategy, random_cdf=cdf,
                word_starts=None if strategy == "token" else tokenizer.word_starts(),
-               span_p=span_p, max_span_length=max_span)
+               span_p=span_p, max_span_length=max_span,
+               draw=data_cfg.masked_lm_draw,
+               mask_special_tokens=bool(data_cfg.mask_special_tokens),
+               pad_id=tokenizer.pad_id)
 
 
 def span_length_distribution(p: float, max_len: int) -> np.ndarray:
@@ -138,10 +150,15 @@ def span_length_distribution(p: float, max_len: int) -> np.ndarray:
   return probs / probs.sum()
 
 
-def _budget(candidates: np.ndarray, cfg: MaskingConfig) -> np.ndarray:
-  """[B] tokens to choose per row."""
+def _budget(candidates: np.ndarray, cfg: MaskingConfig, rng) -> np.ndarray:
+  """[B] tokens to choose per row. 'per_token': the candidates a draw of each with
+  probability masked_lm_prob picks, counted (chosen afterwards uniformly, as many: the
+  law of choosing each with that probability, transformers' collator's)."""
   n = candidates.sum(axis=1)
-  want = np.maximum(1, np.round(n * cfg.masked_lm_prob).astype(np.int64))
+  if cfg.draw == "per_token":
+    want = np.sum(candidates & (rng.random(candidates.shape) < cfg.masked_lm_prob), axis=1)
+  else:
+    want = np.maximum(1, np.round(n * cfg.masked_lm_prob).astype(np.int64))
   return np.minimum(np.minimum(cfg.max_predictions_per_seq, want), n)
 
 
@@ -257,8 +274,8 @@ def mask_tokens(input_ids: np.ndarray, rng: np.random.Generator | RowStreams,
     word_starts = np.atleast_2d(np.asarray(word_starts, bool))
   b, t = ids.shape
   p = cfg.max_predictions_per_seq
-  candidates = ~np.isin(ids, cfg.special_ids)
-  budget = _budget(candidates, cfg)
+  candidates = (ids != cfg.pad_id) if cfg.mask_special_tokens else (
+      ~np.isin(ids, cfg.special_ids))
 
   rows = np.arange(b)[:, None]
   # The 80/10/10 draws come first (per slot, or per token for spans, used at each
@@ -266,6 +283,7 @@ def mask_tokens(input_ids: np.ndarray, rng: np.random.Generator | RowStreams,
   # RowStreams a row's numbers must not.
   u = rng.random((b, t if cfg.strategy == "span" else p))
   random_ids = _random_tokens(rng.random((b, p)), cfg)
+  budget = _budget(candidates, cfg, rng)
   if cfg.strategy == "token":
     # A uniform random order of the candidates: the first `budget` are chosen.
     keys = np.where(candidates, rng.random((b, t)), 2.0)

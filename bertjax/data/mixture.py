@@ -30,6 +30,7 @@ import grain
 import numpy as np
 
 from bertjax.data import manifest, multilingual, sources as sources_lib
+from bertjax.data import tokenizer as tok_lib
 from bertjax.errors import ConfigError, DataError
 
 # NAME:WEIGHT= at the start of a mixture's source (a plain path never starts so).
@@ -118,8 +119,8 @@ def tokenizer_sentences(data_cfg, seed: int) -> list[str]:
       raise DataError(f"corpus {source.spec!r} is prepared (tokenized): give the "
                       "tokenizer it was prepared with, "
                       f"--config.data.tokenizer.path={source.spec}/tokenizer")
-  per_source = [[s for d in sources_lib.load_documents(source.spec, field) for s in d]
-                for source in sources]
+  per_source = [[s for d in sources_lib.load_documents(source.spec, field)
+                 for s in tok_lib.running_text(d)] for source in sources]
   if len(per_source) == 1:
     return per_source[0]
   counts = multilingual.language_counts(data_cfg)

@@ -285,9 +285,10 @@ def sentence_pairs(fields: Collection[str]) -> bool:
   return "next_sentence_labels" in fields
 
 
-def check_config(data_cfg, model, num_steps: int) -> None:
+def check_config(data_cfg, model, num_steps: int, trains_tokenizer: bool = True) -> None:
   """Every field of `config.data` in range (one ConfigError line each), given the
-  model it feeds (`model`: the model's config dataclass) and the run's step count."""
+  model it feeds (`model`: the model's config dataclass) and the run's step count;
+  `trains_tokenizer`: False when the tokenizer comes from a checkpoint (init_from)."""
   d, tok = data_cfg, data_cfg.tokenizer
   at_least("data.max_seq_length", d.max_seq_length, MIN_SEQ_LENGTH)
   if d.max_seq_length + model.position_offset > model.max_position_embeddings:
@@ -303,6 +304,10 @@ def check_config(data_cfg, model, num_steps: int) -> None:
     raise ConfigError(f"config.data.mask_token_prob={d.mask_token_prob} + "
                       f"random_token_prob={d.random_token_prob} must be <= 1.")
   one_of("data.masking", d.masking, masking.STRATEGIES)
+  one_of("data.masked_lm_draw", d.masked_lm_draw, masking.DRAWS)
+  if not isinstance(d.mask_special_tokens, bool):
+    raise ConfigError(f"config.data.mask_special_tokens={d.mask_special_tokens!r}: use "
+                      "True or False.")
   one_of("data.random_token_distribution", d.random_token_distribution,
          masking.RANDOM_DISTRIBUTIONS)
   within("data.span_geometric_p", d.span_geometric_p, 0, 1, "(]")
@@ -322,7 +327,7 @@ def check_config(data_cfg, model, num_steps: int) -> None:
                       "'text'.")
   at_least("data.worker_count", d.worker_count, 0)
   at_least("data.raw_text_limit_mb", d.raw_text_limit_mb, 0)
-  if not tok.path:  # A tokenizer is trained: it must be able to fill the vocabulary.
+  if not tok.path and trains_tokenizer:  # It must be able to fill the vocabulary.
     one_of("data.tokenizer.kind", tok.kind, tok_lib.KINDS)
     if tok.vocab_size < model.vocab_size:
       raise ConfigError(

@@ -21,13 +21,16 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import tempfile
 from typing import Iterator
 
-from absl import app, flags
+from absl import app, flags, logging
 from ml_collections import config_flags
 
 from bertjax.console import cli
-from bertjax.data import manifest, mixture, pipeline, prepare_examples, prepare_tokens
+from bertjax.data import (manifest, mixture, pipeline, prepare_examples, prepare_tokens,
+                          vocab_extension)
+from bertjax.data import tokenizer as tok_lib
 from bertjax.errors import ConfigError
 from bertjax import objectives as objectives_lib
 
@@ -65,11 +68,43 @@ def prepare_config(config, *, input_spec: str | None, tokenizer_path: str | None
   `config.data.languages`, `mixture.sources_of`) stage 1 when it is raw text (into
   OUTPUT[/NAME]/tokens), then stage 2 into OUTPUT[/NAME] (on the Apache Beam `runner`
   with `beam_options` when given, see `prepare_beam`); yields summary lines and the
-  flags to train with (the same sources and weights, each its prepared directory)."""
+  flags to train with (the same sources and weights, each its prepared directory).
+  With `config.init_from` (continued pretraining) the text is tokenized with the run's
+  tokenizer: `tokenizer_path`, config.data.tokenizer.path or the checkpoint's,
+  extended by config.vocab_extension (the flags then turn the extension off: the
+  prepared tokenizer holds it)."""
   # The sections the examples depend on, in range, as training checks them; the rows
   # the objectives read (NSP's sentence pairs, or packed rows).
   objectives = objectives_lib.check(config)
-  pipeline.check_config(config.data, objectives.model, config.train.num_steps)
+  init_from = config.get("init_from", "")
+  pipeline.check_config(config.data, objectives.model, config.train.num_steps,
+                        trains_tokenizer=not init_from)
+  with tempfile.TemporaryDirectory() as tmp:
+    if init_from:  # Tokenized as the continued run will tokenize it.
+      tokenizer_path = _continued_tokenizer(config, tokenizer_path, tmp)
+    yield from _prepare(config, objectives, input_spec, tokenizer_path, output, workers,
+                        chunk_documents, runner, beam_options)
+
+
+def _continued_tokenizer(config, given: str | None, tmp: str) -> str:
+  """The tokenizer a continued run of `config` tokenizes with (`vocab_extension.
+  run_tokenizer`: `given`, config.data.tokenizer.path or the checkpoint's, extended by
+  config.vocab_extension), saved under `tmp`; its path."""
+  path = given or config.data.tokenizer.path
+  base = (tok_lib.load_tokenizer(path) if path else
+          vocab_extension.checkpoint_tokenizer(config.init_from))
+  tokenizer, words, added = vocab_extension.run_tokenizer(config, base)
+  if words:
+    logging.info("Vocabulary extension: %d of %d words added (%d -> %d tokens).",
+                 len(added), len(words), base.vocab_size, tokenizer.vocab_size)
+  out = os.path.join(tmp, "tokenizer")
+  tokenizer.save(out)
+  return out
+
+
+def _prepare(config, objectives, input_spec, tokenizer_path, output, workers,
+             chunk_documents, runner, beam_options) -> Iterator[str]:
+  """`prepare_config` once its tokenizer is known."""
   nsp = pipeline.sentence_pairs(objectives.fields)
   data = config.data
   beam = _beam() if runner else None  # before any work: Beam may not be installed
@@ -107,7 +142,11 @@ def prepare_config(config, *, input_spec: str | None, tokenizer_path: str | None
   corpus_flag = (f"--config.data.{field}='{mixture.spec_of(prepared)}'"
                  if named else f"--config.data.corpus={output}")
   tokenizer_dir = os.path.join(jobs[0][2], manifest.TOKENIZER_DIR)
-  yield f"train with {corpus_flag} --config.data.tokenizer.path={tokenizer_dir}"
+  # A continued run's extension is done: the prepared tokenizer holds it.
+  done = (" --config.vocab_extension.tokens_file='' --config.vocab_extension."
+          "num_new_tokens=0" if config.get("init_from") and vocab_extension.extending(
+              config) else "")
+  yield f"train with {corpus_flag} --config.data.tokenizer.path={tokenizer_dir}{done}"
 
 
 def _beam():

@@ -134,7 +134,7 @@ def _write_shard(args: tuple[str, list[list[str]]]) -> dict[str, int]:
   """Tokenizes one chunk of documents into `path` (atomically); returns its counts."""
   from array_record.python import array_record_module  # pylint: disable=g-import-not-at-top
   path, documents = args
-  flat = [s for d in documents for s in d]
+  flat = [s for d in documents for s in tok_lib.running_text(d)]
   ids = _worker_tokenizer.tokenize_batch(flat)
   counts = {"documents": 0, "sentences": 0, "tokens": 0, "characters": 0}
   tmp = path + ".tmp"

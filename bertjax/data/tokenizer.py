@@ -285,6 +285,14 @@ class Tokenizer:
       batch["attention_mask"][r, :len(ids)] = 1
     return batch
 
+  @property
+  def library(self) -> tokenizers.Tokenizer | bytes:
+    """What the tokenizer is in its library: a `tokenizers.Tokenizer` (WordPiece, BPE,
+    any tokenizer.json; not to be modified: `from_library` a changed copy), or a
+    SentencePiece model's serialised proto (bytes). `from_library` inverts it."""
+    backend = self._backend
+    return backend.proto if isinstance(backend, _SentencePieceBackend) else backend.tok
+
   def id_to_token(self, i: int) -> str:
     t = self._backend.id_to_token(int(i))
     if t is None:
@@ -346,6 +354,18 @@ def check_same_vocabulary(given: Tokenizer, used: Tokenizer, given_name: str,
     if token(given, i) != token(used, i):
       raise ConfigError(f"{given_name} differs from the tokenizer {used_name} was trained "
                         f"with (id {i}: {token(given, i)!r} vs {token(used, i)!r}): {fix}.")
+
+
+def running_text(document: Sequence[str]) -> list[str]:
+  """A document's sentences as its running text holds them: each after the first with
+  the space before it that `sources.split_sentences` took away. What every tokenizer
+  of a document's sentences must be given (`builders.tokenize_documents`, `prepare`,
+  tokenizer training): a byte-level BPE (RoBERTa's, ModernBERT's) makes another token
+  of a word after a space ('ĠThe') than of a text's first word ('The'), so sentences
+  tokenized without it would each start as no text does at inference (a paragraph given
+  to fill_mask, fine-tuning, Hugging Face's tokenizer of the same text); WordPiece and
+  SentencePiece ignore the space (the same ids)."""
+  return [s if i == 0 else " " + s for i, s in enumerate(document)]
 
 
 def is_remote(path) -> bool:
@@ -455,6 +475,14 @@ def _from_tokenizer_json(path: str) -> Tokenizer:
     tok = tokenizers.Tokenizer.from_file(path)
   except Exception as e:  # the library raises a bare Exception on malformed JSON
     raise DataError(f"{path} is not a tokenizer.json ({str(e).splitlines()[0]}).")
+  return from_library(tok)
+
+
+def from_library(tok: tokenizers.Tokenizer | bytes) -> Tokenizer:
+  """The `Tokenizer` of a `tokenizers.Tokenizer` (its style from its special tokens) or
+  of a SentencePiece model proto (bytes; XLM-R's ids): `Tokenizer.library`'s inverse."""
+  if isinstance(tok, bytes):
+    return Tokenizer(_SentencePieceBackend(tok), "roberta")
   backend = _HFBackend(tok)
   return Tokenizer(backend, _style_of(backend))
 

@@ -9,13 +9,16 @@ TASK_CLASSES (the bertjax tasks it exports), TOKENIZER_JSON (whether transformer
 AutoTokenizer reads that model type's tokenizer from tokenizer.json only),
 `check_supported(config.json)`, `load(config.json, state dict) -> (config, params,
 task or None)`, `export_pretrained(params, config, tokenizer, tokenizer kind)` and
-`export_finetuned(finetuned, tokenizer kind)`, both -> (config.json, state dict), and
+`export_finetuned(finetuned, tokenizer kind)`, both -> (config.json, state dict),
 `pretraining_model(config) -> (config.json, config)`: the transformers class that
-pretrains it (`benchmark train --compare=hf`) and the heads that class computes.
+pretrains it (`benchmark train --compare=hf`) and the heads that class computes, and
+`model_config_from_hf(config.json) -> config`: the config dataclass of a config.json
+alone (`hf_dropouts`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from typing import Any
@@ -62,6 +65,18 @@ def load_hf(directory: str) -> tuple[Any, dict]:
   table.check_supported(hf_config)
   config, params, _ = table.load(hf_config, files.read_state_dict(directory))
   return config, {k: v for k, v in params.items() if k != "head"}
+
+
+def hf_dropouts(config) -> Any:
+  """`config` (a family's config dataclass) with every dropout the Hugging Face class
+  of its family holds for the same weights: its config.json written by the family's
+  table and read back (what fine-tuning the exported model in transformers uses). A
+  training-only dropout Hugging Face has no field for (ModernBERT's
+  `attention_output_dropout`, 0.1 in the authors' pretraining) comes back 0."""
+  table = family_table(config.family)
+  back = table.model_config_from_hf(table.pretraining_model(config)[0])
+  names = [f.name for f in dataclasses.fields(config) if "dropout" in f.name]
+  return dataclasses.replace(config, **{k: getattr(back, k) for k in names})
 
 
 def _max_length(config) -> int:

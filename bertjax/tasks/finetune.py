@@ -38,6 +38,7 @@ from bertjax.console import progress
 from bertjax.data import tokenizer as tok_lib
 from bertjax.data.pipeline import MIN_SEQ_LENGTH
 from bertjax.errors import CheckpointError, ConfigError, at_least, within
+from bertjax.hf.convert import hf_dropouts
 from bertjax import model as model_lib
 from bertjax.model import stack
 from bertjax.model.config import dtype_of
@@ -88,7 +89,12 @@ def load_start(config: ml_collections.ConfigDict) -> Start:
       logging.info("config.init_from=%s holds a %r model: its own config is the encoder's "
                    "(config.model, of family %r, gives only the dtype).", config.init_from,
                    pretrained.config.family, model_lib.family_of(config.model).name)
-    model = dataclasses.replace(pretrained.config, dtype=dtype_of(dtype))
+    model = dataclasses.replace(hf_dropouts(pretrained.config), dtype=dtype_of(dtype))
+    changed = {k: (v, getattr(model, k)) for k, v in dataclasses.asdict(
+        pretrained.config).items() if "dropout" in k and getattr(model, k) != v}
+    if changed:  # A bertjax-pretrained checkpoint fine-tunes as its export would.
+      logging.info("Fine-tuning with the dropouts Hugging Face's class holds for these "
+                   "weights: %s.", ", ".join(f"{k} {a} -> {b}" for k, (a, b) in changed.items()))
     return Start(model, pretrained.params["encoder"], pretrained.tokenizer, finetuned.start_head(
         pretrained, config.init_from, config.init_keep_head, config.task.name))
   if not config.tokenizer:

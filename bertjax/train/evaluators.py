@@ -3,7 +3,9 @@
 metrics are logged under) to an entry {'type': a kind of `EVALUATORS`, its settings};
 `from_config` builds the trainer's `Evaluator`s from it. Every evaluation runs every
 `config.train.eval_every` steps and after the last, over `config.train.eval_batches`
-batches of each source (0: all).
+batches of each source (0: all); with its setting `at_start` (`COMMON`, every type has
+it) also on the weights a new run starts from, logged at step 0 (the baseline of
+continued pretraining: `config.init_from`).
 
 'held_out': the held-out documents of every source of the corpus, scored by every
 objective of the run (`Objectives.eval_metrics`: MLM's loss and accuracy beside the
@@ -20,6 +22,7 @@ Configs written before `config.evals` had `config.train.eval_final_length`: with
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable
 
 import flax.linen as nn
@@ -94,12 +97,16 @@ EVALUATORS: dict[str, tuple[Callable[..., list[Evaluator]], dict[str, Any]]] = {
 }
 
 
+# Settings every type of evaluation has, with their defaults (the trainer reads them).
+COMMON: dict[str, Any] = {"at_start": False}
+
+
 def evals_of(config) -> dict[str, dict[str, Any]]:
   """{name: {'type', settings (defaults filled in)}} of `config.evals` (or, in a
   config written before it, the held-out evaluation its train section asked for); a
   one-line ConfigError for an unknown type or setting."""
   if "evals" not in config:
-    return {"eval": {"type": "held_out",
+    return {"eval": {"type": "held_out", **COMMON,
                      "final_length": bool(config.train.get("eval_final_length", False))}}
   if "eval_final_length" in config.train:
     raise ConfigError("config.train.eval_final_length is now a setting of the held-out "
@@ -111,7 +118,7 @@ def evals_of(config) -> dict[str, dict[str, Any]]:
     if kind not in EVALUATORS:
       raise ConfigError(f"config.evals.{name}.type={kind!r}: use one of "
                         f"{sorted(EVALUATORS)}.")
-    defaults = EVALUATORS[kind][1]
+    defaults = {**COMMON, **EVALUATORS[kind][1]}
     unknown = sorted(set(entry) - set(defaults))
     if unknown:
       raise ConfigError(f"config.evals.{name} has no setting {unknown[0]!r}: a {kind!r} "
@@ -122,7 +129,9 @@ def evals_of(config) -> dict[str, dict[str, Any]]:
 
 def from_config(config, setup: Setup, data: pipeline.PretrainingData,
                 objectives: Objectives) -> list[Evaluator]:
-  """The trainer's evaluators of `config.evals` (`evals_of`), on `setup`'s mesh."""
-  return [e for name, entry in evals_of(config).items()
+  """The trainer's evaluators of `config.evals` (`evals_of`), on `setup`'s mesh, with
+  the `COMMON` settings."""
+  return [dataclasses.replace(e, at_start=entry["at_start"])
+          for name, entry in evals_of(config).items()
           for e in EVALUATORS[entry["type"]][0](
               name, entry, config, setup, data, objectives)]

@@ -8,7 +8,9 @@ logs and stops cleanly).
 
 from __future__ import annotations
 
+import functools
 import os
+from typing import Callable
 
 import jax
 import ml_collections
@@ -23,15 +25,18 @@ from bertjax.data import tokenizer as tok_lib
 from bertjax.errors import ConfigError, at_least
 from bertjax import model as model_lib, objectives as objectives_lib
 from bertjax.parallel import mesh as mesh_lib
-from bertjax.train import evaluators, state as state_lib, trainer as trainer_lib
+from bertjax.train import continued, evaluators, state as state_lib, trainer as trainer_lib
 from bertjax.train.trainer import Trainer
 
 
-def get_tokenizer(config, workdir: str) -> tok_lib.Tokenizer:
-  """The workdir's tokenizer on resume; else the configured file; else one trained on
-  the corpus (saved into the workdir so the checkpoint carries it). A one-line
-  ConfigError when the model has fewer rows than the tokenizer has ids, or other than
-  a tokenizer trained here."""
+def get_tokenizer(config, workdir: str, fresh: Callable[[], tok_lib.Tokenizer] | None = None
+                  ) -> tok_lib.Tokenizer:
+  """The workdir's tokenizer on resume; else `fresh()` (continued pretraining: the
+  checkpoint's, extended; made on process 0, which saves it for the others) or the
+  configured file; else one trained on the corpus (saved into the workdir so the
+  checkpoint carries it). A one-line ConfigError when the model has fewer rows than
+  the tokenizer has ids, or other than a tokenizer trained here (a continued run's
+  rows follow its tokenizer: `continued.Start.finish`)."""
   saved = os.path.join(workdir, files.TOKENIZER_DIR)
   tcfg = config.data.tokenizer
   resumed = epath.Path(saved).is_dir()  # The workdir may be remote (gs://).
@@ -40,15 +45,17 @@ def get_tokenizer(config, workdir: str) -> tok_lib.Tokenizer:
     multihost_utils.sync_global_devices("bertjax: tokenizer directory checked")
   if resumed:
     tokenizer = tok_lib.load_tokenizer(saved)
-    if tcfg.path:  # The checkpoint was trained with the saved one: refuse another.
+    if tcfg.path and fresh is None:  # Trained with the saved one: refuse another.
       tok_lib.check_same_vocabulary(
           tok_lib.load_tokenizer(tcfg.path), tokenizer, f"config.data.tokenizer.path="
           f"{tcfg.path}", f"the run being resumed in {workdir}", "drop "
           "--config.data.tokenizer.path to resume with the run's own tokenizer, or use a "
           "new --workdir to train with this one")
   else:
-    if tcfg.path:
+    if tcfg.path and fresh is None:
       tokenizer = tok_lib.load_tokenizer(tcfg.path)
+    elif fresh is not None and jax.process_index() == 0:
+      tokenizer = fresh()
     elif jax.process_index() == 0:  # Training is not deterministic across processes.
       sentences = mixture.tokenizer_sentences(config.data, config.seed)
       logging.info("Training a %s tokenizer (%d tokens) on %d sentences.", tcfg.kind,
@@ -58,11 +65,13 @@ def get_tokenizer(config, workdir: str) -> tok_lib.Tokenizer:
           kind=tcfg.kind, vocab_size=tcfg.vocab_size, lowercase=tcfg.lowercase)
     if jax.process_index() == 0:
       tokenizer.save(saved)
-    if multihost and not tcfg.path:  # The others read process 0's trained tokenizer.
+    if multihost and (fresh is not None or not tcfg.path):  # Process 0's is read.
       multihost_utils.sync_global_devices("bertjax: tokenizer saved")
       tokenizer = tok_lib.load_tokenizer(saved)
   # A given tokenizer may have fewer ids than the model has rows (a checkpoint's padded
   # embedding: DeBERTa-v3's 128,100 rows for 128,001 ids); one trained here must fit.
+  if fresh is not None:
+    return tokenizer
   trained = not resumed and not tcfg.path
   if tokenizer.vocab_size > config.model.vocab_size or (
       trained and tokenizer.vocab_size != config.model.vocab_size):
@@ -93,7 +102,9 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   at_least("train.eval_every", t.eval_every, 1)
   at_least("train.eval_batches", t.eval_batches, 0)
   evaluators.evals_of(config)
-  pipeline.check_config(config.data, model, t.num_steps)
+  continued.check_config(config)
+  pipeline.check_config(config.data, model, t.num_steps,
+                        trains_tokenizer=not config.init_from)
   phases.stages(config.data, t.num_steps, t.batch_size, phases.BatchSchedule.from_config(t))
   phase_inputs(config)
 
@@ -108,10 +119,17 @@ def phase_inputs(config: ml_collections.ConfigDict) -> list[dict[str, float]]:
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
-  """Runs (or resumes) pretraining in `workdir`; returns the last eval metrics ({} when
-  stopped by SIGTERM before the first evaluation)."""
+  """Runs (or resumes) pretraining in `workdir`, from `config.init_from` when set
+  (`continued`); returns the last eval metrics ({} when stopped by SIGTERM before the
+  first evaluation)."""
+  start = continued.open_run(config, workdir) if config.init_from else None
+  config = start.config if start else config
   check_config(config)
   epath.Path(workdir).mkdir(parents=True, exist_ok=True)
+  tokenizer = None
+  if start is not None:  # The vocabulary rows follow the (extended) tokenizer.
+    tokenizer = get_tokenizer(config, workdir, start.new_tokenizer)
+    config = start.finish(tokenizer, workdir)
   workdir_lib.save_config(workdir, config)
   objectives = objectives_lib.from_config(config)
   setup = state_lib.build_trainer(config)
@@ -120,7 +138,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   phases.check_divisible(
       phases.stages(config.data, config.train.num_steps, config.train.batch_size, batches),
       mesh_lib.data_parallel_size(setup.mesh, setup.rules), config.train.grad_accum_steps)
-  tokenizer = get_tokenizer(config, workdir)
+  tokenizer = tokenizer or get_tokenizer(config, workdir)
   data = pipeline.build_pretraining_data(
       config.data, tokenizer, batch_size=config.train.batch_size // jax.process_count(),
       seed=config.seed, nsp=pipeline.sentence_pairs(objectives.fields),
@@ -137,4 +155,5 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
                    for name, m in members.items()) + ")",
                ", ".join(objectives.names), dict(setup.mesh.shape))
   evaluate = evaluators.from_config(config, setup, data, objectives)
-  return trainer.fit(iter(data.train), evaluate).get("eval", {})
+  init = start and functools.partial(start.initial_params, setup, tokenizer)
+  return trainer.fit(iter(data.train), evaluate, init).get("eval", {})

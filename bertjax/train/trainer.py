@@ -82,12 +82,14 @@ def check_config(config) -> None:
 class Evaluator:
   """An evaluation of the current parameters: `run(params, step) -> metrics` (`step`:
   the steps taken), called on every process (each feeds its own rows), every `every`
-  steps (0: only at the end) and after the last step; its metrics are logged under the
-  split `name`."""
+  steps (0: only at the end) and after the last step (`at_start`: also before the
+  first step of a new run, logged at step 0); its metrics are logged under the split
+  `name`."""
 
   name: str
   run: Callable[[Any, int], dict[str, float]]
   every: int = 0
+  at_start: bool = False
 
 
 class Preemption:
@@ -171,6 +173,11 @@ class Trainer:
     self._tokens, self._t0 = 0, time.perf_counter()
     try:
       with jax.set_mesh(setup.mesh), nn.logical_axis_rules(setup.rules):
+        for e in evaluators:
+          if step == 0 and e.at_start:
+            results[e.name] = e.run(state.params, step)
+            self.log.write(step, results[e.name], prefix=e.name)
+            self.info("%s of the initial weights | %s", e.name, format_metrics(results[e.name]))
         while step < self.num_steps:
           profiling = self._profile(step + 1, profiling, state)
           batch = next(data)

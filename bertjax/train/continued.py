@@ -1,0 +1,286 @@
+"""Continued pretraining: `config.init_from` starts pretraining from a checkpoint of any
+family, a bertjax workdir or a Hugging Face dir, read by the one loader fine-tuning
+uses too (`bertjax.checkpoint.pretrained.load_pretrained`), instead of from random
+weights (`bertjax.train.pretrain.run` calls `open_run`, then the `Start` it returns).
+
+  python -m bertjax.main --config=configs/continued.py --workdir=DIR \
+      --config.init_from=PATH --config.data.corpus='general:0.3=...,domain:0.7=...'
+
+- The model section is the checkpoint's. A field `config.model` gives must agree with
+  it (the family, vocab_size, the sizes, ...: a one-line error naming both values),
+  except the run's own choices, which the config sets: `TRAINING_FIELDS`, every
+  dropout and the family's own heads. configs/continued.py gives only those. The
+  heads the run trains are those of `config.objectives` (`bertjax.objectives`: 'nsp'
+  puts BERT's NSP head on, whether the checkpoint has one or not; an ELECTRA
+  discriminator's 'rtd' head, which no objective reads yet, is left out unless
+  config.model.rtd says otherwise); a config without `config.objectives` keeps the
+  checkpoint's.
+- The weights: the encoder and every head of the run the checkpoint has (MLM, NSP,
+  ...); the heads it lacks start fresh from `config.seed`, named in the log, as do the
+  optimizer state, the learning-rate schedule and the step (its heads the run does not
+  train are named too).
+- The tokenizer: the checkpoint's, or `config.data.tokenizer.path`, which must hold
+  every token of the checkpoint's (a copy extended by an earlier run is fine); with
+  `config.vocab_extension`, extended by `bertjax.data.vocab_extension`. The vocabulary
+  rows follow the tokenizer's ids (`bertjax.checkpoint.vocab_rows`): a new token's row
+  is the mean of its old pieces' rows; the vocabulary is padded to a multiple of
+  `vocab_extension.pad_to_multiple`; padding rows start far below every token.
+- Resuming: WORKDIR/init_from.json records the start (the checkpoint's model, the
+  vocabulary rows). A rerun resumes from the run's own checkpoints; it reads
+  init_from's weights again only when it stopped before its first checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+from absl import logging
+from etils import epath
+
+from bertjax import model as model_lib
+from bertjax.checkpoint import files, vocab_rows
+from bertjax.checkpoint.pretrained import (Pretrained, checkpoint_family, checkpoint_tokenizer,
+                                           load_pretrained)
+from bertjax.data import vocab_extension
+from bertjax.data import tokenizer as tok_lib
+from bertjax.errors import BertjaxError, CheckpointError, ConfigError, at_least
+
+# config.model fields a continued run chooses whatever the checkpoint holds (with every
+# field naming a dropout and the family's own heads): the config's value when given.
+TRAINING_FIELDS = ("dtype", "param_dtype", "attention_impl", "scan_layers", "remat_policy",
+                   "initializer_range", "pooler", "sbo_max_positions",
+                   "global_rope_theta_phases")
+
+
+def check_config(config) -> None:
+  """`config.vocab_extension` in range, and only with `config.init_from`."""
+  v = config.vocab_extension
+  at_least("vocab_extension.num_new_tokens", v.num_new_tokens, 0)
+  at_least("vocab_extension.pad_to_multiple", v.pad_to_multiple, 0)
+  if v.tokens_file and v.num_new_tokens:
+    raise ConfigError("config.vocab_extension.tokens_file and num_new_tokens both name new "
+                      "tokens: set one of them.")
+  if vocab_extension.extending(config) and not config.init_from:
+    raise ConfigError("config.vocab_extension extends a checkpoint's vocabulary: set "
+                      "config.init_from (a bertjax workdir or a Hugging Face dir).")
+
+
+def _same(a, b) -> bool:
+  norm = lambda v: tuple(v) if isinstance(v, (list, tuple)) else v
+  return norm(a) == norm(b)
+
+
+def with_model(config: ml_collections.ConfigDict, checkpoint: Any, rows: int
+               ) -> ml_collections.ConfigDict:
+  """A copy of `config` whose model section is `checkpoint`'s (its config dataclass)
+  with `rows` vocabulary rows and the config's `TRAINING_FIELDS`, dropouts and heads;
+  a one-line ConfigError for any other field it gives that the checkpoint contradicts."""
+  family = model_lib.family_of(checkpoint)
+  theirs, given = checkpoint.to_dict(), dict(config.model)
+  source = f"config.init_from={config.init_from}"
+  _check_family(config, family.name)
+  training = {*TRAINING_FIELDS, *(h.name for h in family.heads),
+              *(k for k in {*theirs, *given} if "dropout" in k)}
+  for k, v in given.items():
+    if k in training or k == "family" or k not in theirs or _same(v, theirs[k]):
+      continue
+    if k == "vocab_size":
+      raise ConfigError(
+          f"config.model.vocab_size={v} but {source} has {theirs[k]} vocabulary rows: set "
+          f"--config.model.vocab_size={theirs[k]} or leave the field out (configs/"
+          "continued.py); config.vocab_extension adds tokens.")
+    raise ConfigError(
+        f"config.model.{k}={v!r} but {source} holds {k}={theirs[k]!r}: set --config.model."
+        f"{k}={theirs[k]!r}, or take the model section from the checkpoint "
+        "(--config=configs/continued.py).")
+  if "objectives" in config:  # They choose the heads: none rides along unread.
+    theirs = {k: v for k, v in theirs.items() if k not in {h.name for h in family.heads}}
+  merged = {**theirs, **{k: v for k, v in given.items() if k in training or k not in theirs},
+            "vocab_size": rows}
+  out = ml_collections.ConfigDict(config.to_dict())
+  out.model = ml_collections.ConfigDict(merged)
+  return out
+
+
+def _check_family(config, family: str) -> None:
+  """A one-line ConfigError when `config.model` names another family than `family`,
+  the checkpoint's."""
+  name = config.model.get("family", family)
+  if name != family:
+    raise ConfigError(
+        f"config.model.family={name!r} but config.init_from={config.init_from} holds a "
+        f"{family!r} model: set --config.model.family={family}, or use --config=configs/"
+        f"continued.py{':modernbert' if family == 'modernbert' else ''}, whose model "
+        "section is the checkpoint's.")
+
+
+def _info(msg: str, *args) -> None:
+  if jax.process_index() == 0:
+    logging.info(msg, *args)
+
+
+def _modules(paths, present) -> list[str]:
+  """The outermost modules ('nsp', 'encoder/pooler') holding `paths` absent from
+  `present` (parameter paths)."""
+  prefixes = {p[:k] for p in present for k in range(1, len(p) + 1)}
+  out = set()
+  for p in paths:
+    if p not in present:
+      k = next(k for k in range(1, len(p) + 1) if p[:k] not in prefixes)
+      out.add("/".join(p[:k]))
+  return sorted(out)
+
+
+def _flat(tree) -> dict[tuple[str, ...], Any]:
+  return {tuple(k.key for k in path): leaf
+          for path, leaf in jax.tree_util.tree_leaves_with_path(tree)}
+
+
+@dataclasses.dataclass
+class Start:
+  """Where a continued run starts (`open_run`): its `config` (the model section the
+  checkpoint's), the checkpoint's model config, `record`, the init_from.json of the
+  run being resumed (None: a new run), and the config as `given`."""
+
+  config: ml_collections.ConfigDict
+  checkpoint_model: Any = None
+  record: dict | None = None
+  given: ml_collections.ConfigDict | None = None  # the config as given (its own model)
+  _loaded: tuple[Pretrained, tok_lib.Tokenizer] | None = None
+  _base: tok_lib.Tokenizer | None = None  # what `new_tokenizer` extends
+
+  def loaded(self) -> tuple[Pretrained, tok_lib.Tokenizer]:
+    """The checkpoint (read once), and the tokenizer whose ids its vocabulary rows
+    follow (its own, else `config.data.tokenizer.path`'s, which may extend it)."""
+    if self._loaded is None:
+      path, given_path = self.config.init_from, self.config.data.tokenizer.path
+      given = tok_lib.load_tokenizer(given_path) if given_path else None
+      try:
+        own = checkpoint_tokenizer(path)
+      except BertjaxError:
+        if given is None:
+          raise
+        own = None
+        _info("%s has no tokenizer files: its vocabulary rows are taken as "
+              "config.data.tokenizer.path=%s's ids.", path, given_path)
+      if given is not None and own is not None:
+        missing = vocab_extension.missing_tokens(own, given)
+        if missing:
+          raise ConfigError(
+              f"config.data.tokenizer.path={given_path} lacks {len(missing)} of the tokens "
+              f"of config.init_from={path}'s tokenizer (e.g. {missing[0]!r}): give the "
+              "checkpoint's tokenizer or one extending it, or leave the field empty.")
+      pretrained = load_pretrained(path, tokenizer=own or given)
+      self._loaded, self._base = (pretrained, own or given), given or own
+    return self._loaded
+
+  def new_tokenizer(self) -> tok_lib.Tokenizer:
+    """The run's tokenizer: the checkpoint's (or the given one), extended as
+    `config.vocab_extension` says."""
+    self.loaded()
+    tokenizer = self._base
+    extended, words, added = vocab_extension.run_tokenizer(self.config, tokenizer)
+    if words:
+      _info("Vocabulary extension: %d of %d words added (%s%s); %d new ids in all, %d -> "
+            "%d tokens.", len(added), len(words), ", ".join(added[:12]),
+            ", ..." if len(added) > 12 else "", extended.vocab_size - tokenizer.vocab_size,
+            tokenizer.vocab_size, extended.vocab_size)
+    return extended
+
+  def finish(self, tokenizer: tok_lib.Tokenizer, workdir: str) -> ml_collections.ConfigDict:
+    """The run's config with its vocabulary rows (the checkpoint's, or with a larger
+    or extended tokenizer its size padded to `vocab_extension.pad_to_multiple`); a new
+    run's init_from.json written (process 0)."""
+    ckpt_rows = self.checkpoint_model.vocab_size
+    if self.record is not None:
+      rows = self.record["rows"]
+    elif vocab_extension.extending(self.config) or tokenizer.vocab_size > ckpt_rows:
+      rows = vocab_extension.padded_size(max(ckpt_rows, tokenizer.vocab_size),
+                                         self.config.vocab_extension.pad_to_multiple)
+    else:
+      rows = ckpt_rows
+    self.config = with_model(self.given, self.checkpoint_model, rows)
+    if self.record is None and jax.process_index() == 0:
+      record = {"init_from": self.config.init_from, "rows": rows,
+                "tokenizer_size": tokenizer.vocab_size,
+                "checkpoint_model": self.checkpoint_model.to_dict()}
+      (epath.Path(workdir) / files.INIT_FROM_FILE).write_text(json.dumps(record, indent=2))
+    return self.config
+
+  def initial_params(self, setup, tokenizer: tok_lib.Tokenizer) -> Any:
+    """The parameters a new run starts from, on `setup`'s shardings: the checkpoint's
+    (in the model's layout, vocabulary rows on `tokenizer`'s ids) and fresh ones from
+    `config.seed` for the rest; logged."""
+    pretrained, old = self.loaded()
+    model = setup.model.config
+    family = model_lib.family_of(model)
+    loaded = jax.device_get(family.to_layout(pretrained.params, model.scan_layers))
+    axes = vocab_rows.vocab_axes(model)
+    sources = vocab_extension.row_sources(old, tokenizer)
+    padding: list[int] = []
+    if (model.vocab_size != self.checkpoint_model.vocab_size
+        or any(s != (i,) for i, s in enumerate(sources))):
+      loaded = vocab_rows.remap(loaded, axes, sources, model.vocab_size)
+      padding = [i for i in range(model.vocab_size) if i >= len(sources) or not sources[i]]
+    theirs = _flat(loaded)
+
+    def merge(path, fresh):
+      p = tuple(k.key for k in path)
+      x = theirs.get(p)
+      if x is not None and tuple(x.shape) != tuple(fresh.shape):
+        raise CheckpointError(f"parameter {'/'.join(p)} of config.init_from="
+                              f"{self.config.init_from} has shape {x.shape}; the model "
+                              f"needs {fresh.shape}.")
+      if padding and p in axes:
+        x = vocab_rows.pad_rows(jax.device_get(fresh) if x is None else x, axes[p], padding)
+      return fresh if x is None else jax.device_put(np.asarray(x, fresh.dtype),
+                                                     fresh.sharding)
+
+    fresh = setup.init_params(self.config)
+    params = jax.tree_util.tree_map_with_path(merge, fresh)
+    ours = _flat(fresh)
+    _info("Continued pretraining from %s (%s): %d of %d parameter arrays loaded; "
+          "initialised fresh: %s; in the checkpoint but not trained: %s. The optimizer "
+          "state, the learning-rate schedule and the step start fresh (step 0).",
+          self.config.init_from, family.name, len(set(theirs) & set(ours)), len(ours),
+          ", ".join(_modules(ours, theirs)) or "nothing",
+          ", ".join(_modules(theirs, ours)) or "nothing")
+    if padding:
+      _info("Vocabulary rows: %d (%d from the checkpoint's %d, %d new from their "
+            "pieces), %d padding rows (never targets, far below every token).",
+            model.vocab_size,
+            sum(len(s) == 1 for s in sources), self.checkpoint_model.vocab_size,
+            sum(len(s) > 1 for s in sources), len(padding))
+    return params
+
+
+def open_run(config: ml_collections.ConfigDict, workdir: str) -> Start:
+  """The `Start` of a run with `config.init_from`: a new one (the checkpoint read now)
+  or, with WORKDIR/init_from.json, one being resumed (nothing read but that file).
+  One-line errors: a workdir holding another run, or one continued from elsewhere."""
+  record_file = epath.Path(workdir) / files.INIT_FROM_FILE
+  path = os.fspath(config.init_from)
+  if record_file.exists():
+    record = json.loads(record_file.read_text())
+    if record["init_from"] != path:
+      raise CheckpointError(
+          f"{workdir} holds a run continued from {record['init_from']} but config.init_from"
+          f"={path}: resume with the run's init_from, or use a new --workdir.")
+    start = Start(config, model_lib.config_from(record["checkpoint_model"]), record, config)
+    start.config = with_model(config, start.checkpoint_model, record["rows"])
+    return start
+  if (epath.Path(workdir) / files.CONFIG_FILE).exists():
+    raise CheckpointError(
+        f"{workdir} holds a run that did not start from config.init_from={path}: use a new "
+        "--workdir to continue the checkpoint, or drop config.init_from to resume the run.")
+  _check_family(config, checkpoint_family(path))  # before the weights are read
+  start = Start(config, given=config)
+  start.checkpoint_model = start.loaded()[0].config
+  start.config = with_model(config, start.checkpoint_model, start.checkpoint_model.vocab_size)
+  return start

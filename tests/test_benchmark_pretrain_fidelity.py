@@ -1,0 +1,98 @@
+"""`benchmark pretrain_fidelity` at a tiny size, in this process: the docstrings of
+Python's `json` package, a 2-layer ModernBERT, 6 steps of each side; the corpus reaches
+bertjax (its text reader, sentence split, tokenizer, 'stream' packing) and the PyTorch
+loop (transformers' tokenizer of the same text) as the same tokens; both models are
+scored by the same code on the same masked rows."""
+
+import os
+import sysconfig
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("optimi")
+
+from bertjax.benchmarks import pretrain_fidelity as pf  # pylint: disable=wrong-import-position
+from bertjax import model as model_lib  # pylint: disable=wrong-import-position
+from bertjax.data import builders, pipeline, sources  # pylint: disable=wrong-import-position
+from bertjax.data import tokenizer as tok_lib  # pylint: disable=wrong-import-position
+from bertjax import objectives  # pylint: disable=wrong-import-position
+from configs import bert_tiny, modernbert_tiny  # pylint: disable=wrong-import-position
+
+T = 32
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+  """The corpus, the shared tokenizer and a tiny recipe."""
+  directory = str(tmp_path_factory.mktemp("pretrain_fidelity"))
+  documents = pf.docstring_documents([os.path.join(sysconfig.get_paths()["stdlib"],
+                                                   "json")])
+  corpus = pf.write_corpus(directory, documents, 0.2)
+  c = modernbert_tiny.get_config()
+  c.data.tokenizer.vocab_size = 400
+  corpus["tokenizer"] = pf.train_tokenizer(c, corpus["train"], directory)
+  c.model.vocab_size = tok_lib.load_tokenizer(corpus["tokenizer"]["bertjax"]).vocab_size
+  c.model.hidden_size, c.model.num_layers, c.model.num_heads = 32, 2, 2
+  c.model.intermediate_size, c.model.local_attention = 48, 8
+  c.data.max_seq_length = T
+  c.data.max_predictions_per_seq = 5
+  c.train.batch_size = 8
+  return directory, corpus, c
+
+
+def test_both_sides_get_the_same_tokens(setup):
+  """bertjax's 'stream' rows of the training documents are the loop's rows."""
+  _, corpus, _ = setup
+  tok = tok_lib.load_tokenizer(corpus["tokenizer"]["bertjax"])
+  docs = builders.tokenize_documents(sources.load_documents(corpus["train"]), tok)
+  ours = builders.create_packed_examples(docs, tok, max_seq_length=T, packing="stream")
+  hf_tok = transformers.AutoTokenizer.from_pretrained(corpus["tokenizer"]["hf"])
+  theirs = pf.stream_rows(pf.read_documents(corpus["train"]), hf_tok, T)
+  assert len(theirs) > 20
+  np.testing.assert_array_equal(ours.input_ids[:len(theirs)], theirs)
+
+
+def test_every_arm_is_a_valid_config_that_changes_what_it_names(setup):
+  """Each bertjax_<variant> arm sets fields the recipe has, to other values, and the
+  result passes bertjax's checks."""
+  _, corpus, c = setup
+  base = pf.arm_config(c, 6, "bertjax", corpus["train"], corpus["tokenizer"]["bertjax"], 0)
+  for arm in pf.ARMS:
+    config = pf.arm_config(c, 6, arm, corpus["train"], corpus["tokenizer"]["bertjax"], 0)
+    changed = pf.VARIANTS.get(arm.removeprefix("bertjax_"), {})
+    assert all(base.data[k] != v == config.data[k] for k, v in changed.items()), arm
+    pipeline.check_config(config.data, model_lib.config_from(config.model), 6)
+
+
+def test_the_bert_recipe_is_mlm_alone_on_packed_rows():
+  """BERT's arm trains without NSP (the loop has none): its objectives and heads."""
+  c = pf.recipe(bert_tiny.get_config(), 6)
+  assert objectives.names_of(c) == ("mlm",) and not c.model.pooler
+  assert c.train.num_steps == 6 and c.model.dtype == "float32"
+
+
+def test_tiny_comparison(setup):
+  """Each side trains 6 steps and is scored; the timings add up."""
+  directory, corpus, c = setup
+  hf_tok = transformers.AutoTokenizer.from_pretrained(corpus["tokenizer"]["hf"])
+  batches = pf.eval_rows(pf.read_documents(corpus["held_out"]), hf_tok, T,
+                         hf_tok.mask_token_id, c.model.vocab_size)
+  masked = sum(int((b["labels"] != -100).sum()) for b in batches)
+  tokens = np.concatenate([b["attention_mask"].sum(1) - 2 for b in batches])  # [CLS] [SEP]
+  assert masked == np.maximum(1, np.round(0.15 * tokens)).sum()  # 15% of each row.
+  results = {}
+  for arm in ("hf", "bertjax"):
+    config = pf.arm_config(c, 6, arm, corpus["train"], corpus["tokenizer"]["bertjax"], 0)
+    out = os.path.join(directory, arm)
+    if arm == "hf":
+      timing = pf.hf_loop(config, corpus["train"], corpus["tokenizer"]["hf"], 0, out)
+      assert timing["rows"] > 20 and np.isfinite(timing["final_loss"])
+    else:
+      timing = pf.bertjax_run(config, os.path.join(directory, "workdir"), out)
+      assert timing["compile_s"] > 0 and timing["data_s"] > 0
+    results[arm] = pf.score(out, batches)
+    assert 0 <= results[arm]["accuracy"] <= 1 and results[arm]["masked"] == masked
+    assert 0 < results[arm]["loss"] < 2 * np.log(c.model.vocab_size)
