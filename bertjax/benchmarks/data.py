@@ -132,7 +132,8 @@ def main(argv):
     data_cfg = ml_collections.ConfigDict(dict(  # BERT's masking (configs/bert_base.py)
         max_predictions_per_seq=int(np.ceil(0.15 * seq)), masked_lm_prob=0.15,
         mask_token_prob=0.8, random_token_prob=0.1, masking="token",
-        random_token_distribution="uniform", span_geometric_p=0.2, max_span_length=10))
+        random_token_distribution="uniform", span_geometric_p=0.2, max_span_length=10,
+        masked_lm_draw="fixed", mask_special_tokens=False))
     mask_cfg = masking.MaskingConfig.create(data_cfg, tok)
     packed = builders.create_packed_examples(
         builders.tokenize_documents(documents, tok), tok, max_seq_length=seq)

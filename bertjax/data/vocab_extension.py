@@ -35,7 +35,6 @@ import numpy as np
 import sentencepiece as spm
 import tokenizers
 from etils import epath
-from sentencepiece import sentencepiece_model_pb2
 
 from bertjax.data import mixture, tokenizer as tok_lib
 from bertjax.errors import ConfigError, DataError
@@ -50,6 +49,9 @@ def kind_of(tokenizer: tok_lib.Tokenizer) -> str:
   DataError for a tokenizer whose model cannot take new words."""
   lib = tokenizer.library
   if isinstance(lib, bytes):
+    # Imported here, not at the top: prepare imports this module, and a Beam worker's
+    # protobuf (apache-beam pins <7) cannot load these protobuf-7 generated classes.
+    from sentencepiece import sentencepiece_model_pb2  # pylint: disable=g-import-not-at-top
     proto = sentencepiece_model_pb2.ModelProto.FromString(lib)
     if proto.trainer_spec.model_type == sentencepiece_model_pb2.TrainerSpec.UNIGRAM:
       return "sentencepiece"
@@ -193,6 +195,7 @@ def _extend_sentencepiece(tokenizer: tok_lib.Tokenizer, entries: list[str]
                           ) -> tok_lib.Tokenizer:
   """The SentencePiece model with `entries` as pieces, each scored one above the best
   segmentation of its word by the model with the others (rounds until each is whole)."""
+  from sentencepiece import sentencepiece_model_pb2  # pylint: disable=g-import-not-at-top
   proto = sentencepiece_model_pb2.ModelProto.FromString(tokenizer.library)
   sp = spm.SentencePieceProcessor(model_proto=tokenizer.library)
   pieces = {}
