@@ -183,10 +183,12 @@ def from_config(config) -> Objectives:
                         f"(it has {list(has)}): drop {o.name!r}.")
   fields = dict(config["model"])
   # The booleans of the heads an objective reads: what the run's objectives read; a
-  # head no registered objective reads (ELECTRA's 'rtd') keeps the model section's.
+  # head no registered objective reads keeps the model section's, and so does every
+  # head but the LEGACY ones where the config names no objectives (a converted
+  # checkpoint's, e.g. an ELECTRA discriminator's 'rtd').
   read = {h for o in REGISTRY.values() for h in o.heads}
   for head in family.heads:
-    if head.name in read:
+    if head.name in read and ("objectives" in config or head.name in LEGACY):
       fields[head.name] = head.name in wanted
   model = model_lib.config_from(fields)
   owners = [o for o in objectives if o.networks]
