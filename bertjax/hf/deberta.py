@@ -321,21 +321,7 @@ def _token_ids(tokenizer) -> dict[str, int]:
           "pad_token_id": tokenizer.pad_id}
 
 
-def export_pretrained(params: dict, config: DebertaConfig, tokenizer,
-                      tokenizer_kind: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-  """(config.json, state dict) of the DebertaV2ForMaskedLM (or Model) of `params`."""
-  del tokenizer_kind
-  return export(params, config, extra=_token_ids(tokenizer))
-
-
-def export_finetuned(finetuned, tokenizer_kind: str
-                     ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-  """(config.json, state dict) of the DebertaV2For<Task> of a fine-tuned model
-  (`bertjax.tasks.finetuned.load_finetuned`)."""
-  del tokenizer_kind
-  problem, labels = engine.task_config(finetuned.task)
-  return export(finetuned.params, finetuned.model, finetuned.task.name, labels,
-                {**_token_ids(finetuned.tokenizer), **problem})
+export_pretrained, export_finetuned = engine.exporters(export, _token_ids)
 
 
 def pretraining_model(config: DebertaConfig) -> tuple[dict[str, Any], DebertaConfig]:

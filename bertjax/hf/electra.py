@@ -28,7 +28,7 @@ The encoder's keys are BERT's (`bertjax.hf.bert.param_table` lists them, under
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Sequence
 
 from absl import logging
 import numpy as np
@@ -177,12 +177,14 @@ def load(hf: dict[str, Any], state_dict: dict[str, np.ndarray]
 
 
 def export(params: dict, config: ElectraConfig, task: str | None = None,
-           extra: dict | None = None) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+           labels: Sequence[str] | None = None, extra: dict | None = None
+           ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
   """(config.json, state dict) of the Hugging Face model holding `params` (either
   layout): ElectraFor<task> with a `task`; else ElectraForPreTraining with an 'rtd'
   head (an 'mlm' head beside it has no place there and is left out, with a warning),
   ElectraForMaskedLM with an 'mlm' head (its decoder a copy of the word embeddings),
-  else ElectraModel."""
+  else ElectraModel; `labels` name a classifier's outputs (default LABEL_i); `extra`
+  adds config.json keys."""
   params = engine.unscanned(params, config)
   rtd = task is None and "rtd" in params
   mlm = task is None and not rtd and "mlm" in params
@@ -195,32 +197,19 @@ def export(params: dict, config: ElectraConfig, task: str | None = None,
   state = engine.write(params, param_table(config, prefix, mlm, rtd, task))
   if mlm:
     state[_DECODER] = state[prefix + _WORD_EMBEDDINGS].copy()
+  if task in ("classification", "tagging", "squad"):  # num_labels: the classifier's rows
+    rows = state[{"classification": "classifier.out_proj.weight", "squad": "qa_outputs.weight"
+                  }.get(task, "classifier.weight")].shape[0]
+    extra = {**engine.label_config(labels, rows), **(extra or {})}
   return hf_config(config, arch, extra), state
 
 
-def export_pretrained(params: dict, config: ElectraConfig, tokenizer, tokenizer_kind: str
-                      ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-  """(config.json, state dict) of the discriminator, generator or encoder of `params`
-  (`export`)."""
-  del tokenizer, tokenizer_kind
-  return export(params, config)
+def _token_ids(tokenizer) -> dict[str, int]:
+  """The special id config.json names (ELECTRA's: the padding)."""
+  return {"pad_token_id": tokenizer.pad_id}
 
 
-def export_finetuned(finetuned, tokenizer_kind: str
-                     ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-  """(config.json with the labels, state dict) of the ElectraFor<Task> of a fine-tuned
-  model (`bertjax.tasks.finetuned.load_finetuned`)."""
-  del tokenizer_kind
-  task = finetuned.task
-  extra: dict[str, Any] = {}
-  if task.regression:
-    extra.update(num_labels=1, problem_type="regression")
-  elif task.labels:
-    extra.update(id2label={str(i): l for i, l in enumerate(task.labels)},
-                 label2id={l: i for i, l in enumerate(task.labels)})
-    if task.name == "classification":
-      extra["problem_type"] = "single_label_classification"
-  return export(finetuned.params, finetuned.model, task.name, extra)
+export_pretrained, export_finetuned = engine.exporters(export, _token_ids)
 
 
 def pretraining_model(config: ElectraConfig) -> tuple[dict[str, Any], ElectraConfig]:

@@ -123,6 +123,29 @@ def task_config(task) -> tuple[dict[str, str], list[str] | None]:
   return extra, labels
 
 
+def exporters(export: Callable[..., tuple[dict[str, Any], dict[str, np.ndarray]]],
+              token_ids: Callable[[Any], dict[str, int]]) -> tuple[Callable, Callable]:
+  """A family's (`export_pretrained`, `export_finetuned`), as `hf.convert` calls them,
+  from its `export(params, config, task, labels, extra)` -> (config.json, state dict)
+  and `token_ids(tokenizer)`, the special ids its config.json names."""
+
+  def export_pretrained(params: dict, config, tokenizer, tokenizer_kind: str):
+    """(config.json, state dict) of the Hugging Face model holding `params` (its
+    pretraining heads, else the bare encoder)."""
+    del tokenizer_kind
+    return export(params, config, extra=token_ids(tokenizer))
+
+  def export_finetuned(finetuned, tokenizer_kind: str):
+    """(config.json with the labels and problem type, state dict) of the *For<Task>
+    model of a fine-tuned model (`bertjax.tasks.finetuned.load_finetuned`)."""
+    del tokenizer_kind
+    problem, labels = task_config(finetuned.task)
+    return export(finetuned.params, finetuned.model, finetuned.task.name, labels,
+                  {**token_ids(finetuned.tokenizer), **problem})
+
+  return export_pretrained, export_finetuned
+
+
 def read(state_dict: dict[str, np.ndarray], table: Sequence[Entry], config,
          lookup: Callable[[dict, str], np.ndarray] = exact_key) -> dict:
   """bertjax params (nested dict of float32 numpy arrays, unscanned) of a Hugging Face
