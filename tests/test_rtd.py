@@ -35,6 +35,7 @@ from tests.helpers import synthetic_batch, tiny_config
 from tests.rtd_helpers import rtd_config
 
 STEPS = 20
+pytestmark = pytest.mark.usefixtures("shared_trainers")  # reruns share one step
 
 
 def test_corrupt_writes_samples_at_real_predictions_only():
@@ -81,7 +82,7 @@ def test_one_tree_with_the_embeddings_shared():
   table nor their LayerNorm, only its own projection; assembled it reads the
   discriminator's arrays, and its MLM head decodes with that word table."""
   _, networks = _networks()
-  params = nn.unbox(networks.init(jax.random.key(0)))
+  params = nn.unbox(jax.jit(networks.init)(jax.random.key(0)))
   assert sorted(params) == ["discriminator", "generator"]
   assert sorted(params["generator"]["encoder"]["embeddings"]) == ["embeddings_project"]
   assert sorted(params["generator"]) == ["encoder", "mlm"]
@@ -92,8 +93,8 @@ def test_one_tree_with_the_embeddings_shared():
   # A gradient of the generator's loss reaches the shared table.
   batch = synthetic_batch(rtd_config(), 4)
   objectives = objectives_lib.from_config(rtd_config())
-  grads = jax.grad(lambda p: objectives.loss(objectives.sums(p, batch, None),
-                                             objectives.counts(batch)))(params)
+  grads = jax.jit(jax.grad(lambda p: objectives.loss(objectives.sums(p, batch, None),
+                                                     objectives.counts(batch))))(params)
   word = grads["discriminator"]["encoder"]["embeddings"]["word_embeddings"]["embedding"]
   assert np.abs(np.asarray(word)).sum() > 0
 
@@ -119,7 +120,7 @@ def test_gdes_shares_the_generators_table_with_a_residual():
   objectives, networks = _networks(config)
   assert rtd.embedding_sharing(config, "deberta") == "gdes"
   assert networks.member("generator").config.num_layers == 1
-  params = nn.unbox(networks.init(jax.random.key(0)))
+  params = nn.unbox(jax.jit(networks.init)(jax.random.key(0)))
   word = lambda tree: tree["encoder"]["embeddings"]["word_embeddings"]["embedding"]
   assert not np.any(np.asarray(word(params["discriminator"])))
   params = jax.tree.map(lambda x: x + 0.01, params)  # a residual off zero
@@ -129,8 +130,8 @@ def test_gdes_shares_the_generators_table_with_a_residual():
   assert word(networks.member("generator").params(params)) is word(params["generator"])
   batch = synthetic_batch(config, 4)
   counts = objectives.counts(batch)
-  part = lambda key: jax.grad(lambda p: objectives.sums(p, batch, None)[key] / counts[
-      "rtd" if key.startswith("rtd") else "generator"])(params)
+  part = lambda key: jax.jit(jax.grad(lambda p: objectives.sums(p, batch, None)[key] / counts[
+      "rtd" if key.startswith("rtd") else "generator"]))(params)
   disc_grads, gen_grads = part("rtd_weighted_loss"), part("generator_loss")
   assert not any(np.any(np.asarray(g)) for g in jax.tree.leaves(disc_grads["generator"]))
   assert np.abs(np.asarray(word(disc_grads["discriminator"]))).sum() > 0
@@ -142,10 +143,11 @@ def test_loss_and_metrics_are_electras():
   """loss = the generator's mean cross-entropy + 50 x the mean BCE over non-padding
   tokens; precision and recall of 'replaced' and the replaced fraction by hand."""
   objectives, networks = _networks()
-  params = nn.unbox(networks.init(jax.random.key(0)))
+  params = nn.unbox(jax.jit(networks.init)(jax.random.key(0)))
   batch = synthetic_batch(rtd_config(), 4)
-  out = networks.forward(params, batch, None)
-  sums, counts = objectives.sums(params, batch, None), objectives.counts(batch)
+  out = jax.jit(lambda p, b: networks.forward(p, b, None))(params, batch)
+  sums = jax.jit(lambda p, b: objectives.sums(p, b, None))(params, batch)
+  counts = objectives.counts(batch)
   w, real = batch["masked_lm_weights"], batch["attention_mask"].astype(np.float32)
   xent = optax.softmax_cross_entropy_with_integer_labels(out["mlm_logits"],
                                                          batch["masked_lm_ids"])
