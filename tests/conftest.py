@@ -7,8 +7,11 @@ CPU (`CPU_ONLY`: its 8 fake devices, gloo collectives) skip with their reason.
 
 The suite's conventions (its time is every developer's and every CI run's):
 
-- Two tiers. `python -m pytest -q` runs everything (CI: .ci/run); `python -m pytest -q
-  -m "not slow"` is the edit-test loop (under 3 minutes on the 2-core machine). Mark
+- Two tiers, on every core. `python -m pytest -q` runs everything (CI: .ci/run);
+  `python -m pytest -q -m "not slow"` is the edit-test loop (under 3 minutes on the
+  2-core machine). pyproject.toml's addopts run them on a pytest-xdist worker a core
+  (`-n auto`, capped below by memory), a module to a worker (`--dist loadscope`: its
+  module fixtures run once); `-n 0` runs in this one process (`-s` shows prints). Mark
   a test `@pytest.mark.slow` when it takes over ~5 s there (read `--durations`; most
   that start a bertjax program or run a model of MiniLM's size do) and when it shares
   a module fixture that does (a pretraining or fine-tuning run); a fast test of the
@@ -52,6 +55,8 @@ if PLATFORM != "cpu":
   os.environ.setdefault("JAX_DEFAULT_MATMUL_PRECISION", "highest")
   os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
+WORKER_GIB = 4  # Memory a test worker may take (see pytest_xdist_auto_num_workers).
+
 # What needs the CPU platform: a module (all its tests) or module::test -> why.
 CPU_ONLY = {
     "test_parallel.py": "meshes of up to 8 devices (the CPU's fake ones)",
@@ -67,6 +72,36 @@ CPU_ONLY = {
     "test_flops.py::test_benchmark_cli_with_hf_comparison":
         "8 fake CPU devices sharing the CPU's cores with PyTorch",
 }
+
+
+def _cores() -> int:
+  """The cores this process may use: its CPU affinity, capped by its cgroup's quota (a
+  container of 2 cores may see all of the host's)."""
+  cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+  try:
+    with open("/sys/fs/cgroup/cpu.max") as f:
+      quota, period = f.read().split()
+    if quota != "max":
+      cores = min(cores, max(1, int(quota) // int(period)))
+  except (OSError, ValueError):
+    pass
+  return cores or 1
+
+
+def pytest_xdist_auto_num_workers(config):
+  """`-n auto` (pyproject.toml's addopts): a worker a core, and a worker per
+  WORKER_GIB of available memory at most (a worker holds its session fixtures, the
+  models and runs of its tests and the processes they start). On an accelerator, one
+  worker: the tests share the one device and the gpu benchmark reads pytest -v's lines."""
+  del config
+  if PLATFORM != "cpu":
+    return 1
+  try:
+    with open("/proc/meminfo") as f:
+      kib = next(int(l.split()[1]) for l in f if l.startswith("MemAvailable:"))
+  except (OSError, StopIteration):
+    return _cores()
+  return max(1, min(_cores(), kib // (WORKER_GIB * 2**20)))
 
 
 def pytest_collection_modifyitems(config, items):

@@ -55,6 +55,7 @@ def test_dry_run_writes_the_table_and_json_with_every_part_accounted(tmp_path):
   assert (out / "tests.log").exists() and (out / "profile.xplane.pb").exists()
 
 
+@pytest.mark.slow
 def test_parts_that_fail_hang_or_lack_time_are_recorded(tmp_path):
   py = lambda code: ["-c", code]  # noqa: E731
   sleep = py("import time; time.sleep(60)")

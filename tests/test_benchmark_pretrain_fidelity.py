@@ -74,6 +74,7 @@ def test_the_bert_recipe_is_mlm_alone_on_packed_rows():
   assert c.train.num_steps == 6 and c.model.dtype == "float32"
 
 
+@pytest.mark.slow
 def test_tiny_comparison(setup):
   """Each side trains 6 steps and is scored; the timings add up."""
   directory, corpus, c = setup

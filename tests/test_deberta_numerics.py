@@ -9,7 +9,7 @@ relative positions, own position projections, a narrower embedding; c2p alone);
 gradients of every parameter on padded rows; full-size parameter counts equal Hugging
 Face's (eval_shape / meta device: no memory).
 
-    python -m pytest -s tests/test_deberta_numerics.py   # prints the max |diff| per class
+    python -m pytest -s -n 0 tests/test_deberta_numerics.py  # prints the max |diff| per class
 """
 
 import flax.linen as nn

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import os
 
+import pytest
+
 from bertjax.benchmarks import electra_claim, text_tasks
 from tests.helpers import tiny_config
 from tests.rtd_helpers import TOKENIZER, rtd_config
@@ -27,6 +29,7 @@ def test_the_recipes_spend_equal_flops():
       "electra"]["step_flops"] / 2
 
 
+@pytest.mark.slow
 def test_the_benchmark_runs_tiny(tmp_path):
   mlm = tiny_config(num_steps=6, log_every=3, eval_batches=1)
   mlm.objectives = ("mlm",)

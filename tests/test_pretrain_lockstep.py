@@ -53,6 +53,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("optimi")
+pytestmark = pytest.mark.slow  # five 36-step runs on each side
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 36

@@ -77,6 +77,7 @@ def _networks(config=None):
   return objectives, objectives.networks
 
 
+@pytest.mark.slow
 def test_one_tree_with_the_embeddings_shared():
   """{'discriminator', 'generator'}: the generator holds no word, position or token-type
   table nor their LayerNorm, only its own projection; assembled it reads the
@@ -111,6 +112,7 @@ def gdes_config():
   return c
 
 
+@pytest.mark.slow
 def test_gdes_shares_the_generators_table_with_a_residual():
   """DeBERTa-v3's sharing: the generator owns the word table; the discriminator holds a
   zero residual and reads stop_gradient(generator's) + residual, so its loss trains
@@ -221,6 +223,7 @@ def reference(tmp_path_factory):
   return workdir
 
 
+@pytest.mark.slow
 def test_the_pair_trains_and_logs_its_metrics(reference):
   rows = faults.train_rows(reference)
   assert sorted(rows) == [3, 6, 9, 12, 15, 18, 20]
@@ -233,6 +236,7 @@ def test_the_pair_trains_and_logs_its_metrics(reference):
   assert evals and "rtd_recall" in evals[-1]
 
 
+@pytest.mark.slow
 def test_sigterm_resumes_bit_for_bit(reference, on_train_batch, tmp_path):
   """SIGTERM before steps 4 and 13; each run saves and returns, the next resumes: the
   metrics and the final state (both networks, the optimizer, the data position) equal
@@ -249,6 +253,7 @@ def test_sigterm_resumes_bit_for_bit(reference, on_train_batch, tmp_path):
   faults.assert_same_arrays(faults.saved_state(workdir), faults.saved_state(reference))
 
 
+@pytest.mark.slow
 def test_accumulation_and_packed_rows_train(tmp_path):
   """Gradient accumulation over 2 micro-batches of packed rows with isolated documents
   (segment ids) on the 8-device mesh: finite metrics, a falling loss."""
@@ -261,6 +266,7 @@ def test_accumulation_and_packed_rows_train(tmp_path):
   assert rows[12]["loss"] < rows[4]["loss"]
 
 
+@pytest.mark.slow
 def test_export_writes_both_networks_transformers_agrees(reference, tmp_path):
   """convert --to=hf writes the discriminator (ElectraForPreTraining) in DST and the
   generator (ElectraForMaskedLM) in DST/generator; transformers' logits on them equal
@@ -283,6 +289,7 @@ def test_export_writes_both_networks_transformers_agrees(reference, tmp_path):
     assert np.abs(ours[key] - theirs).max() < 1e-4
 
 
+@pytest.mark.slow
 def test_fill_mask_uses_the_generator(reference):
   assert workdir_lib.masked_lm_network(reference) == "generator"
   assert workdir_lib.other_networks(reference) == ("generator",)

@@ -137,7 +137,7 @@ def plan(dry: bool, tests: list[str]) -> list[Part]:
           no_dropout), 90, 30),
       Part("memory", "memory", _bench("kernels", "--mode=memory", *sized(
           "", f"--lengths=64 --tokens=128 {heads}")), 90, 30),
-      Part("tests", "tests", ["-m", "pytest", "-v", "-p", "no:cacheprovider", "-rfE",
+      Part("tests", "tests", ["-m", "pytest", "-v", "-n", "0", "-p", "no:cacheprovider", "-rfE",
                               *tests], 150, 40),
       Part("bert_base_128_packed", "train",
            train("bert_base", "bert_tiny", 128, 256, no_dropout, "--docs_per_row=4"),
