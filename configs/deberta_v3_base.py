@@ -10,13 +10,21 @@ The model is Hugging Face's `microsoft/deberta-v3-base` config.json (`python -m
 bertjax.convert --to=bertjax` imports that checkpoint: its released weights are the
 replaced-token-detection discriminator, without an MLM head).
 
-The objective becomes 'rtd' with the replaced-token-detection issue: a generator of half
-the discriminator's depth (rtd_base.json: 6 layers), gradient-disentangled embedding
-sharing, the RTD loss weighted by `rtd_lambda`. Until then this recipe pretrains the
-discriminator's network with MLM, on the settings the authors' released pretraining
-code gives (github:microsoft/DeBERTa; the paper's appendix table could not be read on
-this machine, which reaches no arXiv: every number below cites the file it comes from):
+The objective is replaced-token detection ('rtd', bertjax/objectives/rtd.py), as the
+authors' released pretraining code gives it (github:microsoft/DeBERTa; the paper's
+appendix table could not be read on this machine, which reaches no arXiv: every number
+below cites the file it comes from):
 
+- A generator of the discriminator's width and half its depth (rtd_base.json
+  `generator`: 6 layers), sampling each masked token from its softmax (rtd_model.py
+  `topk_sampling`: `torch.multinomial`, temperature 1); gradient-disentangled embedding
+  sharing (rtd_base.json `"embedding_sharing": "gdes"`: the family's default here);
+  loss = generator MLM + 10 x the discriminator's (rtd_task.py `--rtd_lambda`, default
+  10, which rtd.sh does not set). Their run trains the two networks by two trainers
+  (`--decoupled_training True`), each with its own Adam state and gradient clipping;
+  here both are one state under one optimizer, whose Adam moments are per parameter
+  (GDES: each parameter receives exactly one of the two losses, so the updates are the
+  same) and whose global-norm clipping is over both networks' gradients together.
 - Rows of 512 tokens (experiments/language_model/rtd.sh: `max_seq_length=512`); the
   corpus concatenated and cut into lines of 510 tokens plus [CLS] and [SEP]
   (prepare_data.py, README "We concatenate all documents into a single text"): packed
@@ -93,7 +101,12 @@ def model_config() -> ml_collections.ConfigDict:
 def get_config(arg=None):
   c = bert_base.get_config(arg)
   c.model = model_config()
-  c.objectives = ("mlm",)  # MLM alone (no NSP): 'rtd' with the RTD objective.
+  c.objectives = ("rtd",)  # Replaced-token detection (no NSP).
+  c.rtd = ml_collections.ConfigDict()
+  c.rtd.discriminator_weight = 10.0  # rtd_task.py --rtd_lambda.
+  c.rtd.embedding_sharing = ""  # '': the family's, GDES (rtd_base.json).
+  # The generator: config.model at these sizes (rtd_base.json `generator`).
+  c.generator = ml_collections.ConfigDict({"num_layers": 6})
   c.data.max_seq_length = 512  # rtd.sh max_seq_length.
   c.data.length_phases = ()  # 512 throughout.
   c.data.max_predictions_per_seq = 80  # ceil(512 x 0.15 / 10) x 10.

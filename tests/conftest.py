@@ -104,18 +104,28 @@ def pytest_xdist_auto_num_workers(config):
   return max(1, min(_cores(), kib // (WORKER_GIB * 2**20)))
 
 
+# Modules that start first: the longest indivisible ones (tests/test_readme.py's one
+# shell per document, minutes), so that a worker does not take one on at the end while
+# the others stand idle.
+FIRST = ("test_readme.py",)
+
+
 def pytest_collection_modifyitems(config, items):
-  """On another platform than the CPU, CPU_ONLY tests skip with their reason."""
+  """FIRST's modules first (pytest-xdist hands modules out in this order); on another
+  platform than the CPU, CPU_ONLY tests skip with their reason."""
   del config
+  module = lambda item: os.path.basename(item.nodeid.split("::")[0])  # noqa: E731
+  items.sort(key=lambda item: module(item) not in FIRST)
   if PLATFORM == "cpu":
     return
   for item in items:
-    module = os.path.basename(item.nodeid.split("::")[0])
-    reason = (CPU_ONLY.get(module)
-              or CPU_ONLY.get(f"{module}::{getattr(item, 'originalname', item.name)}"))
+    reason = (CPU_ONLY.get(module(item))
+              or CPU_ONLY.get(f"{module(item)}::{getattr(item, 'originalname', item.name)}"))
     if reason:
       item.add_marker(pytest.mark.skip(
           reason=f"needs the CPU platform ({reason}); BERTJAX_TEST_PLATFORM={PLATFORM}"))
+
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # Compiled programs are shared between the tests' own runs and the CLIs they start,

@@ -4,6 +4,7 @@ the device count, and a resumed run's vocabulary against the tokenizer given now
 
 from __future__ import annotations
 
+import glob
 import importlib
 import json
 import math
@@ -234,11 +235,13 @@ def test_finetuning_field_out_of_range(field, value, names):
   _one_line_naming(e.value, names)
 
 
-@pytest.mark.parametrize("recipe", ["bert_base", "bert_large", "bert_tiny", "roberta_base",
-                                    "spanbert_base", "xlmr_base", "xlmr_large",
-                                    "modernbert_base", "modernbert_large",
-                                    "modernbert_tiny", "electra_small", "electra_base",
-                                    "electra_large", "electra_tiny"])
+PRETRAINING_RECIPES = sorted(
+    os.path.basename(p)[:-3] for p in glob.glob(os.path.join(
+        os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "*.py"))
+    if not p.endswith("__init__.py"))
+
+
+@pytest.mark.parametrize("recipe", PRETRAINING_RECIPES)
 def test_every_pretraining_recipe_passes(recipe):
   pretraining(importlib.import_module(f"configs.{recipe}").get_config())
 
@@ -296,6 +299,26 @@ def test_resumed_run_refuses_another_tokenizer(tmp_path):
   config.data.tokenizer.path = WORDPIECE  # the run's own tokenizer: fine
   assert pretrain.get_tokenizer(config, workdir).vocab_size == 400
 
+
+def test_a_tokenizer_trained_short_of_the_rows_leaves_them_unused(tmp_path, caplog):
+  """SentencePiece on a corpus too small for the pieces asked (deberta_tiny's 4,096 on
+  the embedded corpus) gives fewer ids: the model keeps its rows, and the log says how
+  many stay unused; more ids than rows is a one-line error."""
+  config = bert_tiny.get_config()
+  config.data.corpus = str(tmp_path / "small.txt")
+  (tmp_path / "small.txt").write_text("the cat sat on the mat .\n\na dog ran in the "
+                                      "old garden .\n" * 3)
+  config.data.tokenizer.kind = "sentencepiece_bert"
+  config.data.tokenizer.vocab_size = config.model.vocab_size = 300
+  with caplog.at_level("INFO"):
+    tokenizer = pretrain.get_tokenizer(config, str(tmp_path / "run"))
+  assert tokenizer.vocab_size < 300
+  assert (f"has {tokenizer.vocab_size} ids (of 300 asked): the model's last "
+          f"{300 - tokenizer.vocab_size} rows stay unused") in caplog.text
+  config.model.vocab_size = tokenizer.vocab_size - 1
+  with pytest.raises(ConfigError) as e:
+    pretrain.get_tokenizer(config, str(tmp_path / "other"))
+  _one_line_naming(e.value, [f"but the tokenizer has {tokenizer.vocab_size} tokens"])
 
 def test_resumed_run_refuses_another_vocab_size(tmp_path):
   workdir = _workdir_with_tokenizer(tmp_path, WORDPIECE, 400)

@@ -143,6 +143,44 @@ def test_converted_workdir_goes_on_pretraining(workdir, tmp_path):
   assert 0 < moved < 0.01
 
 
+
+def test_the_recipes_pair_trains_and_exports_both_networks(workdir, tmp_path):
+  """deberta_tiny's objective at the tiny shape: 'rtd' with a generator of half the
+  depth and GDES (lambda 10, as configs/deberta_v3_base.py): a few steps on packed rows
+  log the pair's metrics; `convert --to=hf` writes the discriminator's trunk
+  (DebertaV2Model: transformers has no detection head) in DST and the generator
+  (DebertaV2ForMaskedLM) in DST/generator, whose outputs equal bertjax's."""
+  recipe = deberta_tiny.get_config()
+  assert recipe.objectives == ("rtd",) and recipe.rtd.discriminator_weight == 10.0
+  config = pretrain_config(os.path.join(workdir, "tokenizer"), num_steps=6, warmup_steps=1,
+                           log_every=3, checkpoint_every=6, eval_every=6)
+  config.objectives, config.rtd = recipe.objectives, recipe.rtd
+  config.generator = recipe.generator
+  config.generator.num_layers = config.model.num_layers // 2
+  run = str(tmp_path / "run")
+  pretrain.run(config, run)
+  rows = faults.train_rows(run)
+  assert sorted(rows) == [3, 6]
+  for name in ("generator_loss", "rtd_loss", "rtd_recall", "replaced_fraction"):
+    assert np.isfinite(rows[6][name]), name
+  dst = tmp_path / "hf"
+  convert_cli.main(["--to=hf", f"--src={run}", f"--dst={dst}"])
+  texts = TEXTS + ["please turn [MASK] homework in ."]
+  for name, directory, cls in (("discriminator", dst, "DebertaV2Model"),
+                               ("generator", dst / "generator", "DebertaV2ForMaskedLM")):
+    ours = api.load_pretrained(run, network=name)
+    got = ours.logits(texts) if name == "generator" else ours.encode(texts)
+    model = getattr(transformers, cls).from_pretrained(directory).eval()
+    with torch.no_grad():
+      out = model(torch.as_tensor(got["input_ids"], dtype=torch.long),
+                  attention_mask=torch.as_tensor(got["attention_mask"]))
+    if name == "generator":
+      diff = _max_diff(got["mlm_logits"], out.logits.numpy(), got["attention_mask"])
+    else:
+      diff = _max_diff(got["hidden_states"][-1], out.last_hidden_state.numpy(),
+                       got["attention_mask"])
+    assert diff < 1e-5, (name, diff)
+
 # ---- Fine-tuning -----------------------------------------------------------------
 
 # case -> (config, train file, dev file, start, batching); start 'recipe' is the

@@ -68,17 +68,21 @@ def get_tokenizer(config, workdir: str, fresh: Callable[[], tok_lib.Tokenizer] |
     if multihost and (fresh is not None or not tcfg.path):  # Process 0's is read.
       multihost_utils.sync_global_devices("bertjax: tokenizer saved")
       tokenizer = tok_lib.load_tokenizer(saved)
-  # A given tokenizer may have fewer ids than the model has rows (a checkpoint's padded
-  # embedding: DeBERTa-v3's 128,100 rows for 128,001 ids); one trained here must fit.
+  # A tokenizer may have fewer ids than the model has rows (a checkpoint's padded
+  # embedding: DeBERTa-v3's 128,100 rows for 128,001 ids; a SentencePiece model trained
+  # here on a corpus too small for all the pieces asked: its rows beyond stay unused).
   if fresh is not None:
     return tokenizer
-  trained = not resumed and not tcfg.path
-  if tokenizer.vocab_size > config.model.vocab_size or (
-      trained and tokenizer.vocab_size != config.model.vocab_size):
+  if tokenizer.vocab_size > config.model.vocab_size:
     raise ConfigError(
         f"config.model.vocab_size={config.model.vocab_size} but the tokenizer has "
         f"{tokenizer.vocab_size} tokens; set --config.model.vocab_size="
         f"{tokenizer.vocab_size}.")
+  if not resumed and not tcfg.path and tokenizer.vocab_size < config.model.vocab_size:
+    logging.info("The tokenizer trained on this corpus has %d ids (of %d asked): the "
+                 "model's last %d rows stay unused (--config.model.vocab_size=%d: none).",
+                 tokenizer.vocab_size, tcfg.vocab_size,
+                 config.model.vocab_size - tokenizer.vocab_size, tokenizer.vocab_size)
   return tokenizer
 
 
@@ -151,7 +155,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   trainer.info("Model: %s parameters%s; objectives %s; mesh %s.",
                f"{state_lib.param_count(setup.abstract.params):,}",
                "" if len(members) == 1 else " (" + ", ".join(
-                   f"{name} {state_lib.param_count(m.params(setup.abstract.params)):,}"
+                   f"{name} {state_lib.param_count(jax.eval_shape(m.params, setup.abstract.params)):,}"
                    for name, m in members.items()) + ")",
                ", ".join(objectives.names), dict(setup.mesh.shape))
   evaluate = evaluators.from_config(config, setup, data, objectives)
