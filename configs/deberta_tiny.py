@@ -11,33 +11,24 @@ configs/bert_tiny.py shortens BERT's; dropout off, as there).
   python -m bertjax.fill_mask --checkpoint=/tmp/deberta_tiny "please turn [MASK] homework in ."
 """
 
-from configs import deberta_v3_base
+from configs import bert_tiny, deberta_v3_base
 
 
 def get_config(arg=None):
   c = deberta_v3_base.get_config(arg)
-  c.model.vocab_size = 4096
-  c.model.hidden_size = 128
-  c.model.num_layers = 2
-  c.model.num_heads = 2
-  c.model.intermediate_size = 512
-  c.model.max_position_embeddings = 128
+  tiny = bert_tiny.get_config(arg)
+  c.train = tiny.train  # bert_tiny's schedule.
+  for k in ("corpus", "max_seq_length", "max_predictions_per_seq", "eval_fraction"):
+    c.data[k] = tiny.data[k]  # Its corpus and rows; DeBERTa's masking and tokenizer.
+  c.data.tokenizer.vocab_size = c.model.vocab_size = tiny.model.vocab_size
+  c.model.hidden_size = tiny.model.hidden_size
+  c.model.num_layers = tiny.model.num_layers
+  c.model.num_heads = tiny.model.num_heads
+  c.model.intermediate_size = tiny.model.intermediate_size
+  c.model.max_position_embeddings = tiny.model.max_position_embeddings
   c.model.position_buckets = 32  # 16 exact offsets each side, log-spaced to 128.
   c.model.dropout_rate = 0.0  # A few minutes of training underfit: no dropout.
   c.model.attention_dropout_rate = 0.0
   c.model.cls_dropout = 0.0
   c.generator.num_layers = 1  # Half the discriminator's depth, as the recipe's.
-  c.data.corpus = "embedded"
-  c.data.max_seq_length = 128
-  c.data.max_predictions_per_seq = 20
-  c.data.eval_fraction = 0.05
-  c.data.tokenizer.vocab_size = 4096
-  c.train.batch_size = 32
-  c.train.num_steps = 1500
-  c.train.learning_rate = 2e-3
-  c.train.warmup_steps = 150
-  c.train.log_every = 50
-  c.train.eval_every = 500
-  c.train.eval_batches = 0
-  c.train.checkpoint_every = 500
   return c

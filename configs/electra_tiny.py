@@ -12,36 +12,25 @@ configs/electra_small.py).
   python -m bertjax.fill_mask --checkpoint=/tmp/electra_tiny "please turn [MASK] homework in ."
 """
 
-from configs import electra_small
+from configs import bert_tiny, electra_small
 
 
 def get_config(arg=None):
   c = electra_small.get_config(arg)
-  c.model.vocab_size = 4096
-  c.model.embedding_size = 128
-  c.model.hidden_size = 128
-  c.model.num_layers = 2
-  c.model.num_heads = 2
-  c.model.intermediate_size = 512
-  c.model.max_position_embeddings = 128
+  tiny = bert_tiny.get_config(arg)
+  c.train = tiny.train  # bert_tiny's schedule.
+  for k in ("corpus", "max_seq_length", "eval_fraction", "length_phases"):
+    c.data[k] = tiny.data[k]  # Its corpus and rows; ELECTRA's masking and packing.
+  c.data.tokenizer.vocab_size = c.model.vocab_size = tiny.model.vocab_size
+  c.model.embedding_size = c.model.hidden_size = tiny.model.hidden_size
+  c.model.num_layers = tiny.model.num_layers
+  c.model.num_heads = tiny.model.num_heads
+  c.model.intermediate_size = tiny.model.intermediate_size
+  c.model.max_position_embeddings = tiny.model.max_position_embeddings
   # A few minutes of training underfits this model: dropout only slows it down here.
-  c.model.dropout_rate = 0.0
-  c.model.attention_dropout_rate = 0.0
+  c.model.dropout_rate = c.model.attention_dropout_rate = 0.0
   c.generator.hidden_size = 32
   c.generator.num_heads = 1
   c.generator.intermediate_size = 128
   c.generator.num_layers = 2
-  c.data.corpus = "embedded"
-  c.data.max_seq_length = 128
-  c.data.max_predictions_per_seq = 19
-  c.data.eval_fraction = 0.05
-  c.data.tokenizer.vocab_size = 4096
-  c.train.batch_size = 32
-  c.train.num_steps = 1500
-  c.train.learning_rate = 2e-3
-  c.train.warmup_steps = 150
-  c.train.log_every = 50
-  c.train.eval_every = 500
-  c.train.eval_batches = 0
-  c.train.checkpoint_every = 500
   return c
