@@ -19,7 +19,7 @@ from bertjax.errors import ConfigError
 from bertjax.model import attention as attention_lib, layers
 from bertjax.model.config import FamilyConfig
 from bertjax.model.family import Family, Head
-from bertjax.model.layers import BATCH, EMBED, HEADS, KV, LENGTH, MLP, constrain
+from bertjax.model.layers import BATCH, EMBED, HEADS, KV, LENGTH, constrain
 from bertjax.model.sbo import SpanBoundaryHead
 
 
@@ -163,28 +163,12 @@ class SelfAttention(nn.Module):
                          bias_names=("embed",))(out, "BTND,NDE->BTE")
 
 
-class TransformerBlock(nn.Module):
-  """Post-LN block: LN(x + Attn(x)), then LN(x + FFN(x)) with GELU, dropout 0.1."""
+class TransformerBlock(layers.PostLNBlock):
+  """Post-LN block: LN(x + Attn(x)), then LN(x + FFN(x)) with exact GELU, dropout 0.1."""
 
-  config: ModelConfig
-  scanned: bool = False
-
-  @nn.compact
-  def __call__(self, x: jax.Array, context, layer, deterministic: bool,
-               keep: bool = False):
-    """[B, T, E] -> [B, T, E] (`layer`: unused, every block is alike)."""
-    del layer
-    cfg = self.config
-    drop = nn.Dropout(cfg.dropout_rate)
-    h = SelfAttention(cfg, name="attention")(x, context, deterministic)
-    x = _layer_norm(cfg, "attention_norm")(x + drop(h, deterministic=deterministic))
-    x = constrain(x, (BATCH, LENGTH, EMBED))
-    h = layers.dense(cfg, cfg.intermediate_size, ("embed", "mlp"), "intermediate")(x)
-    h = constrain(nn.gelu(h, approximate=False), (BATCH, LENGTH, MLP))  # [B, T, M]
-    h = layers.dense(cfg, cfg.hidden_size, ("mlp", "embed"), "output")(h)
-    x = _layer_norm(cfg, "output_norm")(x + drop(h, deterministic=deterministic))
-    x = constrain(x, (BATCH, LENGTH, EMBED))
-    return (x, x if keep else None) if self.scanned else x
+  attention = SelfAttention
+  activation = staticmethod(lambda cfg, h: nn.gelu(h, approximate=False))
+  norm = staticmethod(_layer_norm)
 
 
 class Pooler(nn.Module):

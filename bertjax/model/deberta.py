@@ -51,8 +51,7 @@ from bertjax.errors import ConfigError
 from bertjax.model import attention as attention_lib, layers, stack
 from bertjax.model.config import FamilyConfig
 from bertjax.model.family import Family, Head
-from bertjax.model.layers import (ACTIVATIONS, BATCH, EMBED, HEADS, KV, LENGTH, MLP,
-                                  constrain)
+from bertjax.model.layers import ACTIVATIONS, BATCH, EMBED, HEADS, KV, LENGTH, constrain
 
 POS_ATT_TYPES = ("c2p", "p2c")
 NORM_REL_EBD = ("none", "layer_norm")
@@ -336,28 +335,13 @@ def relative_bias(cfg: DebertaConfig, q: jax.Array, k: jax.Array,
   return score / jnp.sqrt(jnp.float32(cfg.head_dim * cfg.scale_factor))
 
 
-class Block(nn.Module):
-  """Post-LN block: LN(x + Attn(x)), then LN(x + FFN(x)) with `hidden_act`."""
+class Block(layers.PostLNBlock):
+  """Post-LN block (BERT's) with disentangled attention, `hidden_act` and torch's
+  two-pass LayerNorm variance."""
 
-  config: DebertaConfig
-  scanned: bool = False
-
-  @nn.compact
-  def __call__(self, x: jax.Array, context, layer, deterministic: bool,
-               keep: bool = False):
-    """[B, T, E] -> [B, T, E] (`layer`: unused, every block is alike)."""
-    del layer
-    cfg = self.config
-    drop = nn.Dropout(cfg.dropout_rate)
-    h = DisentangledSelfAttention(cfg, name="attention")(x, context, deterministic)
-    x = layer_norm(cfg, "attention_norm")(x + drop(h, deterministic=deterministic))
-    x = constrain(x, (BATCH, LENGTH, EMBED))
-    h = layers.dense(cfg, cfg.intermediate_size, ("embed", "mlp"), "intermediate")(x)
-    h = constrain(ACTIVATIONS[cfg.hidden_act](h), (BATCH, LENGTH, MLP))  # [B, T, M]
-    h = layers.dense(cfg, cfg.hidden_size, ("mlp", "embed"), "output")(h)
-    x = layer_norm(cfg, "output_norm")(x + drop(h, deterministic=deterministic))
-    x = constrain(x, (BATCH, LENGTH, EMBED))
-    return (x, x if keep else None) if self.scanned else x
+  attention = DisentangledSelfAttention
+  activation = staticmethod(lambda cfg, h: ACTIVATIONS[cfg.hidden_act](h))
+  norm = staticmethod(layer_norm)
 
 
 def mlm_transform(cfg: DebertaConfig, x: jax.Array) -> jax.Array:

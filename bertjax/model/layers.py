@@ -21,9 +21,9 @@ from bertjax.model.attention import BATCH, HEADS
 
 LENGTH, EMBED = "activation_length", "activation_embed"
 KV, MLP = "activation_kv", "activation_mlp"
-__all__ = ["ACTIVATIONS", "BATCH", "EMBED", "HEADS", "KV", "LENGTH", "MLP", "attention_impl",
-           "constrain", "dense", "einsum", "embed", "layer_norm", "truncated_normal",
-           "zeros_init"]
+__all__ = ["ACTIVATIONS", "BATCH", "EMBED", "HEADS", "KV", "LENGTH", "MLP", "PostLNBlock",
+           "attention_impl", "constrain", "dense", "einsum", "embed", "layer_norm",
+           "truncated_normal", "zeros_init"]
 
 # Hugging Face's ACT2FN names -> the function ('gelu' is the exact, erf GELU).
 ACTIVATIONS = {
@@ -106,3 +106,31 @@ def embed(cfg: Any, num: int, names: Sequence[str | None], *, init=None,
   return nn.Embed(num, features or cfg.hidden_size, dtype=cfg.dtype,
                   param_dtype=cfg.param_dtype,
                   embedding_init=_kernel_init(cfg, init, names), name=name)
+
+
+class PostLNBlock(nn.Module):
+  """The post-LN transformer block of BERT, ELECTRA and DeBERTa: LN(x + Attn(x)), then
+  LN(x + FFN(x)) ('intermediate', the activation, 'output'), dropout on each branch.
+  A family's block is a subclass naming its self-attention module (`attention`:
+  `attention(config, name='attention')(x, context, deterministic)` -> [B, T, E]), its
+  `activation(config, h)` and its `norm(config, name)`."""
+
+  config: Any
+  scanned: bool = False
+
+  @nn.compact
+  def __call__(self, x: jax.Array, context, layer, deterministic: bool,
+               keep: bool = False):
+    """[B, T, E] -> [B, T, E] (`layer`: unused, every block is alike)."""
+    del layer
+    cfg = self.config
+    drop = nn.Dropout(cfg.dropout_rate)
+    h = self.attention(cfg, name="attention")(x, context, deterministic)
+    x = self.norm(cfg, "attention_norm")(x + drop(h, deterministic=deterministic))
+    x = constrain(x, (BATCH, LENGTH, EMBED))
+    h = dense(cfg, cfg.intermediate_size, ("embed", "mlp"), "intermediate")(x)
+    h = constrain(self.activation(cfg, h), (BATCH, LENGTH, MLP))  # [B, T, M]
+    h = dense(cfg, cfg.hidden_size, ("mlp", "embed"), "output")(h)
+    x = self.norm(cfg, "output_norm")(x + drop(h, deterministic=deterministic))
+    x = constrain(x, (BATCH, LENGTH, EMBED))
+    return (x, x if keep else None) if self.scanned else x
