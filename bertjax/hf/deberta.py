@@ -284,21 +284,6 @@ def params_to_hf(params: dict, config: DebertaConfig, task: str | None = None
   return state
 
 
-def check_supported(hf: dict[str, Any]) -> None:
-  """CheckpointError unless bertjax can represent the Hugging Face model."""
-  model_config_from_hf(hf)
-
-
-def load(hf: dict[str, Any], state_dict: dict[str, np.ndarray], **overrides
-         ) -> tuple[DebertaConfig, dict, str | None]:
-  """(config, params, task) of a Hugging Face config.json and its weights; task from
-  its `architectures` (None for DebertaV2Model / ForMaskedLM), whose head is then in
-  params['head']."""
-  config = model_config_from_hf(hf, **overrides)
-  task = task_of(hf)
-  return config, params_from_hf(state_dict, config, task), task
-
-
 def export(params: dict, config: DebertaConfig, task: str | None = None,
            labels: Sequence[str] | None = None, extra: dict | None = None
            ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
@@ -321,6 +306,7 @@ def _token_ids(tokenizer) -> dict[str, int]:
           "pad_token_id": tokenizer.pad_id}
 
 
+check_supported, load = engine.readers(model_config_from_hf, task_of, params_from_hf)
 export_pretrained, export_finetuned = engine.exporters(export, _token_ids)
 
 

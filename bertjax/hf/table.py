@@ -123,6 +123,30 @@ def task_config(task) -> tuple[dict[str, str], list[str] | None]:
   return extra, labels
 
 
+def readers(config_from_hf: Callable[..., Any], task_of: Callable[[dict], str | None],
+            params_from_hf: Callable[[dict, Any, str | None], dict]
+            ) -> tuple[Callable, Callable]:
+  """A family's (`check_supported`, `load`), as `hf.convert` calls them, from its
+  `config_from_hf(config.json, **overrides)` (which refuses what bertjax cannot
+  represent), `task_of(config.json)` and `params_from_hf(state dict, config, task)`."""
+
+  def check_supported(hf: dict[str, Any]) -> None:
+    """CheckpointError unless bertjax can represent the Hugging Face model (its config
+    is read whole, every variant check included)."""
+    config_from_hf(hf)
+
+  def load(hf: dict[str, Any], state_dict: dict[str, np.ndarray], **overrides
+           ) -> tuple[Any, dict, str | None]:
+    """(config, params, task) of a Hugging Face config.json and its weights; task from
+    its `architectures` (None for the bare model or its MLM), whose head is then in
+    params['head']."""
+    config = config_from_hf(hf, **overrides)
+    task = task_of(hf)
+    return config, params_from_hf(state_dict, config, task), task
+
+  return check_supported, load
+
+
 def exporters(export: Callable[..., tuple[dict[str, Any], dict[str, np.ndarray]]],
               token_ids: Callable[[Any], dict[str, int]]) -> tuple[Callable, Callable]:
   """A family's (`export_pretrained`, `export_finetuned`), as `hf.convert` calls them,
