@@ -1,7 +1,7 @@
 """What the DeBERTa tests share: tiny Hugging Face DeBERTa-v2 / v3 configs (the
 variants the family must equal transformers on), a SentencePiece tokenizer in
 DeBERTa's layout, a tiny Hugging Face DebertaV2ForMaskedLM directory, tiny bertjax
-configs of the family, and outputs of transformers' models.
+configs of the family, and the tensors of transformers' models.
 
 DeBERTa-v3's own spm.model (128k pieces) cannot be downloaded here; `deberta_tokenizer`
 trains a small one on the embedded corpus with the SentencePiece trainer in the same
@@ -101,23 +101,6 @@ def hf_deberta(directory: str, cls: str = "DebertaV2ForMaskedLM", variant: str =
   hf_model(cls, variant, **overrides).save_pretrained(directory)
   deberta_tokenizer(directory)
   return directory
-
-
-def load_hf(directory: str, cls: str | None = None):
-  """The transformers model of a directory (its config's class unless `cls`), eval."""
-  import transformers  # pylint: disable=g-import-not-at-top
-  if cls is None:
-    cls = transformers.AutoConfig.from_pretrained(directory).architectures[0]
-  return getattr(transformers, cls).from_pretrained(directory).eval()
-
-
-def hf_outputs(model, ids: np.ndarray, mask: np.ndarray, **kwargs):
-  """The transformers model's output on int [B, T] (or [B, C, T]) ids and mask."""
-  import torch  # pylint: disable=g-import-not-at-top
-  with torch.no_grad():
-    return model(torch.as_tensor(np.asarray(ids), dtype=torch.long),
-                 attention_mask=torch.as_tensor(np.asarray(mask), dtype=torch.long),
-                 **kwargs)
 
 
 def model_section(**overrides):

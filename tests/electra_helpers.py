@@ -1,11 +1,10 @@
 """What the ELECTRA path tests share (test_electra_finetune.py, _tools.py): tiny
 Hugging Face ELECTRA directories (a discriminator, a generator, fine-tuned classes)
 on the fixtures' 400-id WordPiece vocabulary written as vocab.txt, as the released
-checkpoints ship theirs, and transformers' outputs on them."""
+checkpoints ship theirs (transformers' models of them: tests/helpers.py's load_hf,
+hf_outputs)."""
 
 from __future__ import annotations
-
-import numpy as np
 
 from bertjax.data.tokenizer import load_tokenizer
 from bertjax.hf import files
@@ -36,22 +35,3 @@ def hf_electra(directory: str, cls: str = "ElectraForPreTraining", **overrides) 
       directory)
   assert files.save_hf_tokenizer(directory, tok) == "wordpiece"
   return directory
-
-
-def load_hf(directory: str, cls: str | None = None):
-  """The transformers model of a directory (its config's class unless `cls`), eager
-  attention, eval mode."""
-  import transformers  # pylint: disable=g-import-not-at-top
-  if cls is None:
-    cls = transformers.AutoConfig.from_pretrained(directory).architectures[0]
-  return getattr(transformers, cls).from_pretrained(
-      directory, attn_implementation="eager").eval()
-
-
-def hf_outputs(model, ids: np.ndarray, mask: np.ndarray, **kwargs):
-  """The transformers model's output on int [B, T] (or [B, C, T]) ids and mask."""
-  import torch  # pylint: disable=g-import-not-at-top
-  with torch.no_grad():
-    return model(torch.as_tensor(np.asarray(ids), dtype=torch.long),
-                 attention_mask=torch.as_tensor(np.asarray(mask), dtype=torch.long),
-                 **kwargs)

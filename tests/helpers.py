@@ -69,3 +69,22 @@ def perturb(model):
     for p in model.parameters():
       p.add_(0.05 * torch.randn(p.shape, generator=gen))
   return model.eval()
+
+
+def load_hf(directory: str, cls: str | None = None):
+  """The transformers model of a Hugging Face directory (its config's class unless
+  `cls`), eager attention, eval mode."""
+  import transformers  # pylint: disable=g-import-not-at-top
+  if cls is None:
+    cls = transformers.AutoConfig.from_pretrained(directory).architectures[0]
+  return getattr(transformers, cls).from_pretrained(
+      directory, attn_implementation="eager").eval()
+
+
+def hf_outputs(model, ids: np.ndarray, mask: np.ndarray, **kwargs):
+  """The transformers model's output on int [B, T] (or [B, C, T]) ids and mask."""
+  import torch  # pylint: disable=g-import-not-at-top
+  with torch.no_grad():
+    return model(torch.as_tensor(np.asarray(ids), dtype=torch.long),
+                 attention_mask=torch.as_tensor(np.asarray(mask), dtype=torch.long),
+                 **kwargs)

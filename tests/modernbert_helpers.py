@@ -1,6 +1,7 @@
 """What the ModernBERT path tests share (test_modernbert_pretrain.py, _finetune.py,
 _tools.py): a tokenizer like ModernBERT's, a tiny Hugging Face ModernBertForMaskedLM
-directory, tiny bertjax configs of the family, and outputs of transformers' models.
+directory and tiny bertjax configs of the family (transformers' models of them:
+tests/helpers.py's load_hf, hf_outputs).
 
 ModernBERT's own tokenizer cannot be downloaded here; `modernbert_tokenizer` builds its
 equivalent from the stored 600-token byte-level BPE (tests/fixtures/bpe): a
@@ -16,7 +17,6 @@ import os
 
 import jax.numpy as jnp
 import ml_collections
-import numpy as np
 
 from bertjax.model import modernbert as mb
 from tests.helpers import tiny_config
@@ -84,25 +84,6 @@ def hf_modernbert(directory: str, cls: str = "ModernBertForMaskedLM", **override
   model.save_pretrained(directory)
   modernbert_tokenizer(directory)
   return directory
-
-
-def load_hf(directory: str, cls: str | None = None):
-  """The transformers model of a directory (its config's class unless `cls`), eager
-  attention, eval mode."""
-  import transformers  # pylint: disable=g-import-not-at-top
-  if cls is None:
-    cls = transformers.AutoConfig.from_pretrained(directory).architectures[0]
-  return getattr(transformers, cls).from_pretrained(
-      directory, attn_implementation="eager").eval()
-
-
-def hf_outputs(model, ids: np.ndarray, mask: np.ndarray, **kwargs):
-  """The transformers model's output on int [B, T] (or [B, C, T]) ids and mask."""
-  import torch  # pylint: disable=g-import-not-at-top
-  with torch.no_grad():
-    return model(torch.as_tensor(np.asarray(ids), dtype=torch.long),
-                 attention_mask=torch.as_tensor(np.asarray(mask), dtype=torch.long),
-                 **kwargs)
 
 
 def model_section(**overrides):

@@ -24,16 +24,15 @@ from bertjax import api, convert as convert_cli  # pylint: disable=wrong-import-
 from bertjax.data.tokenizer import load_tokenizer, train_tokenizer  # pylint: disable=wrong-import-position
 from bertjax.hf import deberta as hf_deberta_table, files  # pylint: disable=wrong-import-position
 from bertjax.model import deberta as db  # pylint: disable=wrong-import-position
-from bertjax.tasks import base, finetune, predict  # pylint: disable=wrong-import-position
 from bertjax.tasks.finetuned import load_finetuned  # pylint: disable=wrong-import-position
 from bertjax.train import pretrain  # pylint: disable=wrong-import-position
 from tests import faults  # pylint: disable=wrong-import-position
 from configs import deberta_tiny  # pylint: disable=wrong-import-position
 from configs.finetune import glue, ner, squad, swag  # pylint: disable=wrong-import-position
+from tests.helpers import hf_outputs, load_hf  # pylint: disable=wrong-import-position
 from tests.deberta_helpers import (CLS, MASK, PAD, SEP, TEXTS, UNK, VOCAB,  # pylint: disable=wrong-import-position
-                                   deberta_tokenizer, hf_deberta, hf_outputs, load_hf,
-                                   pretrain_config)
-from tests.tasks_helpers import fixture  # pylint: disable=wrong-import-position
+                                   deberta_tokenizer, hf_deberta, pretrain_config)
+from tests.tasks_helpers import export_matches, fine_tune_and_predict, fixture, shorten  # pylint: disable=wrong-import-position
 
 # Every test here converts, fine-tunes or pretrains (tens of seconds to minutes).
 pytestmark = pytest.mark.slow
@@ -202,7 +201,7 @@ def test_fine_tunes_predicts_and_exports(case, request, tmp_path):
   `convert --to=hf` writes the DebertaV2For<Task> with the labels, which transformers
   loads with outputs equal to the fine-tuned model's on dev rows."""
   make, train, dev, start, batching = RUNS[case]
-  c = make()
+  c = shorten(make(), train, dev, batching)
   if start == "recipe":
     c.model = deberta_tiny.get_config().model
     c.model.vocab_size = VOCAB
@@ -210,47 +209,8 @@ def test_fine_tunes_predicts_and_exports(case, request, tmp_path):
     c.tokenizer = deberta_tokenizer(str(tmp_path / "tok"))
   else:
     c.init_from = request.getfixturevalue(start)
-  c.data.train, c.data.dev = fixture(train), fixture(dev)
-  c.task.max_seq_length = 64 if c.task.name == "squad" else 32
-  c.task.batching = batching
-  c.train.num_epochs, c.train.batch_size, c.train.eval_batch_size = 1, 8, 8
-  c.train.learning_rate = 1e-3
-  if c.task.name == "squad":
-    c.task.doc_stride, c.task.max_query_length = 16, 16
   workdir = str(tmp_path / "run")
-  scores = finetune.run(c, workdir)
-  assert scores and all(np.isfinite(v) for v in scores.values())
-  with open(os.path.join(workdir, "dev_predictions.json")) as f:
-    dev_predictions = json.load(f)
-  records = predict.predict(workdir, fixture(dev), "dev")
-  if isinstance(dev_predictions, dict):  # SQuAD: {id: answer}
-    dev_predictions = [dev_predictions[r["id"]] for r in records]
-  assert [r["prediction"] for r in records] == dev_predictions
-
-  exported = str(tmp_path / "hf")
-  convert_cli.main(["--to=hf", f"--src={workdir}", f"--dst={exported}"])
-  finetuned = load_finetuned(workdir)
-  assert isinstance(finetuned.model, db.DebertaConfig)
-  with open(os.path.join(exported, "config.json")) as f:
-    hf = json.load(f)
-  assert hf["architectures"] == [hf_deberta_table.TASK_CLASSES[c.task.name][0]]
-  if c.task.name in ("classification", "tagging"):
-    assert list(hf["id2label"].values()) == finetuned.task.labels
-  features = finetuned.task.featurize(finetuned.task.read(fixture(dev), "dev"), False)
-  n = min(4, len(features))
-  batch = finetune.rows(features, np.arange(n), np.ones(n, bool))
-  model = base.FinetuneModel(finetuned.model, finetuned.task.head(finetuned.model))
-  out = model.apply({"params": finetuned.params}, batch)
-  theirs = hf_outputs(load_hf(exported), batch["input_ids"], batch["attention_mask"],
-                      token_type_ids=torch.as_tensor(np.asarray(batch["token_type_ids"]),
-                                                     dtype=torch.long))
-  if c.task.name == "squad":
-    ours = np.stack([out["start_logits"], out["end_logits"]], -1)
-    ref = np.stack([theirs.start_logits.numpy(), theirs.end_logits.numpy()], -1)
-  else:
-    ours, ref = np.asarray(out["logits"]), theirs.logits.numpy()
-  if c.task.name in ("tagging", "squad"):
-    assert _max_diff(ours, ref, batch["attention_mask"]) < 1e-5
-  else:
-    assert np.abs(ours - ref).max() < 1e-5
+  fine_tune_and_predict(c, workdir)
+  assert isinstance(load_finetuned(workdir).model, db.DebertaConfig)
+  export_matches(workdir, str(tmp_path / "hf"), fixture(dev), hf_deberta_table.TASK_CLASSES)
 

@@ -5,9 +5,6 @@ their dropouts where transformers has them, and every task family fine-tuned che
 from a Hugging Face discriminator directory or its converted workdir, `predict`, and
 the export to ElectraFor<Task> (equal outputs, labels)."""
 
-import json
-import os
-
 import jax
 import numpy as np
 import pytest
@@ -17,12 +14,11 @@ transformers = pytest.importorskip("transformers")
 
 from bertjax import convert as convert_cli  # pylint: disable=wrong-import-position
 from bertjax.hf import electra as conv  # pylint: disable=wrong-import-position
-from bertjax.tasks import base, finetune, get_task, predict  # pylint: disable=wrong-import-position
-from bertjax.tasks.finetuned import load_finetuned  # pylint: disable=wrong-import-position
+from bertjax.tasks import base, get_task  # pylint: disable=wrong-import-position
 from configs.finetune import glue, ner, span_ner, squad, swag  # pylint: disable=wrong-import-position
-from tests.electra_helpers import hf_config, hf_electra, hf_outputs, load_hf  # pylint: disable=wrong-import-position
-from tests.helpers import perturb  # pylint: disable=wrong-import-position
-from tests.tasks_helpers import fixture  # pylint: disable=wrong-import-position
+from tests.electra_helpers import hf_config, hf_electra  # pylint: disable=wrong-import-position
+from tests.helpers import hf_outputs, perturb  # pylint: disable=wrong-import-position
+from tests.tasks_helpers import export_matches, fine_tune_and_predict, fixture, shorten  # pylint: disable=wrong-import-position
 
 T = 20
 
@@ -151,25 +147,10 @@ def test_fine_tunes_predicts_and_exports(case, request, tmp_path, capsys):
   ElectraFor<Task> with the labels, whose outputs equal the fine-tuned model's on dev
   rows (span NER: one line saying why not)."""
   make, train, dev, source, batching = RUNS[case]
-  c = make()
+  c = shorten(make(), train, dev, batching)
   c.init_from = request.getfixturevalue(source)
-  c.data.train, c.data.dev = fixture(train), fixture(dev)
-  c.task.max_seq_length = 64 if c.task.name == "squad" else 32
-  c.task.batching = batching
-  c.train.num_epochs, c.train.batch_size, c.train.eval_batch_size = 1, 8, 8
-  c.train.learning_rate = 1e-3
-  if c.task.name == "squad":
-    c.task.doc_stride, c.task.max_query_length = 16, 16
   workdir = str(tmp_path / "run")
-  scores = finetune.run(c, workdir)
-  assert scores and all(np.isfinite(v) for v in scores.values())
-  with open(os.path.join(workdir, "dev_predictions.json")) as f:
-    dev_predictions = json.load(f)
-  records = predict.predict(workdir, fixture(dev), "dev")
-  if isinstance(dev_predictions, dict):  # SQuAD: {id: answer}
-    dev_predictions = [dev_predictions[r["id"]] for r in records]
-  assert [r["prediction"] for r in records] == dev_predictions
-
+  fine_tune_and_predict(c, workdir)
   exported = str(tmp_path / "hf")
   if c.task.name == "span_ner":
     with pytest.raises(SystemExit):
@@ -177,20 +158,4 @@ def test_fine_tunes_predicts_and_exports(case, request, tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert "has no Hugging Face class" in err and "\n" not in err
     return
-  convert_cli.main(["--to=hf", f"--src={workdir}", f"--dst={exported}"])
-  finetuned = load_finetuned(workdir)
-  with open(os.path.join(exported, "config.json")) as f:
-    hf = json.load(f)
-  assert hf["architectures"] == [conv.TASK_CLASSES[c.task.name][0]]
-  if finetuned.task.regression:
-    assert len(hf["id2label"]) == 1 and hf["problem_type"] == "regression"  # as HF writes it
-  elif c.task.name in ("classification", "tagging"):
-    assert list(hf["id2label"].values()) == finetuned.task.labels
-  features = finetuned.task.featurize(finetuned.task.read(fixture(dev), "dev"), False)
-  n = min(4, len(features))
-  batch = finetune.rows(features, np.arange(n), np.ones(n, bool))
-  ours = _ours(finetuned.task, finetuned.model, finetuned.params, batch)
-  ref = _theirs(c.task.name, load_hf(exported), batch)
-  if c.task.name in ("tagging", "squad"):
-    ours, ref = ours[batch["attention_mask"] > 0], ref[batch["attention_mask"] > 0]
-  assert np.abs(ours - ref).max() < 1e-5
+  export_matches(workdir, exported, fixture(dev), conv.TASK_CLASSES)

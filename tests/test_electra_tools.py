@@ -23,7 +23,8 @@ from bertjax.tasks import finetune  # pylint: disable=wrong-import-position
 from bertjax.train import pretrain  # pylint: disable=wrong-import-position
 from configs import bert_tiny  # pylint: disable=wrong-import-position
 from configs.finetune import glue  # pylint: disable=wrong-import-position
-from tests.electra_helpers import TEXTS, hf_electra, hf_outputs, load_hf  # pylint: disable=wrong-import-position
+from tests.helpers import hf_outputs, load_hf  # pylint: disable=wrong-import-position
+from tests.electra_helpers import TEXTS, hf_electra  # pylint: disable=wrong-import-position
 from tests.tasks_helpers import fixture  # pylint: disable=wrong-import-position
 
 # network -> (Hugging Face class, its logits' name in bertjax)

@@ -11,7 +11,6 @@ import shutil
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -21,12 +20,13 @@ from bertjax import convert as convert_cli  # pylint: disable=wrong-import-posit
 from bertjax.errors import CheckpointError, ConfigError  # pylint: disable=wrong-import-position
 from bertjax.hf import files, modernbert as hf_modernbert_table  # pylint: disable=wrong-import-position
 from bertjax.model import modernbert as mb  # pylint: disable=wrong-import-position
-from bertjax.tasks import base, finetune, get_task, predict  # pylint: disable=wrong-import-position
+from bertjax.tasks import base, finetune, get_task  # pylint: disable=wrong-import-position
 from bertjax.tasks.finetuned import load_finetuned  # pylint: disable=wrong-import-position
 from configs.finetune import glue, ner, span_ner, squad, swag  # pylint: disable=wrong-import-position
-from tests.modernbert_helpers import (SIZES, hf_config, hf_modernbert, hf_outputs,  # pylint: disable=wrong-import-position
-                                      load_hf, model_section, modernbert_tokenizer)
-from tests.tasks_helpers import fixture  # pylint: disable=wrong-import-position
+from tests.helpers import hf_outputs, load_hf  # pylint: disable=wrong-import-position
+from tests.modernbert_helpers import (SIZES, hf_config, hf_modernbert, model_section,  # pylint: disable=wrong-import-position
+                                      modernbert_tokenizer)
+from tests.tasks_helpers import export_matches, fine_tune_and_predict, fixture, shorten  # pylint: disable=wrong-import-position
 
 T = 20  # > the window's 9 keys: the local blocks attend within it
 
@@ -210,12 +210,6 @@ RUNS = {
 }
 
 
-def _outputs(model, params, batch, squad_task: bool) -> np.ndarray:
-  out = model.apply({"params": params}, batch)
-  return np.asarray(jnp.stack([out["start_logits"], out["end_logits"]], -1)
-                    if squad_task else out["logits"])
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("case", RUNS)
 def test_fine_tunes_predicts_and_exports(case, request, tmp_path, capsys):
@@ -224,29 +218,13 @@ def test_fine_tunes_predicts_and_exports(case, request, tmp_path, capsys):
   ModernBertFor<Task> with the labels, whose outputs equal the fine-tuned model's on
   dev rows (span NER and the feature-based tagger: one line saying why not)."""
   make, train, dev, source, batching = RUNS[case]
-  c = make()
+  c = shorten(make(), train, dev, batching)
   c.init_from = request.getfixturevalue(source)
-  c.data.train, c.data.dev = fixture(train), fixture(dev)
-  c.task.max_seq_length = 64 if c.task.name == "squad" else 32
-  c.task.batching = batching
-  c.train.num_epochs, c.train.batch_size, c.train.eval_batch_size = 1, 8, 8
-  c.train.learning_rate = 1e-3
-  if c.task.name == "squad":
-    c.task.doc_stride, c.task.max_query_length = 16, 16
   feature_based = c.task.name == "tagging" and c.task.features
   if feature_based:
     c.task.tagger = "linear"
   workdir = str(tmp_path / "run")
-  scores = finetune.run(c, workdir)
-  assert scores and all(np.isfinite(v) for v in scores.values())
-  with open(os.path.join(workdir, "dev_predictions.json")) as f:
-    dev_predictions = json.load(f)
-  records = predict.predict(workdir, fixture(dev), "dev")
-  got = [r["prediction"] for r in records]
-  if isinstance(dev_predictions, dict):  # SQuAD: {id: answer}
-    dev_predictions = [dev_predictions[r["id"]] for r in records]
-  assert got == dev_predictions
-
+  fine_tune_and_predict(c, workdir)
   exported = str(tmp_path / "hf")
   if c.task.name == "span_ner" or feature_based:
     with pytest.raises(SystemExit):
@@ -255,27 +233,9 @@ def test_fine_tunes_predicts_and_exports(case, request, tmp_path, capsys):
     assert "has no Hugging Face class" in err and "python -m bertjax.predict" in err
     assert "\n" not in err
     return
-  convert_cli.main(["--to=hf", f"--src={workdir}", f"--dst={exported}"])
-  finetuned = load_finetuned(workdir)
-  with open(os.path.join(exported, "config.json")) as f:
-    hf = json.load(f)
-  assert hf["architectures"] == [hf_modernbert_table.TASK_CLASSES[c.task.name][0]]
-  assert hf["classifier_pooling"] == finetuned.model.classifier_pooling
-  if c.task.name in ("classification", "tagging") and not finetuned.task.regression:
-    assert list(hf["id2label"].values()) == finetuned.task.labels
-  features = finetuned.task.featurize(finetuned.task.read(fixture(dev), "dev"), False)
-  n = min(4, len(features))
-  batch = finetune.rows(features, np.arange(n), np.ones(n, bool))
-  model = base.FinetuneModel(finetuned.model, finetuned.task.head(finetuned.model))
-  ours = _outputs(model, finetuned.params, batch, c.task.name == "squad")
-  theirs = hf_outputs(load_hf(exported), batch["input_ids"], batch["attention_mask"])
-  ref = (np.stack([theirs.start_logits.numpy(), theirs.end_logits.numpy()], -1)
-         if c.task.name == "squad" else theirs.logits.numpy())
-  if c.task.name in ("tagging", "squad"):
-    real = batch["attention_mask"].astype(bool)
-    assert np.abs(ours - ref)[real].max() < 1e-5
-  else:
-    assert np.abs(ours - ref).max() < 1e-5
+  hf = export_matches(workdir, exported, fixture(dev), hf_modernbert_table.TASK_CLASSES,
+                      token_types=False)
+  assert hf["classifier_pooling"] == load_finetuned(workdir).model.classifier_pooling
 
 
 # ---- One-line errors -----------------------------------------------------------------

@@ -18,9 +18,8 @@ from bertjax.tasks import finetune
 from bertjax.train import pretrain
 from configs.finetune import glue
 from tests import faults
-from tests.helpers import tiny_config
-from tests.modernbert_helpers import (TEXTS, hf_outputs, load_hf, modernbert_tokenizer,
-                                      pretrain_config)
+from tests.helpers import hf_outputs, load_hf, tiny_config
+from tests.modernbert_helpers import (TEXTS, modernbert_tokenizer, pretrain_config)  # pylint: disable=wrong-import-position
 from tests.tasks_helpers import fixture
 
 pytestmark = pytest.mark.usefixtures("shared_trainers")  # reruns share one step

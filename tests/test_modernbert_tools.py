@@ -24,8 +24,9 @@ from bertjax.embeddings import extract  # pylint: disable=wrong-import-position
 from bertjax.hf import files  # pylint: disable=wrong-import-position
 from bertjax.train import pretrain  # pylint: disable=wrong-import-position
 from tests import faults  # pylint: disable=wrong-import-position
+from tests.helpers import hf_outputs, load_hf  # pylint: disable=wrong-import-position
 from tests.modernbert_helpers import (CLS, MASK, PAD, SEP, TEXTS, UNK, hf_modernbert,  # pylint: disable=wrong-import-position
-                                      hf_outputs, load_hf, pretrain_config)
+                                      pretrain_config)
 from tests.tasks_helpers import fixture, fixture_tokenizer  # pylint: disable=wrong-import-position
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
