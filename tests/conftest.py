@@ -74,17 +74,23 @@ CPU_ONLY = {
 }
 
 
+def _read(path: str) -> str:
+  with open(path) as f:
+    return f.read()
+
+
 def _cores() -> int:
   """The cores this process may use: its CPU affinity, capped by its cgroup's quota (a
   container of 2 cores may see all of the host's)."""
   cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-  try:
-    with open("/sys/fs/cgroup/cpu.max") as f:
-      quota, period = f.read().split()
-    if quota != "max":
-      cores = min(cores, max(1, int(quota) // int(period)))
-  except (OSError, ValueError):
-    pass
+  for files in (("/sys/fs/cgroup/cpu.max",),  # cgroup v2: "QUOTA PERIOD" or "max PERIOD"
+                ("/sys/fs/cgroup/cpu/cpu.cfs_quota_us", "/sys/fs/cgroup/cpu/cpu.cfs_period_us")):
+    try:
+      quota, period = " ".join(_read(f) for f in files).split()
+    except (OSError, ValueError):
+      continue
+    if quota not in ("max", "-1"):
+      cores = min(cores or 1, max(1, int(quota) // int(period)))
   return cores or 1
 
 
@@ -97,8 +103,8 @@ def pytest_xdist_auto_num_workers(config):
   if PLATFORM != "cpu":
     return 1
   try:
-    with open("/proc/meminfo") as f:
-      kib = next(int(l.split()[1]) for l in f if l.startswith("MemAvailable:"))
+    kib = next(int(l.split()[1]) for l in _read("/proc/meminfo").splitlines()
+               if l.startswith("MemAvailable:"))
   except (OSError, StopIteration):
     return _cores()
   return max(1, min(_cores(), kib // (WORKER_GIB * 2**20)))
