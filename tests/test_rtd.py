@@ -169,6 +169,30 @@ def test_loss_and_metrics_are_electras():
   assert labels.sum() > 0 and not np.any(labels * (1 - real))
 
 
+
+def test_held_out_filler_rows_count_nothing():
+  """A held-out batch's last rows may be fillers (`example_weights` 0: row 0 again, its
+  [MASK]s in place but no prediction): they add nothing to any sum or count, so the
+  metrics of 2 real rows + 2 fillers are those of the 2 rows alone. (Counted, the
+  fillers' [MASK]s read as original tokens made a held-out precision of 0.10 where
+  training's was 0.95.)"""
+  objectives, networks = _networks()
+  params = nn.unbox(jax.jit(networks.init)(jax.random.key(0)))
+  batch = synthetic_batch(rtd_config(), 4)
+  filler = {k: np.concatenate([v[:2], v[:1], v[:1]]) for k, v in batch.items()}
+  filler["masked_lm_weights"][2:] = 0
+  filler["example_weights"] = np.asarray([1, 1, 0, 0], np.float32)
+  alone = {k: v[:2] for k, v in batch.items()}
+  sums = jax.jit(lambda p, b: objectives.sums(p, b, None))
+  got, want = sums(params, filler), sums(params, alone)
+  assert sorted(got) == sorted(want)
+  for k in want:
+    np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-6, err_msg=k)
+  for k, v in objectives.counts(alone).items():
+    np.testing.assert_allclose(objectives.counts(filler)[k], v)
+  labels = np.asarray(networks.forward(params, filler, None)["rtd_labels"])
+  assert labels[:2].sum() > 0 and not labels[2:].any()
+
 def test_flops_count_both_networks():
   """The step's FLOPs: the generator's (its MLM head at P predictions) plus the
   discriminator's at every position (no MLM head; its detector per token)."""

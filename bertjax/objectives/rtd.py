@@ -6,8 +6,9 @@ the whole vocabulary, no gradient through the sample: ELECTRA's `sample_from_sof
 with `disallow_correct=False`) replaces each masked position of the ORIGINAL row
 (ELECTRA's `unmask` then `scatter_update`; a prediction of weight 0 replaces
 nothing); the discriminator's 'rtd' head predicts at every non-padding position
-(`attention_mask`; [CLS] and [SEP] included, as ELECTRA's `input_mask`) whether its
-token was replaced: a sample equal to the original counts as original.
+(`attention_mask`; [CLS] and [SEP] included, as ELECTRA's `input_mask`; a held-out
+batch's filler rows count nothing: `real_tokens`) whether its token was replaced: a
+sample equal to the original counts as original.
 
   loss = generator MLM (mean cross-entropy over the predictions)
          + lambda x discriminator BCE (mean over the non-padding tokens)
@@ -136,6 +137,16 @@ def _scatter(ids: jax.Array, positions: jax.Array, values: jax.Array,
   return ids.at[rows, positions].add(delta)
 
 
+def real_tokens(batch: dict) -> jax.Array:
+  """[B, T] float32: 1 at the positions the discriminator is scored on, the non-padding
+  tokens of real rows (a held-out batch's filler rows, `example_weights` 0, repeat a
+  real row with its masks but none of its predictions, so they count nothing)."""
+  real = (batch["attention_mask"] > 0).astype(jnp.float32)
+  if "example_weights" in batch:
+    real = real * batch["example_weights"][:, None]
+  return real
+
+
 def corrupt(batch: dict, logits: jax.Array, key: jax.Array) -> tuple[jax.Array, jax.Array]:
   """(the discriminator's input ids [B, T], is-replaced labels [B, T] int32): the
   original row with a token sampled from the generator's `logits` [B, P, V] (Gumbel-max,
@@ -147,8 +158,7 @@ def corrupt(batch: dict, logits: jax.Array, key: jax.Array) -> tuple[jax.Array, 
   sampled = jax.random.categorical(key, jax.lax.stop_gradient(logits)).astype(
       original.dtype)
   corrupted = _scatter(original, positions, sampled, weights)
-  return corrupted, ((corrupted != original) & (batch["attention_mask"] > 0)).astype(
-      jnp.int32)
+  return corrupted, ((corrupted != original) & (real_tokens(batch) > 0)).astype(jnp.int32)
 
 
 def networks(config, model) -> Networks:
@@ -210,7 +220,7 @@ def _sums(out: dict, batch: dict) -> dict:
   sums = {k.replace("mlm", "generator"): v
           for k, v in mlm.prediction_sums("mlm", out["mlm_logits"], batch).items()}
   logits, labels = out["rtd_logits"], out["rtd_labels"]
-  real = (batch["attention_mask"] > 0).astype(jnp.float32)
+  real = real_tokens(batch)
   bce = jnp.sum(optax.sigmoid_binary_cross_entropy(logits, labels) * real)
   predicted = (logits > 0).astype(jnp.float32) * real
   replaced = labels.astype(jnp.float32) * real
@@ -222,7 +232,7 @@ def _sums(out: dict, batch: dict) -> dict:
 
 def _counts(batch: dict) -> dict:
   return {"generator": jnp.sum(batch["masked_lm_weights"]),
-          "rtd": jnp.sum((batch["attention_mask"] > 0).astype(jnp.float32))}
+          "rtd": jnp.sum(real_tokens(batch))}
 
 
 def _loss(sums: dict, counts: dict) -> jax.Array:
