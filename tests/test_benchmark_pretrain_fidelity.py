@@ -7,6 +7,8 @@ scored by the same code on the same masked rows."""
 import os
 import sysconfig
 
+import flax.linen as nn
+import jax
 import numpy as np
 import pytest
 
@@ -72,6 +74,13 @@ def test_the_bert_recipe_is_mlm_alone_on_packed_rows():
   c = pf.recipe(bert_tiny.get_config(), 6)
   assert objectives.names_of(c) == ("mlm",) and not c.model.pooler
   assert c.train.num_steps == 6 and c.model.dtype == "float32"
+  # The loop's model is the run's: BertForMaskedLM, no pooler or NSP head (built from
+  # config.model alone it took the dataclass's nsp=True and refused to start).
+  model = pf.hf_model(c)
+  assert type(model).__name__ == "BertForMaskedLM"
+  ours = jax.eval_shape(objectives.from_config(c).networks.init, jax.random.key(0))
+  assert sum(p.numel() for p in model.parameters()) == sum(  # the decoder tied in both
+      x.size for x in jax.tree.leaves(nn.unbox(ours)))
 
 
 @pytest.mark.slow

@@ -190,12 +190,13 @@ def train_tokenizer(config, train_path: str, directory: str) -> dict[str, str]:
 
 
 def hf_model(config):
-  """transformers' model of `config.model` (its family's table), initialised by
+  """transformers' model of the run's model (`config.model` with the heads its
+  objectives read, as `pretrain.run` builds it; its family's table), initialised by
   transformers."""
   import transformers  # pylint: disable=g-import-not-at-top
-  from bertjax import model as model_lib  # pylint: disable=g-import-not-at-top
+  from bertjax import objectives as objectives_lib  # pylint: disable=g-import-not-at-top
   from bertjax.hf import convert  # pylint: disable=g-import-not-at-top
-  cfg = model_lib.config_from(config.model)
+  cfg = objectives_lib.check(config).model
   hf_json, _ = convert.family_table(cfg.family).pretraining_model(cfg)
   cls = getattr(transformers, hf_json["architectures"][0])
   return cls(cls.config_class(**hf_json, attn_implementation="sdpa"))
