@@ -152,11 +152,13 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   trainer = Trainer(setup, config, workdir)
   trainer.info("Data: %s", data.stats)
   members = objectives.networks.members
+  # Each member's count on shapes: one may be assembled from others' arrays (GDES).
+  counts = {name: state_lib.param_count(jax.eval_shape(m.params, setup.abstract.params))
+            for name, m in members.items()}
   trainer.info("Model: %s parameters%s; objectives %s; mesh %s.",
                f"{state_lib.param_count(setup.abstract.params):,}",
                "" if len(members) == 1 else " (" + ", ".join(
-                   f"{name} {state_lib.param_count(jax.eval_shape(m.params, setup.abstract.params)):,}"
-                   for name, m in members.items()) + ")",
+                   f"{name} {n:,}" for name, n in counts.items()) + ")",
                ", ".join(objectives.names), dict(setup.mesh.shape))
   evaluate = evaluators.from_config(config, setup, data, objectives)
   init = start and functools.partial(start.initial_params, setup, tokenizer)
