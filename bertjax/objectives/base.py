@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 
 from bertjax import model as model_lib
 from bertjax.errors import CheckpointError
@@ -114,6 +115,12 @@ class Networks:
       raise CheckpointError(f"no network {name!r} among the trained ones "
                             f"({', '.join(self.members)}).")
     return self.members[name]
+
+
+def example_weights(batch: dict) -> jax.Array:
+  """[B] each row's weight: `example_weights` where given (a held-out batch, whose
+  filler rows have 0), else 1."""
+  return batch.get("example_weights", jnp.ones(batch["input_ids"].shape[:1], jnp.float32))
 
 
 def apply(module: nn.Module, params: Any, batch: dict, rng: jax.Array | None) -> dict:

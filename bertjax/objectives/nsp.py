@@ -13,19 +13,14 @@ import jax.numpy as jnp
 import optax
 
 from bertjax.errors import ConfigError
-from bertjax.objectives.base import Objective
+from bertjax.objectives.base import Objective, example_weights
 
 FIELDS = ("next_sentence_labels",)
 
 
-def _weights(batch: dict):
-  """[B] each example's weight: `example_weights` where given (held out), else 1."""
-  labels = batch["next_sentence_labels"]
-  return batch.get("example_weights", jnp.ones(labels.shape, jnp.float32))
-
-
 def _sums(out: dict, batch: dict) -> dict:
-  logits, labels, weights = out["nsp_logits"], batch["next_sentence_labels"], _weights(batch)
+  logits, labels = out["nsp_logits"], batch["next_sentence_labels"]
+  weights = example_weights(batch)
   return {"nsp_loss": jnp.sum(optax.softmax_cross_entropy_with_integer_labels(
               logits, labels) * weights),
           "nsp_correct": jnp.sum((jnp.argmax(logits, -1) == labels) * weights)}
@@ -49,6 +44,6 @@ def _check(config) -> None:
 
 OBJECTIVE = Objective(
     name="nsp", fields=FIELDS, heads=("nsp",), check=_check, sums=_sums,
-    counts=lambda batch: {"nsp": jnp.sum(_weights(batch))},
+    counts=lambda batch: {"nsp": jnp.sum(example_weights(batch))},
     loss=lambda sums, counts: sums["nsp_loss"] / jnp.maximum(counts["nsp"], 1.0),
     metrics=_metrics, metric_names=("nsp_loss", "nsp_accuracy"))

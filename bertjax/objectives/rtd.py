@@ -52,7 +52,7 @@ import optax
 from bertjax import model as model_lib
 from bertjax.errors import ConfigError
 from bertjax.objectives import mlm
-from bertjax.objectives.base import Network, Networks, Objective, apply
+from bertjax.objectives.base import Network, Networks, Objective, apply, example_weights
 
 # The family's embedding sharing (config.rtd.embedding_sharing overrides it).
 SHARING = {"electra": "tied", "deberta": "gdes"}
@@ -141,10 +141,7 @@ def real_tokens(batch: dict) -> jax.Array:
   """[B, T] float32: 1 at the positions the discriminator is scored on, the non-padding
   tokens of real rows (a held-out batch's filler rows, `example_weights` 0, repeat a
   real row with its masks but none of its predictions, so they count nothing)."""
-  real = (batch["attention_mask"] > 0).astype(jnp.float32)
-  if "example_weights" in batch:
-    real = real * batch["example_weights"][:, None]
-  return real
+  return (batch["attention_mask"] > 0).astype(jnp.float32) * example_weights(batch)[:, None]
 
 
 def corrupt(batch: dict, logits: jax.Array, key: jax.Array) -> tuple[jax.Array, jax.Array]:
