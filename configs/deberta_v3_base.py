@@ -85,7 +85,8 @@ def model_config() -> ml_collections.ConfigDict:
   m.pooler_dropout = 0.0  # The sequence heads' ContextPooler: dropout before its dense.
   m.pooler_hidden_act = "gelu"  # ... and its activation.
   m.cls_dropout = 0.1  # The sequence heads' dropout after the pooler.
-  m.initializer_range = 0.02  # Truncated-normal std of every weight matrix.
+  m.initializer_range = 0.02  # The initial normal's std for every weight matrix,
+  m.initializer_cutoff_factor = 0.0  # untruncated (microsoft/DeBERTa's normal_).
   # '' = the XLA path (the only one that takes the relative-position score bias; logged
   # at start-up), or 'xla'. The fused kernels (cudnn, pallas_gpu, splash) take no bias.
   m.attention_impl = ""

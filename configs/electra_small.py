@@ -68,7 +68,8 @@ def get_config(arg=None):
   m.layer_norm_eps = 1e-12  # BERT's.
   m.dropout_rate = 0.1  # Dropout on embeddings and every residual branch.
   m.attention_dropout_rate = 0.1  # Dropout on attention probabilities.
-  m.initializer_range = 0.02  # Truncated-normal stddev of every weight matrix.
+  m.initializer_range = 0.02  # The initial normal's scale for every weight matrix,
+  m.initializer_cutoff_factor = 2.0  # cut at +-2 scales (google-research/electra).
   m.rtd = True  # The discriminator's replaced-token-detection head.
   # Fine-tuning heads' dropout (Hugging Face's classifier_dropout); None: dropout_rate.
   m.classifier_dropout_rate = None

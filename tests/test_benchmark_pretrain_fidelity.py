@@ -65,7 +65,9 @@ def test_every_arm_is_a_valid_config_that_changes_what_it_names(setup):
   for arm in pf.ARMS:
     config = pf.arm_config(c, 6, arm, corpus["train"], corpus["tokenizer"]["bertjax"], 0)
     changed = pf.VARIANTS.get(arm.removeprefix("bertjax_"), {})
-    assert all(base.data[k] != v == config.data[k] for k, v in changed.items()), arm
+    for k, v in changed.items():
+      section, field = k.split(".")
+      assert base[section][field] != v == config[section][field], (arm, k)
     pipeline.check_config(config.data, model_lib.config_from(config.model), 6)
 
 
@@ -81,6 +83,31 @@ def test_the_bert_recipe_is_mlm_alone_on_packed_rows():
   ours = jax.eval_shape(objectives.from_config(c).networks.init, jax.random.key(0))
   assert sum(p.numel() for p in model.parameters()) == sum(  # the decoder tied in both
       x.size for x in jax.tree.leaves(nn.unbox(ours)))
+
+
+def test_the_hf_init_arm_starts_from_the_loops_initial_weights(setup, tmp_path):
+  """`save_hf_init` writes the model `hf_loop` starts from (the loop run 0 steps), and
+  bertjax reads it as the run's initial weights (MLM logits equal transformers')."""
+  _, corpus, c = setup
+  config = pf.arm_config(c, 6, "bertjax_hf_init", corpus["train"],
+                         corpus["tokenizer"]["bertjax"], 3)
+  config.train.num_steps = 0
+  pf.hf_loop(config, corpus["train"], corpus["tokenizer"]["hf"], 3, str(tmp_path / "loop"))
+  pf.save_hf_init(config, 3, str(tmp_path / "init"))
+  loop = transformers.AutoModelForMaskedLM.from_pretrained(tmp_path / "loop")
+  init = transformers.AutoModelForMaskedLM.from_pretrained(tmp_path / "init")
+  for (name, a), b in zip(loop.state_dict().items(), init.state_dict().values()):
+    assert torch.equal(a, b), name
+  from bertjax.checkpoint import pretrained  # pylint: disable=g-import-not-at-top
+  p = pretrained.load_pretrained(str(tmp_path / "init"), tokenizer=tok_lib.load_tokenizer(
+      corpus["tokenizer"]["bertjax"]))
+  ours = p.logits(pf.read_documents(corpus["held_out"])[:2], max_length=T)
+  with torch.no_grad():
+    theirs = init(input_ids=torch.from_numpy(ours["input_ids"]).long(),
+                  attention_mask=torch.from_numpy(ours["attention_mask"]).long()).logits
+  real = ours["attention_mask"].astype(bool)
+  np.testing.assert_allclose(ours["mlm_logits"][real][:, :theirs.shape[-1]],
+                             theirs.numpy()[real], atol=2e-5)
 
 
 @pytest.mark.slow

@@ -158,3 +158,21 @@ def test_roberta_positions_start_past_padding():
 def test_bad_model_config_names_the_field():
   with pytest.raises(ValueError, match="hidden_size=30 is not divisible by .*num_heads=4"):
     ModelConfig(hidden_size=30, num_heads=4)
+  with pytest.raises(ConfigError, match="initializer_cutoff_factor=-1 must be >= 0"):
+    ModelConfig(initializer_cutoff_factor=-1)
+
+
+@pytest.mark.parametrize("cutoff,std", [(2.0, 0.02 * 0.8796), (0.0, 0.02)])
+def test_initial_weights_follow_the_cutoff(cutoff, std):
+  """Kernels and tables are drawn at `initializer_range` scale, cut at +-cutoff scales
+  (google-research/bert's truncated normal: std 0.88 x 0.02) or not at all (0:
+  transformers' normal); LayerNorm scales are 1, biases 0."""
+  config = ModelConfig(vocab_size=512, hidden_size=64, num_layers=1, num_heads=2,
+                       intermediate_size=128, initializer_cutoff_factor=cutoff)
+  params = nn.unbox(jax.jit(bert.FAMILY.pretraining(config).init)(
+      jax.random.key(0), jnp.ones((1, 8), jnp.int32)))["params"]
+  kernels = np.concatenate([np.ravel(x) for path, x in jax.tree_util.tree_leaves_with_path(params)
+                            if path[-1].key in ("kernel", "embedding")])
+  assert kernels.size > 50_000
+  np.testing.assert_allclose(kernels.std(), std, rtol=0.02)
+  assert (np.abs(kernels).max() <= 0.04 + 1e-7) == (cutoff == 2.0)

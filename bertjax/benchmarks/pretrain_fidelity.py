@@ -2,8 +2,9 @@
 loop (transformers' model of the family, `hf_reference.pretraining_optimizer` and
 `train_step`) on real text, over seeds, with each process's whole time.
 
-  python -m bertjax.benchmark pretrain_fidelity --seeds=0,1,2 \
-      --arms=hf,bertjax,bertjax_stream,bertjax_per_token,bertjax_specials,bertjax_numpy_rng
+  python -m bertjax.benchmark pretrain_fidelity --seeds=0,1,2 --arms=hf,bertjax,\
+bertjax_stream,bertjax_per_token,bertjax_specials,bertjax_numpy_rng,bertjax_normal_init,\
+bertjax_hf_init
   python -m bertjax.benchmark pretrain_fidelity --config=configs/bert_tiny.py
 
 The text: the docstrings of the installed Python packages (`docstring_documents`: the
@@ -28,7 +29,8 @@ The arms, each in a process of its own (`--only`), timed whole (start to exit):
   `DataCollatorForLanguageModeling` at the recipe's rate (80/10/10);
 - `bertjax`: `bertjax.train.pretrain.run` with the recipe (bertjax's own data
   pipeline), exported through `bertjax.hf`; `bertjax_<variant>`: the same with one of
-  VARIANTS changed (what differs from the loop by design).
+  VARIANTS changed (what differs from the loop by design; `bertjax_hf_init` starts
+  from the loop's initial weights through `config.init_from`).
 Every model is scored by `score` on the same rows: each held-out document alone
 ([CLS] document [SEP], longer ones in windows of T - 2), 15% of its tokens masked
 (80/10/10) by a fixed draw. Prints each run and each arm's mean and standard deviation
@@ -62,18 +64,25 @@ MIN_WORDS = 8  # A docstring shorter than this is not a document.
 EVAL_RATE = 0.15  # Held-out masking (the ModernBERT authors evaluate at 15%).
 EVAL_SEED = 1234  # The held-out masks' draw, the same for every model.
 
-# bertjax_<name> -> the config.data fields that arm changes, and why it is an arm.
+# bertjax_<name> -> the config fields ("section.field") that arm changes, and why.
 VARIANTS = {
     # The documents' tokens back to back, no separator token between documents.
-    "stream": {"packing": "stream"},
+    "stream": {"data.packing": "stream"},
     # Each token chosen with probability p (transformers' collator, the authors'),
     # instead of round(p x candidates) per row; room for the draws above the mean.
-    "per_token": {"masked_lm_draw": "per_token", "max_predictions_per_seq": 30},
+    "per_token": {"data.masked_lm_draw": "per_token", "data.max_predictions_per_seq": 30},
     # [CLS] and [SEP] may be chosen too (the authors' packer masks any non-padding).
-    "specials": {"mask_special_tokens": True},
+    "specials": {"data.mask_special_tokens": True},
     # Masks drawn from numpy's PCG64 (one Generator a batch) instead of bertjax's
     # per-row SplitMix64 streams (`masking.RowStreams`).
     "numpy_rng": {},
+    # An untruncated normal initialisation (transformers'), instead of BERT's truncated
+    # at 2 standard deviations (google-research/bert's).
+    "normal_init": {"model.initializer_cutoff_factor": 0.0},
+    # The loop's initial weights (transformers' initialisation, the same seed), read
+    # through `config.init_from`, instead of bertjax's own (BERT: a normal truncated at
+    # 2 standard deviations, as google-research/bert; transformers: an untruncated one).
+    "hf_init": {},
 }
 ARMS = ("hf", "bertjax", *(f"bertjax_{v}" for v in VARIANTS))
 
@@ -169,7 +178,8 @@ def arm_config(config, steps: int, arm: str, train_path: str, tokenizer: str,
   c.data.corpus = train_path
   c.data.tokenizer.path = tokenizer
   for k, v in VARIANTS.get(arm.removeprefix("bertjax_"), {}).items():
-    c.data[k] = v
+    section, field = k.split(".")
+    c[section][field] = v
   return c
 
 
@@ -200,6 +210,13 @@ def hf_model(config):
   hf_json, _ = convert.family_table(cfg.family).pretraining_model(cfg)
   cls = getattr(transformers, hf_json["architectures"][0])
   return cls(cls.config_class(**hf_json, attn_implementation="sdpa"))
+
+
+def save_hf_init(config, seed: int, path: str) -> None:
+  """The loop's initial model for `seed` (`hf_loop`'s) saved to `path`."""
+  import torch  # pylint: disable=g-import-not-at-top
+  torch.manual_seed(seed)
+  hf_model(config).save_pretrained(path)
 
 
 def stream_rows(documents: list[str], tokenizer, length: int) -> np.ndarray:
@@ -249,7 +266,8 @@ def hf_loop(config, train_path: str, tokenizer_dir: str, seed: int, out_dir: str
   t_steps = time.time()
   model.save_pretrained(out_dir)
   return {"data_s": t_data - t0, "model_s": t_model - t_data, "steps_s": t_steps - t_model,
-          "rows": len(rows), "final_loss": float(np.mean(losses[-20:]))}
+          "rows": len(rows),
+          "final_loss": float(np.mean(losses[-20:])) if losses else float("nan")}
 
 
 class _NumpyStreams:
@@ -384,6 +402,9 @@ def run_arm(f, arm: str, seed: int, directory: str, setup: dict) -> dict:
                  seed)
   if arm == "hf":
     return hf_loop(c, setup["train"], setup["tokenizer"]["hf"], seed, out_dir)
+  if arm == "bertjax_hf_init":
+    c.init_from = os.path.join(directory, f"{arm}_seed{seed}", "init")
+    save_hf_init(c, seed, c.init_from)
   return bertjax_run(c, os.path.join(directory, f"{arm}_seed{seed}", "workdir"), out_dir,
                      numpy_rng=arm == "bertjax_numpy_rng")
 

@@ -48,6 +48,10 @@ class ModelConfig(FamilyConfig):
   dropout_rate: float = 0.1
   attention_dropout_rate: float = 0.1
   initializer_range: float = 0.02
+  # The initial weights' normal truncated at +- this many initializer_range (0: untruncated,
+  # as transformers' BertPreTrainedModel): 2, as google-research/bert's
+  # truncated_normal_initializer (docs/pretraining.md measures both).
+  initializer_cutoff_factor: float = 2.0
   pooler: bool = True
   nsp: bool = True
   sbo: bool = False  # SpanBERT's span-boundary objective head (with span masking)

@@ -111,6 +111,10 @@ class FamilyConfig:
     for name in dropouts:
       if not 0 <= getattr(self, name) < 1:
         raise ConfigError(f"config.model.{name}={getattr(self, name)} must lie in [0, 1).")
+    if not self.initializer_cutoff_factor >= 0:
+      raise ConfigError(f"config.model.initializer_cutoff_factor="
+                        f"{self.initializer_cutoff_factor} must be >= 0 (0: an untruncated "
+                        "normal).")
     if not 0 <= self.pad_token_id < self.vocab_size:
       raise ConfigError(f"config.model.pad_token_id={self.pad_token_id} must lie in "
                         f"[0, config.model.vocab_size={self.vocab_size}).")

@@ -95,6 +95,7 @@ class DebertaConfig(FamilyConfig):
   pooler_hidden_act: str = "gelu"
   cls_dropout: float = 0.1  # the sequence heads' after the pooler (HF: absent = hidden)
   initializer_range: float = 0.02
+  initializer_cutoff_factor: float = 0.0  # untruncated: microsoft/DeBERTa's normal_
   rtd: bool = False  # DeBERTa-v3's replaced-token-detection head ('rtd', the discriminator's)
   attention_impl: str = ""  # '' or 'xla': only the XLA path takes the score bias
   scan_layers: bool = False  # nn.scan over the blocks: params under encoder/layers [L, ...]

@@ -14,7 +14,7 @@ As a field of bert.py each of those would be a branch inside BERT's file; as a f
 it is this file of parts, and bert.py is untouched: it reuses BERT's post-LN block,
 its embeddings (word, absolute position, token type; positions from
 `bert.position_ids_for`, so packed rows restart them as BERT's pipeline gives them),
-its initialiser (truncated normal, `initializer_range`) and its output layers.
+its initialiser (`initializer_range`, `initializer_cutoff_factor`) and its output layers.
 
 - Embeddings: word, position and token-type tables of [*, D] (D = `embedding_size`),
   summed, LayerNorm over D, dropout; then, when D differs from the hidden size E,
@@ -84,6 +84,7 @@ class ElectraConfig(FamilyConfig):
   dropout_rate: float = 0.1
   attention_dropout_rate: float = 0.1
   initializer_range: float = 0.02
+  initializer_cutoff_factor: float = 2.0  # google-research/electra's truncated normal
   rtd: bool = False  # the discriminator's replaced-token-detection head ('rtd')
   # The task heads' dropout (Hugging Face's classifier_dropout); None: dropout_rate.
   classifier_dropout_rate: float | None = None

@@ -4,7 +4,8 @@ initialisers, dense / einsum projections, LayerNorm and embedding tables.
 Every parameter carries logical axis names (`nn.with_logical_partitioning`) and every
 large activation a logical constraint; the rules table in the config maps the names
 onto the mesh axes ('data', 'fsdp', 'tensor'). A builder takes the family's config for
-its `dtype` / `param_dtype` (and `initializer_range`, the default initialiser's).
+its `dtype` / `param_dtype` (and `initializer_range` / `initializer_cutoff_factor`, the
+default initialiser's).
 Shapes: B batch, T length, E hidden, N heads, D head size, M intermediate size.
 """
 
@@ -23,7 +24,7 @@ LENGTH, EMBED = "activation_length", "activation_embed"
 KV, MLP = "activation_kv", "activation_mlp"
 __all__ = ["ACTIVATIONS", "BATCH", "EMBED", "HEADS", "KV", "LENGTH", "MLP", "PostLNBlock",
            "attention_impl", "constrain", "dense", "einsum", "embed", "layer_norm",
-           "truncated_normal", "zeros_init"]
+           "normal", "zeros_init"]
 
 # Hugging Face's ACT2FN names -> the function ('gelu' is the exact, erf GELU).
 ACTIVATIONS = {
@@ -53,9 +54,14 @@ def attention_impl(module: nn.Module, cfg: Any, dropout: bool, seq_len: int,
                                 bias=bias)
 
 
-def truncated_normal(std: float, cutoff: float = 2.0):
-  """A normal of standard deviation `std` truncated at +-`cutoff` standard deviations
-  (flax's, BERT's and Hugging Face's `trunc_normal_` at its default cut)."""
+def normal(std: float, cutoff: float = 2.0):
+  """A normal of scale `std` truncated at +-`cutoff` times it (its standard deviation
+  is then 0.88 `std` at a cutoff of 2: flax's `truncated_normal`, google-research/bert's
+  `tf.truncated_normal_initializer`, torch's `trunc_normal_(std=std, a=-2 std, b=2
+  std)`); `cutoff=0`: untruncated (torch's `normal_`, what transformers' BERT, ELECTRA
+  and DeBERTa classes initialise with)."""
+  if cutoff == 0:
+    return nn.initializers.normal(std)
   return nn.initializers.truncated_normal(std, lower=-cutoff, upper=cutoff)
 
 
@@ -65,13 +71,15 @@ def zeros_init(names: Sequence[str | None]):
 
 def _kernel_init(cfg: Any, init, names):
   return nn.with_logical_partitioning(
-      truncated_normal(cfg.initializer_range) if init is None else init, tuple(names))
+      normal(cfg.initializer_range, cfg.initializer_cutoff_factor) if init is None else init,
+      tuple(names))
 
 
 def dense(cfg: Any, features: int, names: Sequence[str | None], name: str, *,
           init=None, use_bias: bool = True) -> nn.Dense:
   """[..., names[0]] -> [..., features (names[1])]; `init` the kernel's initialiser
-  (default: truncated normal, std `cfg.initializer_range`), the bias zeros."""
+  (default: `normal(cfg.initializer_range, cfg.initializer_cutoff_factor)`), the bias
+  zeros."""
   return nn.Dense(features, use_bias=use_bias, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
                   kernel_init=_kernel_init(cfg, init, names), bias_init=zeros_init(names[1:]),
                   name=name)

@@ -112,7 +112,7 @@ class ModernBertConfig(FamilyConfig):
   classifier_activation: str = "gelu"  # the heads' `transform` activation
   classifier_pooling: str = "cls"  # 'cls' or 'mean' (sequence-level task heads)
   initializer_range: float = 0.02
-  initializer_cutoff_factor: float = 2.0  # truncation, in standard deviations
+  initializer_cutoff_factor: float = 2.0  # truncation, in standard deviations (0: none)
   attention_impl: str = ""  # '' (the fastest allowed) or a path of attention.IMPLS
   scan_layers: bool = False  # nn.scan over blocks 1..L-1 (params encoder/layers [L-1])
   remat_policy: str = "none"  # a key of REMAT_POLICIES
@@ -144,8 +144,7 @@ class ModernBertConfig(FamilyConfig):
           f"config.model.global_rope_theta_phases={phases}: positive thetas, one per "
           f"length phase, the last equal to config.model.global_rope_theta="
           f"{self.global_rope_theta} (what inference and export use).")
-    for name in ("norm_eps", "initializer_range", "initializer_cutoff_factor",
-                 "global_rope_theta", "local_rope_theta"):
+    for name in ("norm_eps", "initializer_range", "global_rope_theta", "local_rope_theta"):
       if not getattr(self, name) > 0:
         raise ConfigError(f"config.model.{name}={getattr(self, name)} must be positive.")
     for name in ("hidden_activation", "classifier_activation"):
@@ -228,8 +227,8 @@ def init_std(cfg: ModernBertConfig, kind: str) -> float:
 
 
 def _init(cfg: ModernBertConfig, kind: str):
-  """Truncated normal of `init_std(kind)`, cut at +-`initializer_cutoff_factor` std."""
-  return layers.truncated_normal(init_std(cfg, kind), cfg.initializer_cutoff_factor)
+  """The normal of `init_std(kind)`, cut at +-`initializer_cutoff_factor` of it."""
+  return layers.normal(init_std(cfg, kind), cfg.initializer_cutoff_factor)
 
 
 def layer_norm(cfg: ModernBertConfig, name: str) -> nn.LayerNorm:

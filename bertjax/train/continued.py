@@ -54,7 +54,7 @@ from bertjax.errors import BertjaxError, CheckpointError, ConfigError, at_least
 # config.model fields a continued run chooses whatever the checkpoint holds (with every
 # field naming a dropout and the family's own heads): the config's value when given.
 TRAINING_FIELDS = ("dtype", "param_dtype", "attention_impl", "scan_layers", "remat_policy",
-                   "initializer_range", "pooler", "sbo_max_positions",
+                   "initializer_range", "initializer_cutoff_factor", "pooler", "sbo_max_positions",
                    "global_rope_theta_phases")
 
 
