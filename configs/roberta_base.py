@@ -29,6 +29,7 @@ def get_config(arg=None):
   c.model.pad_token_id = 1
   c.model.position_offset = 2
   c.model.layer_norm_eps = 1e-5
+  c.model.initializer_cutoff_factor = 0.0  # fairseq's init_bert_params: an untruncated normal
   c.objectives = ("mlm",)  # No NSP: packed rows of full sentences.
   c.model.pooler = False
   c.data.max_seq_length = 512
