@@ -1,4 +1,4 @@
-"""Tests run on CPU with fake devices (8 for the modules of MESH, 1 elsewhere), tiny configs.
+"""Tests run on CPU with 8 fake devices (set before jax starts), tiny configs.
 
 `BERTJAX_TEST_PLATFORM=gpu` (or `tpu`) runs the suite on the host's accelerator instead:
 float32 matmuls in full precision (no TF32) so that float32 comparisons hold, no
@@ -43,17 +43,11 @@ import tempfile
 import pytest
 
 PLATFORM = os.environ.get("BERTJAX_TEST_PLATFORM", "cpu")
-MESH_DEVICES = 8  # fake CPU devices of a process that runs the MESH modules
 _JAX_PLATFORMS = {"cpu": "cpu", "gpu": "cuda", "tpu": "tpu"}
 if PLATFORM not in _JAX_PLATFORMS:
   raise pytest.UsageError(f"BERTJAX_TEST_PLATFORM={PLATFORM!r}: use one of "
                           f"{sorted(_JAX_PLATFORMS)}.")
-if "JAX_NUM_CPU_DEVICES" not in os.environ:  # (else the user's: it wins)
-  os.environ["JAX_NUM_CPU_DEVICES"] = str(MESH_DEVICES)
-  os.environ["BERTJAX_TEST_DEVICES"] = "default"  # seen by pytest-xdist's workers
-if (os.environ.get("PYTEST_XDIST_WORKER", "gw0") != "gw0"
-    and os.environ.get("BERTJAX_TEST_DEVICES") == "default"):
-  os.environ["JAX_NUM_CPU_DEVICES"] = "1"  # a worker that never runs MESH's modules
+os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
 if "BERTJAX_TEST_PLATFORM" in os.environ:  # Chosen for this run: it wins.
   os.environ["JAX_PLATFORMS"] = _JAX_PLATFORMS[PLATFORM]
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -119,46 +113,6 @@ def pytest_xdist_auto_num_workers(config):
   return max(1, min(_cores(), kib // (WORKER_GIB * 2**20)))
 
 
-# Modules whose tests need several devices in their process (meshes up to MESH_DEVICES,
-# or CLIs started with this process's devices). Under pytest-xdist the first worker
-# (gw0) has MESH_DEVICES fake CPU devices and runs these first; every other worker, and
-# the processes its tests start, have one (8 fake devices on 2 cores cost a run on one
-# 10-20%: each step is 8 partitions and their collectives), and never takes these.
-# One process (`-n 0`) has MESH_DEVICES for all.
-MESH = ("test_attention.py", "test_config_checks.py", "test_embed.py", "test_fast_paths.py",
-        "test_modernbert_numerics.py", "test_parallel.py", "test_reliability_finetune.py",
-        "test_stable_adamw.py", "test_tpu.py", "test_train_step.py")
-
-
-def _module(nodeid: str) -> str:
-  return os.path.basename(nodeid.split("::")[0])
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_xdist_make_scheduler(config, log):
-  """`--dist loadscope` (a module to a worker), with MESH's modules on gw0 only."""
-  if config.getvalue("dist") != "loadscope":
-    return None
-  from xdist.scheduler import LoadScopeScheduling  # pylint: disable=g-import-not-at-top
-
-  class MeshScopes(LoadScopeScheduling):
-    """gw0 takes MESH's modules before any other; the other workers take the others
-    only, and stop when none is left for them."""
-
-    def _assign_work_unit(self, node):
-      mesh_node = node.gateway.id == "gw0"
-      scope = next((s for s in self.workqueue if (_module(s) in MESH) == mesh_node),
-                   next(iter(self.workqueue), None) if mesh_node else None)
-      if scope is None:
-        if not self._pending_of(self.assigned_work.get(node, {})):
-          node.shutdown()
-        return
-      self.workqueue.move_to_end(scope, last=False)
-      super()._assign_work_unit(node)
-
-  return MeshScopes(config, log)
-
-
 # Modules that start first: the longest indivisible ones (tests/test_readme.py's one
 # shell per document, minutes), so that a worker does not take one on at the end while
 # the others stand idle.
@@ -169,7 +123,7 @@ def pytest_collection_modifyitems(config, items):
   """FIRST's modules first (pytest-xdist hands modules out in this order); on another
   platform than the CPU, CPU_ONLY tests skip with their reason."""
   del config
-  module = lambda item: _module(item.nodeid)  # noqa: E731
+  module = lambda item: os.path.basename(item.nodeid.split("::")[0])  # noqa: E731
   items.sort(key=lambda item: module(item) not in FIRST)
   if PLATFORM == "cpu":
     return
