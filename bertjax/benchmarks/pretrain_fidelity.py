@@ -79,9 +79,8 @@ VARIANTS = {
     # An untruncated normal initialisation (transformers'), instead of BERT's truncated
     # at 2 standard deviations (google-research/bert's).
     "normal_init": {"model.initializer_cutoff_factor": 0.0},
-    # The loop's initial weights (transformers' initialisation, the same seed), read
-    # through `config.init_from`, instead of bertjax's own (BERT: a normal truncated at
-    # 2 standard deviations, as google-research/bert; transformers: an untruncated one).
+    # The loop's own initial weights for the seed (`save_hf_init`), read through
+    # `config.init_from` (`run_arm`), instead of bertjax's draw.
     "hf_init": {},
 }
 ARMS = ("hf", "bertjax", *(f"bertjax_{v}" for v in VARIANTS))
