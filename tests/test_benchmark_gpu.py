@@ -19,9 +19,10 @@ import pytest
 from bertjax.benchmarks import gpu, gpu_report, trace
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# One part of each kind (the other train parts differ from modernbert_1024 only in
-# their flags' values, which test_real_plan_passes_the_dry_runs_flags checks).
-DRY_PARTS = "smoke,kernels,modernbert_1024,profile,memory,tests"
+# One part of each kind, a train part with the profile and one against Hugging Face
+# (the other train parts differ from these only in their flags' values, which
+# test_real_plan_passes_the_dry_runs_flags checks).
+DRY_PARTS = "smoke,bert_base_128,tests,modernbert_1024_hf,kernels,memory"
 
 
 @pytest.mark.slow
@@ -47,11 +48,13 @@ def test_dry_run_writes_the_table_and_json_with_every_part_accounted(tmp_path):
                   "attention paths against float32 XLA", "packed rows, bf16 forward",
                   "one train step on cpu", "tests: 6 passed, 0 failed"):
     assert heading in table, heading
-  train = parts["modernbert_1024"]["result"]
+  train = parts["modernbert_1024_hf"]["result"]
   assert train["docs_per_row"] == 4
   assert train["hf"]["model_class"] == "ModernBertForMaskedLM"
   assert parts["smoke"]["result"]["attention"]["cudnn"] == "skipped: cuDNN needs a GPU"
-  assert parts["profile"]["result"]["device_ms"]["matmuls"] > 0
+  ours = parts["bert_base_128"]["result"]["bertjax"]
+  assert ours["profile"]["device_ms"]["matmuls"] > 0
+  assert set(ours["startup_s"]) == {"setup", "init (compiled and run)", "trace", "compile"}
   assert (out / "tests.log").exists() and (out / "profile.xplane.pb").exists()
 
 

@@ -3,34 +3,36 @@
 
 Runs, each part in a process of its own with a time cap (a failure, a crash or a hang
 is recorded and the rest goes on), in this order, until `--budget_s` is spent (a part
-that cannot start with enough time left is skipped and says so):
+that cannot start with enough time left is skipped and says so). The caps come from
+the first run on an H200 (2026-11-27): smoke 29 s, kernels 56 s, and a base-sized
+`benchmark train` process about 130 s alone (compile 31 s; the phases of its start-up
+are printed as they end), more with Hugging Face beside it. One call of 510 s runs the
+first four parts; a second call (`--parts=`) the next ones:
 
   smoke            versions and devices; a bf16 matmul; one call of each attention path
+  bert_base_128    BERT-base at 128, batch 256, bf16, attention dropout off (as the
+                   README's GPU targets: cuDNN for padded rows): MFU, tokens/s, memory,
+                   start-up; two more steps profiled (`benchmark train --profile_dir`):
+                   device time by category, the largest ops
+  modernbert_1024  ModernBERT-base (the recipe), 1,024 tokens, 4 documents a row
+  tests            the suite's GPU tests (`BERTJAX_TEST_PLATFORM=gpu`, --tests)
+  bert_large_512_hf, bert_base_128_hf, modernbert_1024_hf
+                   the same against Hugging Face (`benchmark train --compare=hf`,
+                   interleaved steps on the one GPU); BERT-large at 512, batch 32
   kernels          `benchmark kernels --mode=errors`: cuDNN and the Pallas kernel
                    against XLA, bf16 and fp32, forward and gradients, padded and packed
                    rows, windows: errors and times
-  modernbert_1024  ModernBERT-base (the recipe), 1,024 tokens, 4 documents a row,
-                   against Hugging Face (`benchmark train --compare=hf`): MFU, tokens/s,
-                   memory
-  bert_base_128    BERT-base at 128, vs HF; attention dropout off (as the README's GPU
-                   targets: cuDNN for padded rows), as in every BERT part but one
-  bert_large_512   BERT-large at 512, vs HF
-  profile          `benchmark profile`: bert_base_128's step, device time by category
   memory           `benchmark kernels --mode=memory`: packed rows at 512 and 8,192
                    tokens, the Pallas kernel against XLA's mask
-  tests            the suite's GPU tests (`BERTJAX_TEST_PLATFORM=gpu`, --tests)
   bert_base_128_packed, bert_large_512_packed
                    4 documents a row (the Pallas kernel)
   bert_base_128_dropout
                    the recipe as is: attention dropout 0.1 (the XLA path)
   max_batch        BERT-large at 512: the largest batch each framework fits (--max_batch)
 
-The figures the targets need come first, then what explains them, then the tests
-(`--parts=tests` reruns them alone).
-
 Writes DIR/gpu.json (every part: status, seconds, command, results), DIR/gpu.txt (the
-table), DIR/tests.log (pytest's output) and DIR/profile.xplane.pb (the trace, when
-under 12 MiB), and prints every part's output, then the table last. `--dry_run` runs
+table), DIR/tests.log (pytest's output) and DIR/profile.xplane.pb (bert_base_128's
+trace, when under 12 MiB), and prints every part's output, then the table last. `--dry_run` runs
 the same parts at tiny sizes (tiny configs, a few tokens: on a CPU in minutes;
 tests/test_benchmark_gpu.py runs it); `--parts` runs some of them.
 
@@ -93,7 +95,7 @@ class Part:
   says why not."""
 
   name: str
-  kind: str  # smoke, kernels, memory, train, tests, profile
+  kind: str  # smoke, kernels, memory, train, tests
   argv: list[str]
   cap_s: float
   need_s: float = 30.0
@@ -121,32 +123,35 @@ def plan(dry: bool, tests: list[str]) -> list[Part]:
   heads = "--heads=2 --head_dim=16 --window=8 --docs=3 --repeats=1"
   return [
       Part("smoke", "smoke",
-           _bench("gpu", "--part=smoke", *(["--dry_run"] if dry else [])), 90, 20),
-      Part("kernels", "kernels", _bench("kernels", "--mode=errors", *sized(
-          "", f"--batch=1 --seq=64 {heads} --cases=packed_window")), 120, 40),
+           _bench("gpu", "--part=smoke", *(["--dry_run"] if dry else [])), 60, 20),
+      Part("bert_base_128", "train",
+           train("bert_base", "bert_tiny", 128, 256, no_dropout,
+                 "--profile_dir={dir}/trace"), 200, 100),
       Part("modernbert_1024", "train",
+           train("modernbert_base", "modernbert_tiny", 1024, 32, "--docs_per_row=4"),
+           200, 100),
+      Part("tests", "tests", ["-m", "pytest", "-v", "-n", "0", "-p", "no:cacheprovider",
+                              "-rfE", *tests], 150, 60),
+      # A second call: `--parts=` these (the first four take the first call's budget).
+      Part("bert_large_512_hf", "train", train("bert_large", "bert_tiny", 512, 32,
+                                               no_dropout, "--compare=hf"), 220, 120),
+      Part("bert_base_128_hf", "train", train("bert_base", "bert_tiny", 128, 256,
+                                              no_dropout, "--compare=hf"), 200, 120),
+      Part("modernbert_1024_hf", "train",
            train("modernbert_base", "modernbert_tiny", 1024, 32, "--docs_per_row=4",
-                 "--compare=hf"), 150, 60),
-      Part("bert_base_128", "train", train("bert_base", "bert_tiny", 128, 256, no_dropout,
-                                           "--compare=hf"), 120, 45),
-      Part("bert_large_512", "train", train("bert_large", "bert_tiny", 512, 32,
-                                            no_dropout, "--compare=hf"), 150, 60),
-      Part("profile", "profile", _bench("profile", "--trace_dir={dir}/trace", *sized(
-          "--config=configs/bert_base.py --seq=128 --batch=256 --steps=2",
-          "--config=configs/bert_tiny.py --seq=32 --batch=2 --steps=1"), dtype,
-          no_dropout), 90, 30),
+                 "--compare=hf"), 220, 120),
+      Part("kernels", "kernels", _bench("kernels", "--mode=errors", *sized(
+          "", f"--batch=1 --seq=64 {heads} --cases=packed_window")), 120, 60),
       Part("memory", "memory", _bench("kernels", "--mode=memory", *sized(
           "", f"--lengths=64 --tokens=128 {heads}")), 90, 30),
-      Part("tests", "tests", ["-m", "pytest", "-v", "-n", "0", "-p", "no:cacheprovider", "-rfE",
-                              *tests], 150, 40),
       Part("bert_base_128_packed", "train",
            train("bert_base", "bert_tiny", 128, 256, no_dropout, "--docs_per_row=4"),
-           90, 40),
+           200, 100),
       Part("bert_large_512_packed", "train",
            train("bert_large", "bert_tiny", 512, 32, no_dropout, "--docs_per_row=4"),
-           120, 50),
+           200, 100),
       Part("bert_base_128_dropout", "train", train("bert_base", "bert_tiny", 128, 256),
-           90, 40),
+           200, 100),
       Part("max_batch", "train", train("bert_large", "bert_tiny", 512, 32, no_dropout,
                                        "--compare=hf", "--max_batch",
                                        "--batch_tolerance=0.25"), 600, 90,
@@ -228,16 +233,15 @@ def run_parts(parts: list[Part], budget_s: float, out: str, env: dict) -> dict:
       record.update(status="failed", reason=record["result"]["summary"])
     else:
       record["status"] = "ok"
-    if part.kind == "profile":
-      _keep_trace(folder, out)
+    _keep_trace(folder, out)
     print(f"== {part.name}: {record['status']} in {record['seconds']} s"
           + (f" ({record['reason']})" if "reason" in record else ""), flush=True)
   return records
 
 
 def _keep_trace(folder: str, out: str, limit: int = 12 * 2**20) -> None:
-  """The profile's trace into `out` (profile.xplane.pb) when it is small enough to
-  come back from the device machine."""
+  """A part's profiler trace (bert_base_128's) into `out` (profile.xplane.pb) when it
+  is small enough to come back from the device machine."""
   for root, _, files in os.walk(folder):
     for name in files:
       path = os.path.join(root, name)

@@ -85,10 +85,17 @@ def _short(record: dict) -> str:
             f"{r['matmul_tflops']:.3g} TFLOP/s; {paths}")
   if kind == "train":
     ours, hf = r["bertjax"], r.get("hf")
+    profile = ours.get("profile")
+    busy = (sum(profile["device_ms"].values()) or 1.0) if profile else 1.0
     return (f"{path_label(r)}: {_sci(ours['tokens_per_s'])} tokens/s, MFU "
             f"{100 * ours['mfu']:.1f}%" + (f"; HF {_sci(hf['tokens_per_s'])}, MFU "
                                            f"{100 * hf['mfu']:.1f}%: "
-                                           f"{r['speedup_vs_hf']:.2f}x" if hf else ""))
+                                           f"{r['speedup_vs_hf']:.2f}x" if hf else "")
+            + f"; start-up {sum(ours['startup_s'].values()):.0f} s ("
+            + ", ".join(f"{k} {v:.0f}" for k, v in ours["startup_s"].items()) + ")"
+            + ("; device time " + ", ".join(f"{k} {100 * v / busy:.0f}%" for k, v in
+                                           profile["device_ms"].items())
+               if profile else ""))
   if kind == "kernels":
     worst = {}  # The fused kernels' (XLA in bf16 is the table's yardstick).
     for row in (row for row in r["rows"] if row["impl"] != "xla"):
@@ -102,9 +109,6 @@ def _short(record: dict) -> str:
     return "; ".join(f"T={row['seq']} {row['layer']} {row['impl']} "
                      + (f"{row['total_mib']:.0f} MiB" if "total_mib" in row else "failed")
                      for row in r["rows"])
-  if kind == "profile":
-    busy = sum(r["device_ms"].values()) or 1.0
-    return ", ".join(f"{k} {100 * v / busy:.0f}%" for k, v in r["device_ms"].items())
   return r["summary"]
 
 
@@ -126,21 +130,27 @@ def table(result: dict) -> str:
   if train:
     peak = next(iter(train.values()))
     lines += ["", f"train steps, {peak['dtype']}, MFU = model FLOPs over "
-              f"{peak['peak_tflops']:.4g} TFLOP/s ({peak['peak_source']}); HF: Hugging "
-              f"Face, {peak.get('speedup_basis', '')}",
+              f"{peak['peak_tflops']:.4g} TFLOP/s ({peak['peak_source']})"
+              + next((f"; HF: Hugging Face, {r['speedup_basis']}" for r in train.values()
+                      if "speedup_basis" in r), ""),
               f"{'run':22} {'attention':26} {'batch x seq':14} {'ms/step':>9} "
               f"{'tokens/s':>9} {'MFU':>6} {'HF tok/s':>9} {'MFU':>6} {'ours/HF':>6} "
               f"{'peak MiB ours/HF':>15}"]
     lines += [_train_line(n, r) for n, r in train.items()]
   for name, record in parts.items():
     r = record.get("result")
-    if not r or record["kind"] in ("train", "smoke"):
+    if not r or record["kind"] == "smoke":
+      continue
+    if record["kind"] == "train":
+      if record["status"] == "ok" and "profile" in r["bertjax"]:
+        lines += ["", trace.format_table({
+            **r["bertjax"]["profile"], "device": r["device"], "batch": r["batch"],
+            "seq": r["seq"], "docs_per_row": r["docs_per_row"],
+            "step_ms": r["bertjax"]["step_ms_median"]})]
       continue
     lines.append("")
     if record["kind"] in ("kernels", "memory"):
       lines.append(kernels.format_table(r))
-    elif record["kind"] == "profile":
-      lines.append(trace.format_table(r))
     elif record["kind"] == "tests":
       lines.append(f"tests: {r['summary']}")
       lines += [f"  {f['test']}: {f['reason']}" for f in r["failures"][:20]]

@@ -188,8 +188,9 @@ def format_table(result: dict, top: int = 10) -> str:
   lines = [f"one train step on {result['device']}: batch {result['batch']} x seq "
            f"{result['seq']}" + (f", {result['docs_per_row']} documents a row"
                                  if result["docs_per_row"] > 1 else "")
-           + f": {result['step_ms']:.2f} ms wall, ops {busy:.2f} ms, put_batch (host) "
-           f"{result['put_batch_ms']:.2f} ms",
+           + f": {result['step_ms']:.2f} ms wall, ops {busy:.2f} ms"
+           + (f", put_batch (host) {result['put_batch_ms']:.2f} ms"
+              if "put_batch_ms" in result else ""),
            f"ops from {result['source']}; {100 * result['named_share']:.0f}% of their "
            "time found in the program by name, the rest placed by kernel names",
            f"{'category':16} {'ms/step':>9} {'share':>6}"]

@@ -85,6 +85,9 @@ _BATCH_TOLERANCE = flags.DEFINE_float("batch_tolerance", 0.1, "--max_batch stops
                                       "fraction of the largest fitting one.")
 _BATCH_CAP = flags.DEFINE_integer("batch_cap", 4096, "--max_batch tries no larger batch.")
 _JSON = flags.DEFINE_string("json", "", "Results file (default: a name in /tmp).")
+_PROFILE_DIR = flags.DEFINE_string(
+    "profile_dir", "", "Also trace two of our steps after the timed ones into this "
+    "folder and print their device time by category (`benchmark profile`'s table).")
 flags.mark_flags_as_required(["config"])
 
 _DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
@@ -163,28 +166,49 @@ def time_interleaved(steppers: list, steps: int, warmup: int) -> list[list[float
 
 
 def bench_bertjax(config, batch: int, seq: int, predictions: int, devices,
-                  docs_per_row: int = 0):
+                  docs_per_row: int = 0, profile_dir: str = ""):
   """Compiles our train step on `devices` (data parallel). Returns (step, finish):
-  `step()` runs one step to completion; `finish()` the compile, FLOP and memory
-  figures."""
+  `step()` runs one step to completion; `finish()` the start-up (`startup_s`: each
+  phase's seconds, printed as it ends), compile, FLOP and memory figures and, with
+  `profile_dir`, the device time of two more steps traced there, by category
+  (`bertjax.benchmarks.trace`)."""
+  startup = {}
+
+  def phase(name: str, start: float) -> None:
+    startup[name] = round(time.perf_counter() - start, 2)
+    print(f"bertjax start-up: {name} {startup[name]:.1f} s", flush=True)
+
+  start = time.perf_counter()
   trainer = state_lib.build_trainer(config, mesh_lib.create_mesh(config.mesh, devices))
   host = synthetic_batch(config, batch, seq, predictions,
                          objectives_lib.from_config(config).fields, docs_per_row)
+  phase("setup", start)
   with jax.set_mesh(trainer.mesh), nn.logical_axis_rules(trainer.rules):
-    state = trainer.init_state(config)
+    start = time.perf_counter()
+    state = jax.block_until_ready(trainer.init_state(config))
+    phase("init (compiled and run)", start)
     params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(state.params))
     data = mesh_lib.put_batch(host, trainer.batch_sharding)
     start = time.perf_counter()
     lowered = trainer.train_step.lower(state, data)
-    trace_s = time.perf_counter() - start
+    phase("trace", start)
+    trace_s = startup["trace"]
     compiled = lowered.compile()
     compile_s = time.perf_counter() - start
+    phase("compile", start + trace_s)
   last = {}
 
   def step():
     nonlocal state
     state, last["metrics"] = compiled(state, data)
     jax.block_until_ready(last["metrics"]["loss"])
+
+  def traced() -> dict:
+    from bertjax.benchmarks import trace  # pylint: disable=g-import-not-at-top
+    with jax.profiler.trace(profile_dir):
+      for _ in range(2):
+        step()
+    return trace.analyze(profile_dir, compiled.as_text(), 2)
 
   def finish() -> dict:
     loss = float(last["metrics"]["loss"])
@@ -201,7 +225,8 @@ def bench_bertjax(config, batch: int, seq: int, predictions: int, devices,
       "peak_device_memory_mb": stats.get("peak_bytes_in_use", 0) / 2**20 or None,
       "xla_memory_mb": (mem.temp_size_in_bytes + mem.argument_size_in_bytes
                         + mem.output_size_in_bytes - mem.alias_size_in_bytes) / 2**20,
-      "max_rss_mb": _max_rss_mb(),
+      "max_rss_mb": _max_rss_mb(), "startup_s": startup,
+      **({"profile": traced()} if profile_dir else {}),
     }
 
   return step, finish
@@ -403,7 +428,7 @@ def main(argv):
   benches = []
   if "bertjax" in frameworks:
     benches.append(("bertjax", bench_bertjax(config, batch, seq, predictions, devices,
-                                             _DOCS.value)))
+                                             _DOCS.value, _PROFILE_DIR.value)))
   if "hf" in frameworks:
     benches.append(("hf", bench_hf(config, batch, seq, predictions, bf16)))
   times = time_interleaved([step for _, (step, _) in benches], _STEPS.value, _WARMUP.value)
@@ -463,14 +488,20 @@ def main(argv):
         f" {r['sequences_per_s']:9.1f} {r['tokens_per_s']:10.0f} {r['tflops_per_s']:8.3f} "
         f"{100 * r['mfu']:5.1f}% {_fmt(mem, '11.0f')} {_fmt(r.get('max_batch'), '9d')}")
   if ours:
-    lines.append(f"bertjax compile {ours['compile_s']:.1f} s (trace {ours['trace_s']:.1f} s)"
-                 f"; process max RSS {ours['max_rss_mb']:.0f} MB")
+    lines.append(f"bertjax start-up {sum(ours['startup_s'].values()):.1f} s: "
+                 + ", ".join(f"{k} {v:.1f} s" for k, v in ours["startup_s"].items())
+                 + f"; process max RSS {ours['max_rss_mb']:.0f} MB")
   if ours and "hf" in runs:
     hf = runs["hf"]
     result["speedup_vs_hf"] = hf["step_ms_median"] / ours["step_ms_median"]
     result["speedup_basis"] = "same CPU cores" if cpu else "one GPU each"
     lines.append(f"speed-up vs Hugging Face (torch {hf['torch']}, {hf['threads']} threads, "
                  f"{result['speedup_basis']}): {result['speedup_vs_hf']:.2f}x")
+  if ours and "profile" in ours:
+    from bertjax.benchmarks import trace  # pylint: disable=g-import-not-at-top
+    lines.append(trace.format_table({**ours["profile"], "device": devices[0].device_kind,
+                                     "batch": batch, "seq": seq, "docs_per_row": _DOCS.value,
+                                     "step_ms": ours["step_ms_median"]}))
   print("\n".join(lines))
   path = _JSON.value or os.path.join(
       "/tmp", f"bertjax_benchmark_train_{cfg.family}_L{cfg.num_layers}_H{cfg.hidden_size}"
