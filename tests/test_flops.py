@@ -24,9 +24,9 @@ def _xla_train_step_flops(config):
   state = state_lib.abstract_state(config)[0]
   batch = jax.tree.map(jnp.asarray, synthetic_batch(config, 8))
   train_step = step_lib.make_train_step(
-      objective.objective(objectives), tx, optimizer.learning_rate_schedule(config.train),
-      seed=0)
-  return objectives, jax.jit(train_step).lower(state, batch).compile().cost_analysis()["flops"]
+      objective.objective(objectives), tx, optimizer.learning_rate_schedule(config.train))
+  return objectives, jax.jit(train_step).lower(state, batch, jnp.int32(0)).compile(
+      ).cost_analysis()["flops"]
 
 
 def test_hand_count_for_a_tiny_config():

@@ -195,7 +195,7 @@ def test_one_compilation_per_shape_and_the_stream_resumes(vocab):
       shapes.add(batch["input_ids"].shape)
       state, _ = setup.train_step(state, mesh_lib.put_batch(batch, setup.batch_sharding))
   assert len(shapes) >= 2
-  assert setup.train_step._cache_size() == len(shapes)  # pylint: disable=protected-access
+  assert setup.train_step.jitted._cache_size() == len(shapes)  # pylint: disable=protected-access
   again = finetune.train_stream(batches, 8, c.seed, steps)
   again.set_state(saved)
   for want in seen[6:]:

@@ -23,7 +23,7 @@ def _run(config, batches, max_traces=None):
       state, m = t.train_step(state, mesh_lib.put_batch(b, t.batch_sharding))
       losses.append(float(m["loss"]))
   if max_traces is not None:
-    assert t.train_step._cache_size() <= max_traces  # compiled once for all the steps
+    assert t.train_step.jitted._cache_size() <= max_traces  # compiled once for all the steps
   return state, losses
 
 
@@ -34,6 +34,28 @@ def test_compiles_once_and_loss_falls():
   state, losses = _run(config, [batch] * 15, max_traces=1)
   assert int(state.step) == 15
   assert losses[-1] < losses[0] - 0.5, losses
+
+
+def test_one_program_serves_every_seed():
+  """The seed is the step's argument, not a constant: the programs of seeds 0 and 7
+  are the same text (one compilation, shared through the persistent cache by a sweep's
+  seeds), while the seeds draw different weights."""
+  config = tiny_config()
+  batch = synthetic_batch(config, 8)
+  texts, params = [], []
+  for seed in (0, 7):
+    config.seed = seed
+    t = state_lib.build_trainer(config)
+    with jax.set_mesh(t.mesh), nn.logical_axis_rules(t.rules):
+      texts.append(t.train_step.lower(t.abstract, mesh_lib.put_batch(
+          batch, t.batch_sharding)).as_text())
+    params.append(t.init_params(config))
+  assert texts[0] == texts[1]
+  kernel = lambda p: np.asarray(jax.tree.leaves(p)[-1])  # noqa: E731
+  assert not np.array_equal(kernel(params[0]), kernel(params[1]))
+  config.seed = 2**31
+  with pytest.raises(ConfigError, match=r"config.seed=2147483648 is not a 32-bit"):
+    state_lib.build_trainer(config)
 
 
 @pytest.mark.slow

@@ -51,7 +51,7 @@ def profile(config, batch: int, seq: int, predictions: int, docs_per_row: int,
     data = mesh_lib.put_batch(host, trainer.batch_sharding)
     compiled = trainer.train_step.lower(state, data).compile()
     for _ in range(2):
-      state, metrics = compiled(state, data)
+      state, metrics = compiled(state, data, trainer.train_step.seed)
     jax.block_until_ready(metrics)
     put_s = step_s = 0.0
     with jax.profiler.trace(trace_dir):
@@ -60,7 +60,7 @@ def profile(config, batch: int, seq: int, predictions: int, docs_per_row: int,
         data = jax.block_until_ready(mesh_lib.put_batch(host, trainer.batch_sharding))
         put_s += time.perf_counter() - start
         start = time.perf_counter()
-        state, metrics = compiled(state, data)
+        state, metrics = compiled(state, data, trainer.train_step.seed)
         jax.block_until_ready(metrics)
         step_s += time.perf_counter() - start
   return {"device": devices[0].device_kind, "platform": devices[0].platform,

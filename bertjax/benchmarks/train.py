@@ -200,7 +200,7 @@ def bench_bertjax(config, batch: int, seq: int, predictions: int, devices,
 
   def step():
     nonlocal state
-    state, last["metrics"] = compiled(state, data)
+    state, last["metrics"] = compiled(state, data, trainer.train_step.seed)
     jax.block_until_ready(last["metrics"]["loss"])
 
   def traced() -> dict:

@@ -9,8 +9,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 import optax
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from bertjax.errors import ConfigError
 from bertjax import objectives as objectives_lib
@@ -40,6 +41,29 @@ def inference(config: ml_collections.ConfigDict, model: nn.Module,
   return Inference(mesh, rules, model, params, mesh_lib.batch_sharding(mesh, rules))
 
 
+class SeededStep(NamedTuple):
+  """The jitted train step with the run's seed bound: `(state, batch) -> (state,
+  metrics)` and `.lower(state, batch)`; `jitted` takes the seed as its third argument
+  (one program for every seed)."""
+
+  jitted: Callable
+  seed: jax.Array  # int32 scalar, replicated
+
+  def __call__(self, state, batch):
+    return self.jitted(state, batch, self.seed)
+
+  def lower(self, state, batch):
+    return self.jitted.lower(state, batch, self.seed)
+
+
+def seed_array(seed: int, mesh: Mesh) -> jax.Array:
+  """`seed` as an int32 scalar replicated on `mesh` (any process count); a one-line
+  error when it is not a 32-bit integer."""
+  if not -2**31 <= seed < 2**31:
+    raise ConfigError(f"config.seed={seed} is not a 32-bit integer; use one below 2**31.")
+  return jax.device_put(np.int32(seed), NamedSharding(mesh, P()))
+
+
 class Setup(NamedTuple):
   """Everything one training step needs on one mesh, built in one place (`setup`)."""
 
@@ -51,7 +75,7 @@ class Setup(NamedTuple):
   abstract: TrainState  # unboxed, no memory
   shardings: TrainState  # NamedShardings of every leaf
   batch_sharding: NamedSharding
-  train_step: Callable  # jitted `(state, batch) -> (state, metrics)`, state donated
+  train_step: SeededStep  # jitted `(state, batch) -> (state, metrics)`, state donated
   objective: Objective
 
   @property
@@ -60,11 +84,12 @@ class Setup(NamedTuple):
                      self.batch_sharding)
 
   def init_params(self, config) -> Any:
-    """Parameters drawn from `config.seed`, directly onto their shardings. Traced
-    without a context mesh: flax's DenseGeneral constrains its flattened kernel during
-    init, so the placement comes from `out_shardings` alone."""
-    return jax.jit(lambda: nn.unbox(self.objective.init(jax.random.key(config.seed))),
-                   out_shardings=self.shardings.params)()
+    """Parameters drawn from `config.seed`, directly onto their shardings (the seed an
+    argument: one program for every seed). Traced without a context mesh: flax's
+    DenseGeneral constrains its flattened kernel during init, so the placement comes
+    from `out_shardings` alone."""
+    return jax.jit(lambda seed: nn.unbox(self.objective.init(jax.random.key(seed))),
+                   out_shardings=self.shardings.params)(seed_array(config.seed, self.mesh))
 
   def init_state(self, config, params: Any = None) -> TrainState:
     """A fresh state on the shardings: `params` (default: `init_params(config)`),
@@ -99,10 +124,10 @@ def setup(config: ml_collections.ConfigDict, model: nn.Module, objective: Object
   boxed = jax.eval_shape(_initial_state(objective, tx, config.seed))
   shardings = mesh_lib.logical_shardings(boxed, mesh, rules)
   batch_sharding = mesh_lib.batch_sharding(mesh, rules)
-  step = jax.jit(
-      make_train_step(objective, tx, schedule, config.seed, accum, config.train.log_every),
-      in_shardings=(shardings, batch_sharding), out_shardings=(shardings, None),
-      donate_argnums=0)
+  step = SeededStep(jax.jit(
+      make_train_step(objective, tx, schedule, accum, config.train.log_every),
+      in_shardings=(shardings, batch_sharding, NamedSharding(mesh, P())),
+      out_shardings=(shardings, None), donate_argnums=0), seed_array(config.seed, mesh))
   return Setup(mesh, rules, model, tx, schedule, nn.unbox(boxed), shardings,
                batch_sharding, step, objective)
 

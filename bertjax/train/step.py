@@ -68,10 +68,13 @@ def new_window(objective: Objective) -> dict[str, Any]:
 
 
 def make_train_step(objective: Objective, tx: optax.GradientTransformation,
-                    schedule: optax.Schedule, seed: int, grad_accum_steps: int = 1,
+                    schedule: optax.Schedule, grad_accum_steps: int = 1,
                     log_every: int = 1
-                    ) -> Callable[[TrainState, dict], tuple[TrainState, dict]]:
-  """The train step. With gradient accumulation the batch is split into
+                    ) -> Callable[[TrainState, dict, jax.Array], tuple[TrainState, dict]]:
+  """The train step `(state, batch, seed) -> (state, metrics)`: the run's seed (an
+  int32 scalar) an argument, so that one compiled program serves every seed (a sweep,
+  a benchmark's seeds); the step's randomness is `fold_in(key(seed), step)`, the same
+  bits as with the seed a constant. With gradient accumulation the batch is split into
   `grad_accum_steps` micro-batches whose summed gradients equal the full batch's
   (losses are normalised by whole-batch counts). A log window starts at every step
   that is a multiple of `log_every` (counted before the step).
@@ -82,7 +85,8 @@ def make_train_step(objective: Objective, tx: optax.GradientTransformation,
   `window_steps` and `longest_skip_run`.
   """
 
-  def train_step(state: TrainState, batch: dict) -> tuple[TrainState, dict]:
+  def train_step(state: TrainState, batch: dict, seed: jax.Array
+                 ) -> tuple[TrainState, dict]:
     rng = jax.random.fold_in(jax.random.key(seed), state.step)
     counts = objective.counts(batch)
 
