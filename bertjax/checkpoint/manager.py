@@ -23,6 +23,21 @@ _WRITE_FAILURES = ("No space left on device", "Read-only file system", "Permissi
                    "Disk quota exceeded")
 
 
+def _type_handlers() -> ocp.type_handlers.TypeHandlerRegistry:
+  """orbax's standard handlers; on one process its jax.Array handler without
+  replica-parallel writing. That writes each replica's slice of a replicated array;
+  with every replica on this host it spreads nothing and costs a compiled slice per
+  array and replica at a process's first save: for 50 replicated arrays on 8 CPU
+  devices 400 programs and 9.2 s, against 0.1 s without. Across processes it spreads
+  the writing of replicated arrays over the hosts: kept there."""
+  th = ocp.type_handlers
+  handlers = [(t, th.get_type_handler(t)) for t in th.supported_types()]
+  if jax.process_count() == 1:
+    handlers = [(t, th.ArrayHandler(use_replica_parallel=False) if t is jax.Array else h)
+                for t, h in handlers]
+  return th.create_type_handler_registry(*handlers)
+
+
 class Checkpointer:
   """Saves asynchronously every `save` and restores the newest step of the workdir.
 
@@ -48,7 +63,8 @@ class Checkpointer:
         async_options=ocp.AsyncOptions(create_directories_asynchronously=False))
     self.manager = ocp.CheckpointManager(
         self.directory, options=options, item_names=("state", "data"),
-        item_handlers={"state": ocp.PyTreeCheckpointHandler(),
+        item_handlers={"state": ocp.PyTreeCheckpointHandler(
+                           type_handler_registry=_type_handlers()),
                        "data": grain.checkpoint.CheckpointHandler()})
 
   def latest_step(self) -> int | None:
