@@ -53,6 +53,9 @@ def test_one_program_serves_every_seed():
   assert texts[0] == texts[1]
   kernel = lambda p: np.asarray(jax.tree.leaves(p)[-1])  # noqa: E731
   assert not np.array_equal(kernel(params[0]), kernel(params[1]))
+  # A part alone (a fine-tuning head) is the whole draw's part, from a smaller program.
+  part = t.init_params(config, "nsp")
+  jax.tree.map(np.testing.assert_array_equal, part, params[1]["nsp"])
   config.seed = 2**31
   with pytest.raises(ConfigError, match=r"config.seed=2147483648 is not a 32-bit"):
     state_lib.build_trainer(config)

@@ -413,23 +413,26 @@ def initial_params(setup: state_lib.Setup, config, encoder_params, head, labels)
   """The head drawn from `config.seed` (or a kept fine-tuned `head`, a TaskHead
   that must predict `labels`) and the encoder `encoder_params` (pretrained) or drawn
   too (None)."""
-  params = setup.init_params(config)
   if head is not None:
-    params = dict(params, head=jax.device_put(finetuned.kept_head_params(
+    head = jax.device_put(finetuned.kept_head_params(
         head, labels, setup.abstract.params["head"]), setup.shardings.params["head"],
-        may_alias=False))
+        may_alias=False)
   if encoder_params is None:
-    return params
-  if jax.tree.structure(encoder_params) != jax.tree.structure(params["encoder"]):
+    params = setup.init_params(config)
+    return params if head is None else dict(params, head=head)
+  if jax.tree.structure(encoder_params) != jax.tree.structure(
+      setup.abstract.params["encoder"]):
     raise CheckpointError("the pretrained encoder's parameters do not match the model "
                           "built from its config.")
-  # A copy (may_alias=False): the train step donates the state, and on one device an
-  # aliased `encoder_params` would be deleted before the next run from the same start
-  # (a sweep's next point, another task).
-  return dict(params, encoder=jax.device_put(
+  # Only what is not given is drawn. A copy of the encoder (may_alias=False): the train
+  # step donates the state, and on one device an aliased `encoder_params` would be
+  # deleted before the next run from the same start (a sweep's next point, another task).
+  encoder = jax.device_put(
       jax.tree.map(lambda x, a: jnp.asarray(x, a.dtype), encoder_params,
                    setup.abstract.params["encoder"]), setup.shardings.params["encoder"],
-      may_alias=False))
+      may_alias=False)
+  return {"encoder": encoder,
+          "head": setup.init_params(config, "head") if head is None else head}
 
 
 # JAX's compilation events (jax.monitoring) -> the part of compilation each times.
