@@ -210,9 +210,9 @@ def straight(tmp_path_factory):
   def counting(*args, **kwargs):
     step = make(*args, **kwargs)
 
-    def traced(state, batch):
+    def traced(state, batch, seed):
       shapes.append(batch["input_ids"].shape)  # runs once per trace
-      return step(state, batch)
+      return step(state, batch, seed)
 
     return traced
 

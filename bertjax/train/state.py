@@ -47,7 +47,7 @@ class SeededStep(NamedTuple):
   (one program for every seed)."""
 
   jitted: Callable
-  seed: jax.Array  # int32 scalar, replicated
+  seed: np.int32  # a host scalar: lowers for abstract devices (a TPU topology) too
 
   def __call__(self, state, batch):
     return self.jitted(state, batch, self.seed)
@@ -56,12 +56,12 @@ class SeededStep(NamedTuple):
     return self.jitted.lower(state, batch, self.seed)
 
 
-def seed_array(seed: int, mesh: Mesh) -> jax.Array:
-  """`seed` as an int32 scalar replicated on `mesh` (any process count); a one-line
-  error when it is not a 32-bit integer."""
+def seed_scalar(seed: int) -> np.int32:
+  """`seed` as the int32 scalar the step and the initialisation take (replicated); a
+  one-line error when it is not a 32-bit integer."""
   if not -2**31 <= seed < 2**31:
     raise ConfigError(f"config.seed={seed} is not a 32-bit integer; use one below 2**31.")
-  return jax.device_put(np.int32(seed), NamedSharding(mesh, P()))
+  return np.int32(seed)
 
 
 class Setup(NamedTuple):
@@ -95,7 +95,7 @@ class Setup(NamedTuple):
       return params if part is None else params[part]
 
     shardings = self.shardings.params if part is None else self.shardings.params[part]
-    return jax.jit(draw, out_shardings=shardings)(seed_array(config.seed, self.mesh))
+    return jax.jit(draw, out_shardings=shardings)(seed_scalar(config.seed))
 
   def init_state(self, config, params: Any = None) -> TrainState:
     """A fresh state on the shardings: `params` (default: `init_params(config)`),
@@ -133,7 +133,7 @@ def setup(config: ml_collections.ConfigDict, model: nn.Module, objective: Object
   step = SeededStep(jax.jit(
       make_train_step(objective, tx, schedule, accum, config.train.log_every),
       in_shardings=(shardings, batch_sharding, NamedSharding(mesh, P())),
-      out_shardings=(shardings, None), donate_argnums=0), seed_array(config.seed, mesh))
+      out_shardings=(shardings, None), donate_argnums=0), seed_scalar(config.seed))
   return Setup(mesh, rules, model, tx, schedule, nn.unbox(boxed), shardings,
                batch_sharding, step, objective)
 
