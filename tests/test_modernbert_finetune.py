@@ -1,6 +1,6 @@
 """ModernBERT through fine-tuning: the task heads against transformers' ModernBertFor*
 on the same weights (pooling 'cls' / 'mean', the head's transform, its initialisation),
-packed rows predicting as full rows, every task family fine-tuned from a bertjax
+packed rows predicting as full rows, the task families fine-tuned from a bertjax
 workdir and from a Hugging Face directory (`config.init_from`) with bucketed, full or
 packed batches, `predict`, the export to ModernBertFor* (equal outputs, labels), and
 the one-line errors of what the family or the run cannot do."""
@@ -198,13 +198,15 @@ def test_packed_rows_predict_as_full_rows(case, tmp_path):
 
 # ---- Every task family, fine-tuned -------------------------------------------------
 
-# case -> (config, train file, dev file, init_from fixture, batching)
+# case -> (config, train file, dev file, init_from fixture, batching). Each init source,
+# batching mode and pooling, a pooled and a per-token head, the feature-based tagger
+# and the no-class errors once; every head's export (SQuAD's and mean pooling's
+# included) is test_task_heads_equal_transformers', and regression and SQuAD through
+# the loop are the task tests' (test_tasks_*) and DeBERTa's (test_deberta_tools).
 RUNS = {
     "sst2": (lambda: glue.get_config("sst2"), "sst2_train.tsv", "sst2_dev.tsv", "workdir", "pack"),
-    "stsb_mean": (lambda: glue.get_config("stsb"), "stsb_train.tsv", "stsb_dev.tsv", "hf_mean", "pack"),
     "ner": (ner.get_config, "conll_train.txt", "conll_dev.txt", "hf_dir", "pack"),
     "ner_features": (lambda: ner.get_config("features"), "conll_train.txt", "conll_dev.txt", "workdir", "max"),
-    "squad": (lambda: squad.get_config("v2"), "squad_v2.json", "squad_v2.json", "workdir", "bucket"),
     "span_ner": (span_ner.get_config, "span_ner_train.jsonl", "span_ner_dev.jsonl", "hf_dir", "max"),
     "swag": (swag.get_config, "swag_train.csv", "swag_dev.csv", "hf_mean", "bucket"),
 }
@@ -213,7 +215,7 @@ RUNS = {
 @pytest.mark.slow
 @pytest.mark.parametrize("case", RUNS)
 def test_fine_tunes_predicts_and_exports(case, request, tmp_path, capsys):
-  """One epoch of each task family from the workdir or a Hugging Face directory;
+  """One epoch of each case of RUNS from the workdir or a Hugging Face directory;
   `predict` gives the dev predictions again; `convert --to=hf` writes the
   ModernBertFor<Task> with the labels, whose outputs equal the fine-tuned model's on
   dev rows (span NER and the feature-based tagger: one line saying why not)."""
