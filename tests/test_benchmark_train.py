@@ -1,7 +1,8 @@
 """`benchmark train`'s parts for the GPU comparison, on the CPU: token types and packed
 rows per family, the Hugging Face class and FLOPs per family (RoBERTa / XLM-R: one
 token type, finite losses on both sides; ModernBERT: the whole CLI against
-ModernBertForMaskedLM), the largest-batch search, the command of a try in its own
+ModernBertForMaskedLM; ELECTRA's generator and discriminator against transformers'
+pair), the largest-batch search, the command of a try in its own
 process, and the GPU peaks per exact device kind."""
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ import pytest
 from bertjax.benchmarks import flops
 from bertjax.benchmarks import train as bench
 from bertjax import model as model_lib, objectives as objectives_lib
-from configs import bert_tiny, modernbert_tiny, roberta_base
+from bertjax.errors import ConfigError
+from configs import bert_tiny, deberta_tiny, electra_tiny, modernbert_tiny, roberta_base
 from tests.test_flops import TINY
 from tests.test_readme import documented
 
@@ -74,6 +76,29 @@ def test_roberta_steps_are_finite_on_both_sides():
       ("hf", bench.bench_hf(config, 4, 16, 3, bf16=False))):
     step()
     assert np.isfinite(finish()["loss"]), name
+
+
+@pytest.mark.slow
+def test_electra_pair_against_transformers_pair():
+  """'rtd': ELECTRA's generator and discriminator on both sides, the embeddings tied
+  the same way (equal parameter counts), finite losses; Hugging Face's FLOPs are both
+  networks' with the generator's logits at every position. DeBERTa-v3's pair has no
+  transformers class: one line."""
+  config = electra_tiny.get_config()
+  config.model.dtype = "float32"
+  config.train.batch_size = 4
+  assert bench.hf_model_class(config) == "ElectraForPreTraining"
+  assert bench.hf_flops(config, 4, 16) == objectives_lib.from_config(
+      config).train_flops(4, 16, 16)
+  runs = {name: (step(), finish())[1] for name, (step, finish) in (
+      ("bertjax", bench.bench_bertjax(config, 4, 16, 3, jax.devices()[:1])),
+      ("hf", bench.bench_hf(config, 4, 16, 3, bf16=False)))}
+  assert runs["hf"]["model_class"] == "ElectraForMaskedLM + ElectraForPreTraining"
+  assert runs["hf"]["params"] == runs["bertjax"]["params"]
+  assert all(np.isfinite(r["loss"]) for r in runs.values())
+  with pytest.raises(ConfigError, match=r"transformers has no class that pretrains the "
+                     r"deberta discriminator"):
+    bench.hf_model_class(deberta_tiny.get_config())
 
 
 def test_largest_batch_doubles_then_bisects():

@@ -24,7 +24,10 @@ the class the family's Hugging Face table names (`pretraining_model` in
 bertjax/hf/<family>.py), built from the same config (our parameters' shapes):
 `BertForPreTraining` with NSP, else `BertForMaskedLM`, `RobertaForMaskedLM` for
 RoBERTa / XLM-R, `ModernBertForMaskedLM` (no documents isolation on its side; our
-optimizer, theirs AdamW: the same per-step work). Both run in this process, one
+optimizer, theirs AdamW: the same per-step work); with the 'rtd' objective ELECTRA's
+pair, `ElectraForMaskedLM` at config.generator's sizes sharing the embeddings of
+`ElectraForPreTraining`, Gumbel-max samples, loss generator + lambda x discriminator
+(DeBERTa-v3's discriminator has no transformers class: a one-line error). Both run in this process, one
 step of each in turn (the same load on a shared CPU), JAX told not to preallocate on an
 accelerator; ours on the devices Hugging Face has: the same CPU cores, or one GPU. Its
 MFU counts the FLOPs it does (MLM logits at every position; attention over the pairs
@@ -62,6 +65,7 @@ from bertjax import objectives as objectives_lib
 from bertjax.benchmarks import flops as flops_lib
 from bertjax.errors import ConfigError
 from bertjax.hf import convert as hf_convert
+from bertjax.hf import electra as electra_table
 from bertjax.parallel import mesh as mesh_lib
 from bertjax.train import state as state_lib
 
@@ -232,11 +236,30 @@ def bench_bertjax(config, batch: int, seq: int, predictions: int, devices,
   return step, finish
 
 
+def _rtd(config) -> bool:
+  """Whether `config` trains by replaced-token detection (a generator and a
+  discriminator); only ELECTRA's pair has Hugging Face classes (DeBERTa-v3's
+  discriminator, GDES, has none): a one-line ConfigError for another family."""
+  objectives = objectives_lib.from_config(config)
+  if "rtd" not in objectives.names:
+    return False
+  if objectives.model.family != "electra":
+    raise ConfigError(f"--compare=hf with the 'rtd' objective times ELECTRA's pair "
+                      f"(ElectraForMaskedLM + ElectraForPreTraining); transformers has no "
+                      f"class that pretrains the {objectives.model.family} discriminator. "
+                      "Benchmark it without --compare=hf.")
+  return True
+
+
 def hf_model(config) -> tuple[str, dict, object]:
   """The Hugging Face model that pretrains `config.model` as we do (its family's table,
   `bertjax.hf.<family>.pretraining_model`): (class name, config.json, our model config
-  with the heads that class computes)."""
+  with the heads that class computes). With 'rtd': the discriminator's
+  (ElectraForPreTraining; its generator is `bench_hf`'s)."""
   cfg = objectives_lib.from_config(config).model
+  if _rtd(config):
+    return electra_table.PRETRAINING, electra_table.hf_config(
+        cfg, electra_table.PRETRAINING), cfg
   hf_json, computed = hf_convert.family_table(cfg.family).pretraining_model(cfg)
   return hf_json["architectures"][0], hf_json, computed
 
@@ -248,8 +271,48 @@ def hf_model_class(config) -> str:
 
 def hf_flops(config, batch: int, seq: int) -> dict[str, float]:
   """What Hugging Face computes: its heads (`hf_model`), the MLM logits at every
-  position."""
+  position (with 'rtd': the generator's, and both networks)."""
+  if _rtd(config):
+    return objectives_lib.from_config(config).train_flops(batch, seq, seq)
   return flops_lib.train_flops(hf_model(config)[2], batch, seq, seq)
+
+
+def _hf_rtd_pair(config, transformers, device: str, disc, inputs: dict):
+  """ELECTRA's pair in transformers beside the discriminator `disc`: the generator
+  (ElectraForMaskedLM at config.generator's sizes) with the word, position and type
+  embeddings and their LayerNorm of `disc` (google-research/electra's tying); returns
+  (generator, loss()): generator MLM on the masked rows, Gumbel-max samples at the
+  masked positions (no gradient), the discriminator's BCE on the corrupted rows
+  (replaced where a sample differs), generator + lambda x discriminator."""
+  import torch  # pylint: disable=g-import-not-at-top
+  from bertjax.objectives import rtd  # pylint: disable=g-import-not-at-top
+  model = objectives_lib.from_config(config).model
+  gen_json = electra_table.hf_config(rtd.generator_config(config, model),
+                                     electra_table.MASKED_LM)
+  gen = transformers.ElectraForMaskedLM(transformers.ElectraConfig(
+      **gen_json, attn_implementation="sdpa")).to(device).train()
+  gen.electra.embeddings.word_embeddings = disc.electra.embeddings.word_embeddings
+  gen.electra.embeddings.position_embeddings = disc.electra.embeddings.position_embeddings
+  gen.electra.embeddings.token_type_embeddings = disc.electra.embeddings.token_type_embeddings
+  gen.electra.embeddings.LayerNorm = disc.electra.embeddings.LayerNorm
+  gen.tie_weights()  # The generator's decoder reads the shared word embeddings.
+  weight = rtd.discriminator_weight(config)
+  labels = inputs["labels"]
+  masked = labels != -100
+  original = torch.where(masked, labels, inputs["input_ids"])
+  common = {k: inputs[k] for k in ("attention_mask", "token_type_ids") if k in inputs}
+
+  def loss():
+    out = gen(input_ids=inputs["input_ids"], labels=labels, **common)
+    with torch.no_grad():
+      u = torch.rand_like(out.logits, dtype=torch.float32).clamp_(1e-9, 1.0)
+      sampled = (out.logits.float() - torch.log(-torch.log(u))).argmax(-1)
+    corrupted = torch.where(masked, sampled, original)
+    replaced = (corrupted != original).float()
+    d = disc(input_ids=corrupted, labels=replaced, **common)
+    return out.loss + weight * d.loss
+
+  return gen, loss
 
 
 def bench_hf(config, batch: int, seq: int, predictions: int, bf16: bool):
@@ -264,8 +327,6 @@ def bench_hf(config, batch: int, seq: int, predictions: int, bf16: bool):
   device = "cuda" if torch.cuda.is_available() else "cpu"
   model = model_class(hf_config).to(device).train()
   t = config.train
-  opt = torch.optim.AdamW(model.parameters(), lr=t.learning_rate, betas=(t.b1, t.b2),
-                          eps=t.eps, weight_decay=t.weight_decay)
   host = synthetic_batch(config, batch, seq, predictions,
                          objectives_lib.from_config(config).fields)
   labels = np.full_like(host["input_ids"], -100)
@@ -279,15 +340,25 @@ def bench_hf(config, batch: int, seq: int, predictions: int, bf16: bool):
   inputs = {k: torch.as_tensor(v, dtype=torch.long, device=device) for k, v in inputs.items()}
   autocast = torch.autocast(device, dtype=torch.bfloat16, enabled=bf16)
   sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+  if _rtd(config):
+    generator, loss_of = _hf_rtd_pair(config, transformers, device, model, inputs)
+    name = f"ElectraForMaskedLM + {name}"
+  else:
+    generator, loss_of = None, lambda: model(**inputs).loss
+  # Both networks' parameters, the shared embeddings once.
+  parameters = list({id(p): p for m in (model, generator) if m is not None
+                     for p in m.parameters()}.values())
+  opt = torch.optim.AdamW(parameters, lr=t.learning_rate, betas=(t.b1, t.b2),
+                          eps=t.eps, weight_decay=t.weight_decay)
 
   last = {}
 
   def step():
     with autocast:
-      loss = model(**inputs).loss
+      loss = loss_of()
     loss.backward()
     if t.max_grad_norm > 0:
-      torch.nn.utils.clip_grad_norm_(model.parameters(), t.max_grad_norm)
+      torch.nn.utils.clip_grad_norm_(parameters, t.max_grad_norm)
     opt.step()
     opt.zero_grad(set_to_none=True)
     sync()
@@ -299,7 +370,7 @@ def bench_hf(config, batch: int, seq: int, predictions: int, bf16: bool):
       raise ConfigError(f"Hugging Face's {name} step gave a non-finite loss.")
     return {
         "loss": loss, "model_class": name, "torch": torch.__version__,
-        "params": sum(p.numel() for p in model.parameters()),  # Tied: counted once.
+        "params": sum(p.numel() for p in parameters),  # Tied: counted once.
         "threads": torch.get_num_threads(),
         "peak_device_memory_mb": (torch.cuda.max_memory_allocated() / 2**20
                                   if device == "cuda" else None),
@@ -465,8 +536,9 @@ def main(argv):
       f"{dtype_name}, attention {impl}"
       + (f", {_DOCS.value} isolated documents a row" if _DOCS.value > 1 else "")
       + f" | load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores",
-      f"model FLOPs/step {step_flops['total']:.4g} (encoder {step_flops['encoder_matmuls']:.3g}"
-      f", attention {step_flops['attention']:.3g}, MLM head {step_flops['mlm_head']:.3g})",
+      f"model FLOPs/step {step_flops['total']:.4g} ("
+      + ", ".join(f"{k.replace('_', ' ')} {v:.3g}" for k, v in step_flops.items()
+                  if k != "total") + ")",
   ]
   ours = runs.get("bertjax")
   if ours:
@@ -476,7 +548,7 @@ def main(argv):
     lines.append(f"Hugging Face {runs['hf']['model_class']} ({runs['hf']['params']:,} "
                  "parameters" + (f", ours {ours['params']:,}" if ours else "")
                  + f") FLOPs/step {hf_step_flops['total']:.4g} (MLM head at all {seq} "
-                 f"positions: {hf_step_flops['mlm_head']:.3g}) on "
+                 f"positions: {sum(v for k, v in hf_step_flops.items() if 'mlm_head' in k):.3g}) on "
                  + ("the same CPU cores" if cpu else "the same GPU")
                  + (", attending across documents" if _DOCS.value > 1 else ""))
   lines.append(f"{'':9} {'step ms median [min, max]':>27} {'seq/s':>9} {'tokens/s':>10} "
