@@ -73,7 +73,8 @@ def execute(name: str, tmp_path, model: str = "") -> tuple[str, list]:
   (nbclient raises CellExecutionError)."""
   nb = with_parameters(nbformat.read(os.path.join(COLAB, name), as_version=4),
                        CI_PARAMETERS[name](tmp_path, model))
-  env = dict(os.environ, JAX_NUM_CPU_DEVICES="1", JAX_PLATFORMS="cpu")
+  env = dict(os.environ, JAX_NUM_CPU_DEVICES="1", JAX_PLATFORMS="cpu",
+             BERTJAX_PLOT="1")  # As a user runs them: the run's plot written.
   client = nbclient.NotebookClient(nb, timeout=300, kernel_name="python3",
                                    resources={"metadata": {"path": COLAB}})
   client.execute(env=env)

@@ -90,10 +90,19 @@ def test_missing_or_bad_metrics_are_one_line_errors(tmp_path, content, message):
   assert "\n" not in str(e.value)
 
 
-def test_plot_after_run_only_warns(tmp_path, caplog):
+def test_plot_after_run_only_warns(tmp_path, caplog, monkeypatch):
+  monkeypatch.setenv("BERTJAX_PLOT", "1")  # A user's default (the suite sets 0).
   curves.plot_after_run(str(tmp_path))  # no metrics.jsonl: must not raise
   assert not (tmp_path / "training.png").exists()
   assert any("No training.png written" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("setting, written", [("1", True), ("0", False)])
+def test_plot_after_run_follows_bertjax_plot(tmp_path, monkeypatch, setting, written):
+  write_metrics(tmp_path, pretraining_rows())
+  monkeypatch.setenv("BERTJAX_PLOT", setting)
+  curves.plot_after_run(str(tmp_path))
+  assert (tmp_path / "training.png").exists() == written
 
 
 def test_command_line(tmp_path):

@@ -5,7 +5,8 @@ workdir.
 
   python -m bertjax.plot --workdir=/tmp/bert_tiny   # writes /tmp/bert_tiny/training.png
 
-The trainer writes it at the end of every run (process 0). Workdirs may be
+The trainer writes it at the end of every run (process 0; not with BERTJAX_PLOT=0 in
+the environment). Workdirs may be
 remote (gs://): the file is read and written through etils.epath.
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 
 from absl import logging
 from etils import epath
@@ -116,7 +118,12 @@ def plot_training(workdir: str, out: str | None = None) -> Figure:
 
 
 def plot_after_run(workdir: str) -> None:
-  """`plot_training` at the end of a run: a failure is a warning, never the run's error."""
+  """`plot_training` at the end of a run: a failure is a warning, never the run's error.
+  `BERTJAX_PLOT=0` in the environment skips it (the test suite's setting: about a
+  second of matplotlib a run, over a hundred runs; `python -m bertjax.plot` draws it
+  on demand)."""
+  if os.environ.get("BERTJAX_PLOT", "1") == "0":
+    return
   try:
     plot_training(workdir)
   except Exception as e:  # pylint: disable=broad-except
