@@ -22,6 +22,9 @@ def test_the_recipes_spend_equal_flops():
   assert configs["electra"].data.mask_token_prob == 0.85
   assert configs["mlm"].data.mask_token_prob == 0.8
   assert configs["electra"].data.packing == configs["mlm"].data.packing
+  assert configs["electra"].data.corpus == configs["mlm"].data.corpus == "embedded"
+  on_text = electra_claim.pretraining_configs(600, "/data/docstrings.txt")
+  assert {c.data.corpus for c in on_text.values()} == {"/data/docstrings.txt"}
   runs = electra_claim.equal_flops(configs)
   assert runs["mlm"]["steps"] == 600
   assert 0 < runs["electra"]["steps"] < 600  # the generator costs steps

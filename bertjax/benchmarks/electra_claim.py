@@ -62,14 +62,18 @@ def define_flags() -> None:
   flags.DEFINE_list("tasks", list(DEFAULT_TASKS), f"Any of {list(text_tasks.TASKS)}.")
   flags.DEFINE_list("seeds", ["0", "1", "2"], "Fine-tuning seeds.")
   flags.DEFINE_float("lr", 3e-4, "Fine-tuning peak learning rate (both models).")
+  flags.DEFINE_string("corpus", "embedded", "The pretraining corpus of both runs (as "
+                      "config.data.corpus takes it: a text file, .jsonl, Parquet, ...).")
 
 
-def pretraining_configs(mlm_steps: int) -> dict[str, ml_collections.ConfigDict]:
+def pretraining_configs(mlm_steps: int, corpus: str = "embedded"
+                        ) -> dict[str, ml_collections.ConfigDict]:
   """{'mlm': bert_tiny with MLM alone, 'electra': electra_tiny with 'rtd'} on the same
-  data section but each recipe's masking; 'electra' at `mlm_steps`, `equal_flops`
-  sets its steps."""
+  data section (`corpus`) but each recipe's masking; 'electra' at `mlm_steps`,
+  `equal_flops` sets its steps."""
   mlm, electra = recipe("bert_tiny"), recipe("electra_tiny")
   mlm.objectives = ("mlm",)
+  mlm.data.corpus = corpus
   masking = {k: electra.data[k] for k in ("mask_token_prob", "random_token_prob",
                                           "max_predictions_per_seq")}
   electra.data = ml_collections.ConfigDict(mlm.data.to_dict())
@@ -152,7 +156,8 @@ def run(out: str, configs: dict[str, ml_collections.ConfigDict],
   from bertjax.train import pretrain  # pylint: disable=g-import-not-at-top
   os.makedirs(out, exist_ok=True)
   results: dict[str, Any] = {"pretraining": equal_flops(configs), "finetune": {},
-                             "lr": lr, "seeds": seeds}
+                             "lr": lr, "seeds": seeds,
+                             "corpus": configs["mlm"].data.corpus}
   workdirs = {name: os.path.join(out, name) for name in configs}
   for name, c in configs.items():
     if name != "mlm":
@@ -194,7 +199,7 @@ def main(argv) -> None:
   if unknown:
     raise SystemExit(f"--tasks: unknown {unknown}; use {list(text_tasks.TASKS)}.")
   jax.config.update("jax_compilation_cache_dir", os.path.join(f.out, "xla_cache"))
-  results = run(f.out, pretraining_configs(f.mlm_steps),
+  results = run(f.out, pretraining_configs(f.mlm_steps, f.corpus),
                 {name: text_tasks.TASKS[name]() for name in f.tasks},
                 [int(s) for s in f.seeds], f.lr)
   print(results["table"])
