@@ -32,6 +32,22 @@ def test_the_recipes_spend_equal_flops():
       "electra"]["step_flops"] / 2
 
 
+def test_the_docstrings_corpus_is_written_once(tmp_path, monkeypatch):
+  from bertjax.benchmarks import pretrain_fidelity
+  source = tmp_path / "src"
+  source.mkdir()
+  (source / "m.py").write_text('"""A module docstring of more than eight words, a document."""\n'
+                               'def f():\n  """Too short."""\n')
+  monkeypatch.setattr(pretrain_fidelity, "corpus_roots", lambda packages: [str(source)])
+  out = tmp_path / "out"
+  path = electra_claim.corpus_path("docstrings", str(out))
+  assert path == str(out / "docstrings" / "train.txt")
+  assert open(path).read() == "A module docstring of more than eight words, a document.\n"
+  monkeypatch.setattr(pretrain_fidelity, "corpus_roots", None)  # Not read again.
+  assert electra_claim.corpus_path("docstrings", str(out)) == path
+  assert electra_claim.corpus_path("/data/text.txt", str(out)) == "/data/text.txt"
+
+
 @pytest.mark.slow
 def test_the_benchmark_runs_tiny(tmp_path):
   mlm = tiny_config(num_steps=6, log_every=3, eval_batches=1)
