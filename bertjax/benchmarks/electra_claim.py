@@ -23,7 +23,7 @@ compute the replaced-token-detection discriminator fine-tunes better than the ML
 
 `--corpus` is the pretraining text of both runs: the embedded corpus by default (66k
 tokens: 1,000 steps of 32 x 128 are 60 epochs of it), or `docstrings` (`corpus_path`:
-2.2M tokens, under two epochs), or any corpus a config takes.
+2.2M tokens: 1,000 steps are under two epochs of it), or any corpus a config takes.
 
 Everything runs in this one process, one run after another (`--out` keeps each run's
 workdir: rerunning resumes finished pretraining and skips finished fine-tuning).
