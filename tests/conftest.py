@@ -152,9 +152,9 @@ os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
 # And XLA:CPU's newer fusion emitters off (its loop emitters instead): a tiny model's
 # train step compiles in 2.1 s instead of 5.0 (one core, 2026-11-27), with the same
 # checks passing. The flag is XLA:CPU's, so only on the CPU platform.
-_FAST_CPU_COMPILE = "--xla_cpu_use_fusion_emitters=false"
-if PLATFORM == "cpu" and _FAST_CPU_COMPILE.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):
-  os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_FAST_CPU_COMPILE}".strip()
+_XLA_FLAGS = os.environ.get("XLA_FLAGS", "")
+if PLATFORM == "cpu" and "--xla_cpu_use_fusion_emitters" not in _XLA_FLAGS:
+  os.environ["XLA_FLAGS"] = f"{_XLA_FLAGS} --xla_cpu_use_fusion_emitters=false".strip()
 # No WORKDIR/training.png at the end of every run (about a second of matplotlib each):
 # tests/test_plot.py and the pretraining notebook's test turn it back on.
 os.environ.setdefault("BERTJAX_PLOT", "0")

@@ -36,13 +36,13 @@ def test_the_docstrings_corpus_is_written_once(tmp_path, monkeypatch):
   from bertjax.benchmarks import pretrain_fidelity
   source = tmp_path / "src"
   source.mkdir()
-  (source / "m.py").write_text('"""A module docstring of more than eight words, a document."""\n'
-                               'def f():\n  """Too short."""\n')
+  document = "A module docstring of more than eight words, a document."
+  (source / "m.py").write_text(f'"""{document}"""\ndef f():\n  """Too short."""\n')
   monkeypatch.setattr(pretrain_fidelity, "corpus_roots", lambda packages: [str(source)])
   out = tmp_path / "out"
   path = electra_claim.corpus_path("docstrings", str(out))
   assert path == str(out / "docstrings" / "train.txt")
-  assert open(path).read() == "A module docstring of more than eight words, a document.\n"
+  assert open(path).read() == document + "\n"
   monkeypatch.setattr(pretrain_fidelity, "corpus_roots", None)  # Not read again.
   assert electra_claim.corpus_path("docstrings", str(out)) == path
   assert electra_claim.corpus_path("/data/text.txt", str(out)) == "/data/text.txt"

@@ -27,8 +27,8 @@ RoBERTa / XLM-R, `ModernBertForMaskedLM` (no documents isolation on its side; ou
 optimizer, theirs AdamW: the same per-step work); with the 'rtd' objective ELECTRA's
 pair, `ElectraForMaskedLM` at config.generator's sizes sharing the embeddings of
 `ElectraForPreTraining`, Gumbel-max samples, loss generator + lambda x discriminator
-(DeBERTa-v3's discriminator has no transformers class: a one-line error). Both run in this process, one
-step of each in turn (the same load on a shared CPU), JAX told not to preallocate on an
+(DeBERTa-v3's discriminator has no transformers class: a one-line error). Both run in
+this process, one step of each in turn (the same load on a shared CPU), JAX told not to preallocate on an
 accelerator; ours on the devices Hugging Face has: the same CPU cores, or one GPU. Its
 MFU counts the FLOPs it does (MLM logits at every position; attention over the pairs
 the model scores on both sides: a sliding window's, though on a CPU both compute the
@@ -488,6 +488,8 @@ def main(argv):
   bf16 = jnp.dtype(cfg.dtype) == jnp.bfloat16
   step_flops = objectives.train_flops(batch, seq, predictions)
   hf_step_flops = hf_flops(config, batch, seq)
+  # Its MLM head(s) at every position (an RTD pair's: the generator's).
+  hf_mlm_head = sum(v for k, v in hf_step_flops.items() if "mlm_head" in k)
   devices = jax.devices()
   cpu = devices[0].platform == "cpu"
   if "hf" in frameworks and not cpu:
@@ -547,7 +549,7 @@ def main(argv):
     lines.append(f"Hugging Face {runs['hf']['model_class']} ({runs['hf']['params']:,} "
                  "parameters" + (f", ours {ours['params']:,}" if ours else "")
                  + f") FLOPs/step {hf_step_flops['total']:.4g} (MLM head at all {seq} "
-                 f"positions: {sum(v for k, v in hf_step_flops.items() if 'mlm_head' in k):.3g}) on "
+                 f"positions: {hf_mlm_head:.3g}) on "
                  + ("the same CPU cores" if cpu else "the same GPU")
                  + (", attending across documents" if _DOCS.value > 1 else ""))
   lines.append(f"{'':9} {'step ms median [min, max]':>27} {'seq/s':>9} {'tokens/s':>10} "
