@@ -14,6 +14,12 @@ pipeline on a slice of the embedded corpus), step by step:
   norms, no clipping), their schedules (warm-up, held, a restart at a lower peak with
   a new weight decay, then 1-sqrt to alpha_f);
 - ModernBERT, packed rows (FULL-SENTENCES, documents isolated);
+- ELECTRA, replaced-token detection (configs/electra_tiny.py's pair, its rows: a
+  document's sentences a row, padded): transformers' `ElectraForMaskedLM` generator
+  and `ElectraForPreTraining` discriminator sharing their embeddings
+  (`hf_reference.rtd_pair`), generator MLM + 50 x the discriminator's BCE, AdamW as
+  BERT's; the generator's samples drawn from bertjax's Gumbel noise of the step (the
+  same noise, each side's own logits: the same replaced tokens);
 - ModernBERT, the one-run recipe (configs/modernbert_base.py's pieces, packed rows):
   rows of 16 tokens then 32 with the batch sized by tokens (16 rows, then 8) after a
   batch-size warm-up (8 rows of 16 for 4 steps), the global layers' rope theta 10k
@@ -53,13 +59,13 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("optimi")
-pytestmark = pytest.mark.slow  # five 36-step runs on each side
+pytestmark = pytest.mark.slow  # six 36-step runs on each side
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 36
 LR = 3e-3  # Peak learning rate of both families' runs.
-RUNS = ("bert/padded", "bert/packed", "modernbert/padded", "modernbert/packed",
-        "modernbert/recipe")
+RUNS = ("bert/padded", "bert/packed", "electra/padded", "modernbert/padded",
+        "modernbert/packed", "modernbert/recipe")
 THETAS = (10_000.0, 160_000.0)  # The recipe run's global rope theta in each length phase.
 SENTENCES = 900  # Of the embedded corpus: enough rows for 36 batches of 8.
 
@@ -91,9 +97,18 @@ def run_config(run: str, directory: str):
   c.data.length_phases = ()
   c.model.max_position_embeddings = 64
   c.model.dropout_rate = c.model.attention_dropout_rate = 0.0
-  if family == "bert":
-    c.data.tokenizer.path = fixture_tokenizer(os.path.join(directory, "tok"))
-    c.model.vocab_size = 400
+  if family == "electra":
+    from tests.rtd_helpers import rtd_config  # pylint: disable=g-import-not-at-top
+    e = rtd_config(num_steps=STEPS, learning_rate=LR, log_every=1)
+    e.data.update(corpus=c.data.corpus, max_seq_length=32, max_predictions_per_seq=6,
+                  eval_fraction=0.05, dupe_factor=1, length_phases=())
+    e.model.max_position_embeddings = 64
+    e.model.dropout_rate = e.model.attention_dropout_rate = 0.0
+    c = e
+  if family in ("bert", "electra"):
+    if family == "bert":
+      c.data.tokenizer.path = fixture_tokenizer(os.path.join(directory, "tok"))
+      c.model.vocab_size = 400
     c.train.warmup_steps = 4
     c.train.decay_start = "warmup_end"  # transformers' linear schedule.
     c.train.weight_decay = 0.1  # Large enough to show in 36 steps.
@@ -187,6 +202,8 @@ def lockstep(run: str, steps: int = STEPS) -> dict:
   from bertjax.data import phases, pipeline  # pylint: disable=g-import-not-at-top
   from bertjax.data import tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
   from bertjax.hf import convert as hf_convert  # pylint: disable=g-import-not-at-top
+  from bertjax.hf import electra as electra_table  # pylint: disable=g-import-not-at-top
+  from bertjax.objectives import rtd  # pylint: disable=g-import-not-at-top
   from bertjax.parallel import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
   from bertjax.train import pretrain, state as state_lib  # pylint: disable=g-import-not-at-top
 
@@ -207,13 +224,32 @@ def lockstep(run: str, steps: int = STEPS) -> dict:
   state = setup.init_state(c)
 
   table = hf_convert.family_table(cfg.family)
-  hf_json, _ = table.pretraining_model(cfg)
-  model_class = getattr(transformers, hf_json["architectures"][0])
-  hf = model_class(model_class.config_class(**hf_json, attn_implementation="eager"))
+  rtd_run = "rtd" in objectives.names
+  if rtd_run:  # The pair: discriminator and generator, their parameters prefixed.
+    gen_cfg = rtd.generator_config(c, cfg)
+    disc = transformers.ElectraForPreTraining(transformers.ElectraConfig(
+        **electra_table.hf_config(cfg, electra_table.PRETRAINING),
+        attn_implementation="eager"))
+    hf = hf_reference.rtd_pair(c, disc)
+    # The generator samples from the whole vocabulary, [PAD] included: a sampled [PAD]
+    # at a real position trains its row in bertjax (as google-research/electra, which
+    # has no padding index), where torch's Embedding(padding_idx) gives it no gradient.
+    disc.electra.embeddings.word_embeddings.padding_idx = None
 
-  def exported(params) -> dict[str, np.ndarray]:
-    return table.export_pretrained(jax.device_get(params), cfg, tokenizer,
-                                   c.data.tokenizer.kind)[1]
+    def exported(params) -> dict[str, np.ndarray]:
+      params = jax.device_get(params)
+      return {**{f"generator.{k}": v for k, v in electra_table.export(
+                  rtd.generator_params(params), gen_cfg)[1].items()},
+              **{f"discriminator.{k}": v for k, v in electra_table.export(
+                  params["discriminator"], cfg)[1].items()}}
+  else:
+    hf_json, _ = table.pretraining_model(cfg)
+    model_class = getattr(transformers, hf_json["architectures"][0])
+    hf = model_class(model_class.config_class(**hf_json, attn_implementation="eager"))
+
+    def exported(params) -> dict[str, np.ndarray]:
+      return table.export_pretrained(jax.device_get(params), cfg, tokenizer,
+                                     c.data.tokenizer.kind)[1]
 
   hf_params = dict(hf.named_parameters())
   start = exported(state.params)
@@ -223,7 +259,12 @@ def lockstep(run: str, steps: int = STEPS) -> dict:
   ref = hf_reference.pretraining_optimizer(hf, c.train)
   out = {"loss": [], "hf_loss": [], "lr": [], "hf_lr": [], "param_diff": [],
          "update_diff": [], "moved_diff": [], "predictions": [], "documents": [],
-         "shapes": [], "rows": []}
+         "shapes": [], "rows": [], "replaced": []}
+  seen = {}
+
+  def loss_fn(outputs, _):
+    seen["replaced"] = getattr(outputs, "replaced", None)
+    return outputs.loss
   before_ours = {k: start[k] for k in hf_params}
   before_hf = {k: p.detach().numpy().copy() for k, p in hf_params.items()}
   for step in range(steps):
@@ -233,13 +274,26 @@ def lockstep(run: str, steps: int = STEPS) -> dict:
       np.testing.assert_array_equal(batch["global_rope_theta"], theta)
       set_global_theta(hf, theta)
       out["shapes"].append(list(batch["input_ids"].shape))
-    inputs = hf_batch(batch, tokenizer.pad_id, nsp if cfg.family == "bert" else None)
+    inputs = hf_batch(batch, tokenizer.pad_id, {"bert": nsp, "electra": False}.get(cfg.family))
+    if rtd_run:  # The step's sampling noise (`rtd.corrupt`), the masked positions' rows.
+      key = jax.random.split(jax.random.fold_in(jax.random.key(c.seed), step), 3)[1]
+      positions, weights = batch["masked_lm_positions"], batch["masked_lm_weights"]
+      noise = np.asarray(jax.random.gumbel(key, (*positions.shape, cfg.vocab_size)))
+      rows = []
+      for r in range(len(positions)):
+        real = np.flatnonzero(weights[r] > 0)
+        rows.append(noise[r, real[np.argsort(positions[r][real], kind="stable")]])
+      inputs["gumbel"] = torch.from_numpy(np.concatenate(rows))
     out["hf_lr"].append(ref.opt.param_groups[0]["lr"])
     with jax.set_mesh(setup.mesh), nn.logical_axis_rules(setup.rules):
       state, metrics = setup.train_step(state, mesh_lib.put_batch(batch,
                                                                   setup.batch_sharding))
     out["hf_loss"].append(hf_reference.train_step(hf, inputs, ref.opt, ref.schedule,
-                                                  ref.max_grad_norm))
+                                                  ref.max_grad_norm, loss_fn))
+    if rtd_run:  # The replaced share of the real tokens, each side's.
+      real = inputs["attention_mask"].float()
+      out["replaced"].append((float(metrics["replaced_fraction"]),
+                              float((seen["replaced"] * real).sum() / real.sum())))
     out["loss"].append(float(metrics["loss"]))
     out["lr"].append(float(metrics["learning_rate"]))
     out["predictions"].append(int(batch["masked_lm_weights"].sum()))
@@ -322,11 +376,15 @@ def test_lockstep(runs, run):
 
 def test_the_runs_exercise_what_they_claim(runs):
   """Packed rows hold several documents (transformers gets more rows than bertjax);
-  the ModernBERT schedule restarts at half the peak and decays to 0.001 of it."""
+  ELECTRA's generator replaces the same tokens on both sides; the ModernBERT schedule restarts at half the peak and decays to 0.001 of it."""
   for run in RUNS:
     r = result(runs, run)
     several = any(d > rows for d, rows in zip(r["documents"], r["rows"]))
     assert several == (not run.endswith("padded")), run
+  # ELECTRA: the same tokens replaced on both sides, a share of the rows every step.
+  replaced = result(runs, "electra/padded")["replaced"]
+  assert len(replaced) == STEPS and all(0 < ours == pytest.approx(theirs, abs=1e-6)
+                                        for ours, theirs in replaced), replaced
   lr = result(runs, "modernbert/packed")["hf_lr"]
   assert max(lr) == pytest.approx(LR) and lr[18:27] == [pytest.approx(LR / 2)] * 9
   assert lr[-1] < LR / 2 * 0.2

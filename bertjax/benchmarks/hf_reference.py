@@ -4,7 +4,9 @@ examples, the one loop every comparison of bertjax with Hugging Face runs
 `tests/test_finetune_lockstep.py` checks against bertjax's train step, step by step.
 Pretraining runs the same `train_step` with `pretraining_optimizer` (AdamW as above,
 or torch-optimi's StableAdamW with the ModernBERT authors' schedules, `composer_lr`):
-`tests/test_pretrain_lockstep.py` and `benchmark pretrain_fidelity`.
+`tests/test_pretrain_lockstep.py` and `benchmark pretrain_fidelity`; replaced-token
+detection trains `rtd_pair` (transformers' ELECTRA generator and discriminator as one
+module) the same way (`benchmark train --compare=hf`, the lockstep test).
 
   python -m bertjax.benchmark hf_reference --model=DIR --train=train.jsonl \
       --dev=dev.jsonl --labels=a,b,c --seed=0
@@ -110,6 +112,70 @@ class Pretraining(NamedTuple):
   opt: Any
   schedule: Any
   max_grad_norm: float
+
+
+def rtd_pair(config, discriminator):
+  """transformers' ELECTRA pair of a replaced-token-detection `config` (bertjax's)
+  around `discriminator` (an `ElectraForPreTraining`, its weights its own) as one
+  torch module: the generator, an `ElectraForMaskedLM` at `config.generator`'s sizes
+  built on the discriminator's device, reads the discriminator's word, position and
+  type embeddings and their LayerNorm (google-research/electra's tying; its decoder
+  tied to the shared word embeddings). Its parameters are `discriminator.*` and
+  `generator.*` (the shared ones once, under `discriminator.`).
+
+  `pair(input_ids, attention_mask, labels, token_type_ids=None, gumbel=None)` returns
+  the outputs as a namespace: `loss` = the generator's MLM loss on the masked rows
+  (`labels` -100 but at the masked positions) + lambda x the discriminator's BCE on
+  the corrupted rows (`discriminator_weight`), `generator_loss`, `discriminator_loss`,
+  `replaced` [B, T]. Each masked position holds a token sampled from the generator's
+  logits by Gumbel-max (temperature 1, no gradient through it): argmax of the logits
+  plus `gumbel`, [M, V] noise for the M masked positions in row-major order (given: the
+  samples of another implementation's noise), else noise drawn from torch's generator;
+  a sample equal to the original token is not replaced."""
+  import types  # pylint: disable=g-import-not-at-top
+  import torch  # pylint: disable=g-import-not-at-top
+  import transformers  # pylint: disable=g-import-not-at-top
+  from bertjax import objectives as objectives_lib  # pylint: disable=g-import-not-at-top
+  from bertjax.hf import electra as electra_table  # pylint: disable=g-import-not-at-top
+  from bertjax.objectives import rtd  # pylint: disable=g-import-not-at-top
+
+  model = objectives_lib.from_config(config).model
+  gen_json = electra_table.hf_config(rtd.generator_config(config, model),
+                                     electra_table.MASKED_LM)
+  device = next(discriminator.parameters()).device
+  generator = transformers.ElectraForMaskedLM(transformers.ElectraConfig(
+      **gen_json, attn_implementation=discriminator.config._attn_implementation)).to(device)
+  for name in rtd.TIED:  # transformers' module names are the tied tables' own.
+    setattr(generator.electra.embeddings, name,
+            getattr(discriminator.electra.embeddings, name))
+  generator.tie_weights()  # Its decoder reads the shared word embeddings.
+  weight = rtd.discriminator_weight(config)
+
+  class Pair(torch.nn.Module):
+
+    def __init__(self):
+      super().__init__()
+      self.discriminator, self.generator = discriminator, generator
+
+    def forward(self, input_ids, attention_mask, labels, token_type_ids=None, gumbel=None):
+      common = {"attention_mask": attention_mask}
+      if token_type_ids is not None:
+        common["token_type_ids"] = token_type_ids
+      masked = labels != -100
+      original = torch.where(masked, labels, input_ids)
+      out = self.generator(input_ids=input_ids, labels=labels, **common)
+      with torch.no_grad():
+        logits = out.logits[masked].float()
+        if gumbel is None:
+          gumbel = -torch.log(-torch.log(torch.rand_like(logits).clamp_(1e-9, 1.0)))
+        corrupted = original.clone()
+        corrupted[masked] = (logits + gumbel).argmax(-1)
+      replaced = (corrupted != original).float()
+      d = self.discriminator(input_ids=corrupted, labels=replaced, **common)
+      return types.SimpleNamespace(loss=out.loss + weight * d.loss, generator_loss=out.loss,
+                                   discriminator_loss=d.loss, replaced=replaced)
+
+  return Pair()
 
 
 def pretraining_optimizer(model, train_cfg) -> Pretraining:

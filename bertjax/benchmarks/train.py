@@ -63,6 +63,7 @@ from ml_collections import config_flags
 
 from bertjax import objectives as objectives_lib
 from bertjax.benchmarks import flops as flops_lib
+from bertjax.benchmarks import hf_reference
 from bertjax.errors import ConfigError
 from bertjax.hf import convert as hf_convert
 from bertjax.hf import electra as electra_table
@@ -277,43 +278,6 @@ def hf_flops(config, batch: int, seq: int) -> dict[str, float]:
   return flops_lib.train_flops(hf_model(config)[2], batch, seq, seq)
 
 
-def _hf_rtd_pair(config, transformers, device: str, disc, inputs: dict):
-  """ELECTRA's pair in transformers beside the discriminator `disc`: the generator
-  (ElectraForMaskedLM at config.generator's sizes) with the word, position and type
-  embeddings and their LayerNorm of `disc` (google-research/electra's tying); returns
-  (generator, loss()): generator MLM on the masked rows, Gumbel-max samples at the
-  masked positions (no gradient), the discriminator's BCE on the corrupted rows
-  (replaced where a sample differs), generator + lambda x discriminator."""
-  import torch  # pylint: disable=g-import-not-at-top
-  from bertjax.objectives import rtd  # pylint: disable=g-import-not-at-top
-  model = objectives_lib.from_config(config).model
-  gen_json = electra_table.hf_config(rtd.generator_config(config, model),
-                                     electra_table.MASKED_LM)
-  gen = transformers.ElectraForMaskedLM(transformers.ElectraConfig(
-      **gen_json, attn_implementation="sdpa")).to(device).train()
-  for name in rtd.TIED:  # transformers' module names are the tied tables' own.
-    setattr(gen.electra.embeddings, name, getattr(disc.electra.embeddings, name))
-  gen.tie_weights()  # The generator's decoder reads the shared word embeddings.
-  weight = rtd.discriminator_weight(config)
-  labels = inputs["labels"]
-  masked = labels != -100
-  original = torch.where(masked, labels, inputs["input_ids"])
-  common = {k: inputs[k] for k in ("attention_mask", "token_type_ids") if k in inputs}
-
-  def loss():
-    out = gen(input_ids=inputs["input_ids"], labels=labels, **common)
-    with torch.no_grad():  # At the masked positions only, as ours.
-      logits = out.logits[masked].float()
-      u = torch.rand_like(logits).clamp_(1e-9, 1.0)
-      corrupted = original.clone()
-      corrupted[masked] = (logits - torch.log(-torch.log(u))).argmax(-1)
-    replaced = (corrupted != original).float()
-    d = disc(input_ids=corrupted, labels=replaced, **common)
-    return out.loss + weight * d.loss
-
-  return gen, loss
-
-
 def bench_hf(config, batch: int, seq: int, predictions: int, bf16: bool):
   """Hugging Face (`hf_model`, SDPA) + AdamW + clipping on the same batch.
   Returns (step, finish) as `bench_bertjax` does."""
@@ -339,14 +303,11 @@ def bench_hf(config, batch: int, seq: int, predictions: int, bf16: bool):
   inputs = {k: torch.as_tensor(v, dtype=torch.long, device=device) for k, v in inputs.items()}
   autocast = torch.autocast(device, dtype=torch.bfloat16, enabled=bf16)
   sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-  if _rtd(config):
-    generator, loss_of = _hf_rtd_pair(config, transformers, device, model, inputs)
+  if _rtd(config):  # Both networks, the shared embeddings once.
+    model = hf_reference.rtd_pair(config, model).train()
     name = f"ElectraForMaskedLM + {name}"
-  else:
-    generator, loss_of = None, lambda: model(**inputs).loss
-  # Both networks' parameters, the shared embeddings once.
-  parameters = list({id(p): p for m in (model, generator) if m is not None
-                     for p in m.parameters()}.values())
+  loss_of = lambda: model(**inputs).loss  # noqa: E731
+  parameters = list(model.parameters())
   opt = torch.optim.AdamW(parameters, lr=t.learning_rate, betas=(t.b1, t.b2),
                           eps=t.eps, weight_decay=t.weight_decay)
 
