@@ -9,17 +9,17 @@ pipeline on a slice of the embedded corpus), step by step:
 - BERT, padded rows: `BertForPreTraining` (MLM + NSP sentence pairs), torch AdamW with
   the Trainer's decay grouping, `get_linear_schedule_with_warmup`, `clip_grad_norm_`;
 - BERT, packed rows (FULL-SENTENCES, documents isolated): `BertForMaskedLM`;
-- ModernBERT, padded rows (a document a row): `ModernBertForMaskedLM`, torch-optimi's
-  StableAdamW as the authors build it (fully decoupled weight decay off biases and
-  norms, no clipping), their schedules (warm-up, held, a restart at a lower peak with
-  a new weight decay, then 1-sqrt to alpha_f);
-- ModernBERT, packed rows (FULL-SENTENCES, documents isolated);
 - ELECTRA, replaced-token detection (configs/electra_tiny.py's pair, its rows: a
   document's sentences a row, padded): transformers' `ElectraForMaskedLM` generator
   and `ElectraForPreTraining` discriminator sharing their embeddings
   (`hf_reference.rtd_pair`), generator MLM + 50 x the discriminator's BCE, AdamW as
   BERT's; the generator's samples drawn from bertjax's Gumbel noise of the step (the
   same noise, each side's own logits: the same replaced tokens);
+- ModernBERT, padded rows (a document a row): `ModernBertForMaskedLM`, torch-optimi's
+  StableAdamW as the authors build it (fully decoupled weight decay off biases and
+  norms, no clipping), their schedules (warm-up, held, a restart at a lower peak with
+  a new weight decay, then 1-sqrt to alpha_f);
+- ModernBERT, packed rows (FULL-SENTENCES, documents isolated);
 - ModernBERT, the one-run recipe (configs/modernbert_base.py's pieces, packed rows):
   rows of 16 tokens then 32 with the batch sized by tokens (16 rows, then 8) after a
   batch-size warm-up (8 rows of 16 for 4 steps), the global layers' rope theta 10k
