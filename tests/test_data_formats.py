@@ -88,6 +88,21 @@ def test_parquet_named_column_row_groups_and_size(tmp_path):
   assert sum(map(len, TEXTS)) <= size < 2 * sum(map(len, TEXTS)) + 8 * 200
 
 
+def test_parquet_holds_one_row_group_at_a_time(tmp_path):
+  """Reading a Parquet file keeps about a row group of Arrow memory, whatever its
+  length: 40 row groups of 100 KB of text, at most 3 held at any document (a single
+  `iter_batches` over the file held every one it had read until the end)."""
+  text = "x" * 1000
+  path = tmp_path / "long.parquet"
+  pq.write_table(pa.table({"text": [text] * 4000}), path, row_group_size=100,
+                 compression="none")
+  peak = n = 0
+  for t in formats.parquet_texts(str(path), "text"):
+    n += t == text
+    peak = max(peak, pa.total_allocated_bytes())
+  assert n == 4000 and peak < 3 * 100 * len(text), peak
+
+
 def test_datasets_directory_reads_its_train_split_in_order():
   assert _docs(HF_DATASET) == HF_TRAIN
   assert _docs(os.path.join(HF_DATASET, "train")) == HF_TRAIN

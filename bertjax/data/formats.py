@@ -154,15 +154,20 @@ def _strings(batch) -> Iterator[str]:
 
 
 def parquet_texts(path: str, field: str) -> Iterator[str]:
-  """The strings of column `field`, a row group at a time."""
+  """The strings of column `field`, a row group at a time: one `iter_batches` call per
+  row group, since a single call over the file keeps every row group it pre-buffered
+  until it ends (pyarrow 26: 169 MiB held at the end of a 173 MB file, 6 MiB this
+  way)."""
   import pyarrow as pa  # pylint: disable=g-import-not-at-top
   import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top
   with (open_raw(path) if is_remote(path) else pa.OSFile(path)) as f:
     try:
       parquet = pq.ParquetFile(f)
       _check_column(parquet.schema_arrow, field, path, "Parquet file")
-      for batch in parquet.iter_batches(batch_size=_BATCH_ROWS, columns=[field]):
-        yield from _strings(batch)
+      for group in range(parquet.num_row_groups):
+        for batch in parquet.iter_batches(batch_size=_BATCH_ROWS, row_groups=[group],
+                                          columns=[field]):
+          yield from _strings(batch)
     except (pa.ArrowException, OSError) as e:
       raise _unreadable(path, "Parquet", e) from None
 
