@@ -230,7 +230,7 @@ def lockstep(run: str, steps: int = STEPS) -> dict:
     disc = transformers.ElectraForPreTraining(transformers.ElectraConfig(
         **electra_table.hf_config(cfg, electra_table.PRETRAINING),
         attn_implementation="eager"))
-    hf = hf_reference.rtd_pair(c, disc)
+    hf = hf_reference.rtd_pair(c, disc, "eager")
     # The generator samples from the whole vocabulary, [PAD] included: a sampled [PAD]
     # at a real position trains its row in bertjax (as google-research/electra, which
     # has no padding index), where torch's Embedding(padding_idx) gives it no gradient.

@@ -114,13 +114,13 @@ class Pretraining(NamedTuple):
   max_grad_norm: float
 
 
-def rtd_pair(config, discriminator):
+def rtd_pair(config, discriminator, attn_implementation: str):
   """transformers' ELECTRA pair of a replaced-token-detection `config` (bertjax's)
   around `discriminator` (an `ElectraForPreTraining`, its weights its own) as one
   torch module: the generator, an `ElectraForMaskedLM` at `config.generator`'s sizes
-  built on the discriminator's device, reads the discriminator's word, position and
-  type embeddings and their LayerNorm (google-research/electra's tying; its decoder
-  tied to the shared word embeddings). Its parameters are `discriminator.*` and
+  built on the discriminator's device with `attn_implementation` ('eager', 'sdpa'),
+  reads the discriminator's word, position and type embeddings and their LayerNorm
+  (google-research/electra's tying; its decoder tied to the shared word embeddings). Its parameters are `discriminator.*` and
   `generator.*` (the shared ones once, under `discriminator.`).
 
   `pair(input_ids, attention_mask, labels, token_type_ids=None, gumbel=None)` returns
@@ -144,7 +144,7 @@ def rtd_pair(config, discriminator):
                                      electra_table.MASKED_LM)
   device = next(discriminator.parameters()).device
   generator = transformers.ElectraForMaskedLM(transformers.ElectraConfig(
-      **gen_json, attn_implementation=discriminator.config._attn_implementation)).to(device)
+      **gen_json, attn_implementation=attn_implementation)).to(device)
   for name in rtd.TIED:  # transformers' module names are the tied tables' own.
     setattr(generator.electra.embeddings, name,
             getattr(discriminator.electra.embeddings, name))

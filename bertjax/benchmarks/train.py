@@ -304,7 +304,7 @@ def bench_hf(config, batch: int, seq: int, predictions: int, bf16: bool):
   autocast = torch.autocast(device, dtype=torch.bfloat16, enabled=bf16)
   sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
   if _rtd(config):  # Both networks, the shared embeddings once.
-    model = hf_reference.rtd_pair(config, model).train()
+    model = hf_reference.rtd_pair(config, model, "sdpa").train()
     name = f"ElectraForMaskedLM + {name}"
   loss_of = lambda: model(**inputs).loss  # noqa: E731
   parameters = list(model.parameters())
