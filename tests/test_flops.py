@@ -185,10 +185,12 @@ def test_modernbert_agrees_with_xla_cost_analysis(seq):
 @pytest.mark.slow
 def test_benchmark_cli_on_bert_tiny(tmp_path):
   """The README's first `benchmark train --compare=hf` (bert_tiny as configured,
-  shrunk): both frameworks timed, a speed-up printed."""
+  shrunk), on one device as a user's CPU is: both frameworks timed, a speed-up printed.
+  (Its one-core `taskset -c 0` form is the same command: test_benchmark_train.py.)"""
   proc = subprocess.run(documented(
       "README.md", "python -m bertjax.benchmark train --config=configs/bert_tiny.py "
       "--steps=8 --compare=hf", *TINY), capture_output=True, text=True, timeout=300,
-      cwd=os.path.dirname(os.path.dirname(__file__)))
+      cwd=os.path.dirname(os.path.dirname(__file__)),
+      env={**os.environ, "JAX_NUM_CPU_DEVICES": "1"})
   assert proc.returncode == 0, proc.stderr[-2000:]
   assert "speed-up vs Hugging Face" in proc.stdout
