@@ -68,6 +68,11 @@ EVAL_SEED = 1234  # The held-out masks' draw, the same for every model.
 VARIANTS = {
     # The documents' tokens back to back, no separator token between documents.
     "stream": {"data.packing": "stream"},
+    # Each document of a packed row attending only to itself (positions restarting), as
+    # configs/modernbert_base.py and modernbert_tiny.py pack; with and without the
+    # separators between documents.
+    "isolated": {"data.isolate_documents": True},
+    "stream_isolated": {"data.packing": "stream", "data.isolate_documents": True},
     # Each token chosen with probability p (transformers' collator, the authors'),
     # instead of round(p x candidates) per row; room for the draws above the mean.
     "per_token": {"data.masked_lm_draw": "per_token", "data.max_predictions_per_seq": 30},
