@@ -15,7 +15,8 @@ documents' text (the family's kind). The recipes (`recipe`, of --config's family
 any field can be overridden, --config.FIELD=VALUE):
 - modernbert (configs/modernbert_tiny.py): its model (L=4, H=128, A=4, I=192, a window of 32,
   global attention every third layer, theta 160k / 10k) with one length (rows of 128),
-  no dropout, 30% masking (80/10/10), rows packed across documents without isolation,
+  no dropout, 30% masking (80/10/10), rows packed across documents with a separator
+  between two and without isolation (the recipe's rows isolate them, no separator),
   StableAdamW (fully decoupled weight decay 1e-5 off norms and biases, betas 0.9 / 0.98,
   eps 1e-6, no clipping), lr 3e-3 after 100 warm-up steps, held, 1-sqrt to 0 over the
   last 20%, batch 32, 800 steps;
@@ -155,7 +156,9 @@ def recipe(config, steps: int):
     c.model.global_rope_theta_phases = ()
     c.model.attention_output_dropout = 0.0
     c.data.length_phases = ()
-    c.data.isolate_documents = False
+    # Issue 31's setting, the arms' base: rows packed across documents with a separator
+    # between two, no isolation (the recipe itself isolates them, with no separator).
+    c.data.packing, c.data.isolate_documents = "full_sentences", False
     c.train.batch_warmup_tokens = c.train.batch_warmup_sizes = 0
     c.train.learning_rate_restarts = ()
     c.train.warmup_steps = 100
