@@ -143,6 +143,31 @@ def _biased_by_hand(q, k, v, padding, segments, window, bias, scale=None):
     return np.einsum("bnij,bjnd->bind", p / p.sum(-1, keepdims=True), v)
 
 
+@pytest.mark.parametrize("case", list(CASES))
+def test_float32_xla_path_is_jax_dot_product_attention(case):
+  """The float32 XLA path (`_xla_float32`, written out for XLA:CPU's speed) computes what
+  `jax.nn.dot_product_attention(implementation='xla')` does: outputs at real queries
+  and the gradients of q, k, v, with a score bias and a scale, on every row layout."""
+  q, k, v, padding, segments, window, w = _inputs(case)
+  bias = jax.random.normal(jax.random.key(5), (1, N, T, T))
+  mask = attn.xla_mask(padding, segments, window)
+  real = padding[:, :, None, None] > 0
+
+  def loss(fn):
+    def f(q, k, v):
+      out = jnp.where(real, fn(q, k, v), 0.0)
+      return jnp.sum(out * w), out
+    return jax.jit(jax.value_and_grad(f, argnums=(0, 1, 2), has_aux=True))(q, k, v)
+
+  (_, ours), our_grads = loss(lambda q, k, v: attn.attention(
+      q, k, v, padding, segments, window=window, bias=bias, scale=0.3, impl="xla"))
+  (_, jaxs), jax_grads = loss(lambda q, k, v: jax.nn.dot_product_attention(
+      q, k, v, bias=bias, mask=mask, scale=0.3, implementation="xla"))
+  np.testing.assert_allclose(ours, jaxs, atol=1e-5)
+  for a, b in zip(our_grads, jax_grads):
+    np.testing.assert_allclose(a, b, atol=1e-4)
+
+
 @pytest.mark.parametrize("bias_batch,bias_heads", [(2, 2), (1, 2), (2, 1)])
 def test_score_bias_is_added_to_the_scaled_scores(bias_batch, bias_heads):
   """attention(..., bias) is softmax(Q K^T / sqrt(D) + bias) V written out by hand, on

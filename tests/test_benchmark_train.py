@@ -21,7 +21,6 @@ from bertjax.benchmarks import train as bench
 from bertjax import model as model_lib, objectives as objectives_lib
 from bertjax.errors import ConfigError
 from configs import bert_tiny, deberta_tiny, electra_tiny, modernbert_tiny, roberta_base
-from tests.test_flops import TINY
 from tests.test_readme import documented
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
