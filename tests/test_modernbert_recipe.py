@@ -102,7 +102,11 @@ def test_phase_steps_follow_from_the_authors_tokens(recipe, rows, ramp_tokens, n
 
 @pytest.mark.parametrize("recipe", [modernbert_base, modernbert_large, modernbert_tiny])
 def test_recipes_pass_their_checks(recipe):
-  pretrain.check_config(recipe.get_config())
+  c = recipe.get_config()
+  pretrain.check_config(c)
+  # Documents isolated (the authors'), packed without separators (docs/pretraining.md:
+  # it learned more than FULL-SENTENCES on every seed).
+  assert c.data.isolate_documents and c.data.packing == "stream"
 
 
 @pytest.mark.parametrize("recipe,count", [(modernbert_base, 149_655_232),

@@ -120,8 +120,9 @@ def rtd_pair(config, discriminator, attn_implementation: str):
   torch module: the generator, an `ElectraForMaskedLM` at `config.generator`'s sizes
   built on the discriminator's device with `attn_implementation` ('eager', 'sdpa'),
   reads the discriminator's word, position and type embeddings and their LayerNorm
-  (google-research/electra's tying; its decoder tied to the shared word embeddings). Its parameters are `discriminator.*` and
-  `generator.*` (the shared ones once, under `discriminator.`).
+  (google-research/electra's tying; its decoder tied to the shared word embeddings).
+  Its parameters are `discriminator.*` and `generator.*` (the shared ones once, under
+  `discriminator.`).
 
   `pair(input_ids, attention_mask, labels, token_type_ids=None, gumbel=None)` returns
   the outputs as a namespace: `loss` = the generator's MLM loss on the masked rows

@@ -144,9 +144,9 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, padding: jax.Array,
     bias = bias.astype(jnp.float32)
   if impl == "xla":
     mask = xla_mask(padding, segment_ids, window)
-    if not dropout and q.dtype == jnp.float32:
-      return _xla_float32(q, k, v, bias, mask, scale)
     if not dropout:
+      if q.dtype == jnp.float32:
+        return _xla_float32(q, k, v, bias, mask, scale)
       return jax.nn.dot_product_attention(q, k, v, bias=bias, mask=mask, scale=scale,
                                           implementation="xla")
     if scale is not None:  # flax's attention scales by 1/sqrt(D): q carries the rest.
