@@ -32,6 +32,30 @@ def test_the_recipes_spend_equal_flops():
       "electra"]["step_flops"] / 2
 
 
+def test_generator_width_arms():
+  """--generator_widths adds RTD arms that differ from 'electra' in the generator
+  alone (heads and FFN scaled with its width), each at its own equal-FLOPs steps."""
+  configs = electra_claim.pretraining_configs(600, generator_widths=(64, 128))
+  assert list(configs) == ["mlm", "electra", "electra_g64", "electra_g128"]
+  for width, heads in ((64, 1), (128, 2)):
+    arm = configs[f"electra_g{width}"].to_dict()
+    generator = arm.pop("generator")
+    assert generator == dict(configs["electra"].generator.to_dict(), hidden_size=width,
+                             num_heads=heads, intermediate_size=4 * width)
+    assert arm == {k: v for k, v in configs["electra"].to_dict().items() if k != "generator"}
+  assert configs["electra"].generator.hidden_size == 32  # The recipe's, untouched.
+  runs = electra_claim.equal_flops(configs)
+  assert runs["electra_g128"]["steps"] < runs["electra_g64"]["steps"] < runs["electra"]["steps"]
+  for name, run in runs.items():
+    assert abs(run["total_flops"] - runs["mlm"]["total_flops"]) <= run["step_flops"] / 2, name
+
+
+def test_held_out_reads_each_objective():
+  assert electra_claim.held_out({"mlm_accuracy": 0.4602}) == "MLM accuracy 46.0%"
+  rtd = {"rtd_loss": 0.3, "replaced_fraction": 0.5, "generator_accuracy": 0.219}
+  assert electra_claim.held_out(rtd) == "BCE 0.3000 (entropy 0.6931), generator 21.9%"
+
+
 def test_the_docstrings_corpus_is_written_once(tmp_path, monkeypatch):
   from bertjax.benchmarks import pretrain_fidelity
   source = tmp_path / "src"
@@ -63,7 +87,7 @@ def test_the_benchmark_runs_tiny(tmp_path):
     c.train.eval_batch_size = 8
 
   results = electra_claim.run(str(tmp_path), {"mlm": mlm, "electra": electra},
-                              {"stdlib_few": task}, [0, 1], 3e-4, shrink)
+                              {"stdlib_few": task}, [0, 1], 3e-4, shrink, eval_every=2)
   assert results["pretraining"]["mlm"]["steps"] == 6
   assert results["pretraining"]["electra"]["steps"] < 6
   for name in ("mlm", "electra"):
@@ -72,6 +96,11 @@ def test_the_benchmark_runs_tiny(tmp_path):
     with open(tmp_path / "finetune" / f"{name}_stdlib_few_0" / "config.json") as f:
       assert json.load(f)["model"]["family"] == ("bert" if name == "mlm" else "electra")
   lines = (tmp_path / "table.md").read_text().splitlines()
-  assert lines[0].startswith("| pretraining | steps | training FLOPs | stdlib_few |")
+  assert lines[0] == ("| pretraining | steps | training FLOPs | stdlib_few | average | "
+                      "held-out at the end |")
   assert [l.split(" | ")[0] for l in lines[2:]] == ["| mlm", "| electra"]
-  assert os.path.exists(results["pretraining"]["electra"]["curves"])
+  with open(results["pretraining"]["electra"]["curves"]) as f:
+    evals = [r["step"] for r in map(json.loads, f) if r["split"] == "eval"]
+  steps = results["pretraining"]["electra"]["steps"]
+  assert evals == sorted(set(range(2, steps + 1, 2)) | {steps})  # --eval_every, the end
+  assert "BCE" in lines[3] and "MLM accuracy" in lines[2]

@@ -12,14 +12,18 @@ compute the replaced-token-detection discriminator fine-tunes better than the ML
    masking) on the same corpus, rows, tokenizer, batch and schedule shape, for the
    steps that spend the MLM run's training FLOPs (generator included):
    round(mlm_steps x F_mlm / F_rtd), the FLOPs of a step by the project's counter
-   (`Objectives.train_flops(B, T, P)`, `bertjax.benchmarks.flops`' terms).
+   (`Objectives.train_flops(B, T, P)`, `bertjax.benchmarks.flops`' terms); with
+   `--generator_widths=64,128` also the same discriminator with a generator of each
+   width (arms electra_g64, electra_g128; Figure 3 of the paper varies it), each at
+   its own equal-FLOPs steps.
 3. Fine-tunes each pretrained encoder (the MLM model's; ELECTRA's discriminator) on the
    real-text tasks of `bertjax.benchmarks.text_tasks` (default debian_sections,
    stdlib_few, stdlib_next: each task's batch, epochs and length; `--lr` for both,
    3e-4 being ELECTRA-Small's fine-tuning rate, Table 7) with each of `--seeds`, and
    reports dev accuracy (mean, spread) per task and model as a markdown table, with
-   both runs' pretraining curves (their metrics.jsonl: `python -m bertjax.plot`), in
-   --out/results.json and --out/table.md.
+   each run's last held-out score (`held_out`), in --out/results.json and
+   --out/table.md; each run's pretraining curves are its metrics.jsonl (`python -m
+   bertjax.plot`; `--eval_every` adds held-out points to them).
 
 `--corpus` is the pretraining text of both runs: the embedded corpus by default (66k
 tokens: 1,000 steps of 32 x 128 are 60 epochs of it), or `docstrings` (`corpus_path`:
@@ -33,6 +37,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import os
 import statistics
 import time
@@ -68,6 +73,11 @@ def define_flags() -> None:
   flags.DEFINE_list("tasks", list(DEFAULT_TASKS), f"Any of {list(text_tasks.TASKS)}.")
   flags.DEFINE_list("seeds", ["0", "1", "2"], "Fine-tuning seeds.")
   flags.DEFINE_float("lr", 3e-4, "Fine-tuning peak learning rate (both models).")
+  flags.DEFINE_list("generator_widths", [], "Hidden sizes of further RTD arms' generators "
+                    "(arm electra_gW: heads W // 64, at least 1, FFN 4W, as Table 6 scales "
+                    "them), beside the recipe's 1/4-width 'electra'.")
+  flags.DEFINE_integer("eval_every", 0, "Held-out evaluation every this many pretraining "
+                       "steps (the curves in each run's metrics.jsonl); 0: at the end only.")
   flags.DEFINE_string("corpus", "embedded", "The pretraining corpus of both runs: "
                       f"'{DOCSTRINGS}' (written under --out, see corpus_path) or what "
                       "config.data.corpus takes (a text file, .jsonl, Parquet, ...).")
@@ -89,11 +99,13 @@ def corpus_path(spec: str, out: str) -> str:
   return path
 
 
-def pretraining_configs(mlm_steps: int, corpus: str = "embedded"
+def pretraining_configs(mlm_steps: int, corpus: str = "embedded",
+                        generator_widths: tuple[int, ...] = ()
                         ) -> dict[str, ml_collections.ConfigDict]:
   """{'mlm': bert_tiny with MLM alone, 'electra': electra_tiny with 'rtd'} on the same
-  data section (`corpus`) but each recipe's masking; 'electra' at `mlm_steps`,
-  `equal_flops` sets its steps."""
+  data section (`corpus`) but each recipe's masking, and 'electra_gW' for each W of
+  `generator_widths`: electra_tiny with a generator of hidden size W (heads W // 64, at
+  least 1; FFN 4W); the RTD arms at `mlm_steps`, `equal_flops` sets their steps."""
   mlm, electra = recipe("bert_tiny"), recipe("electra_tiny")
   mlm.objectives = ("mlm",)
   mlm.data.corpus = corpus
@@ -101,9 +113,14 @@ def pretraining_configs(mlm_steps: int, corpus: str = "embedded"
                                           "max_predictions_per_seq")}
   electra.data = ml_collections.ConfigDict(mlm.data.to_dict())
   electra.data.update(masking)
-  for c in (mlm, electra):
+  configs = {"mlm": mlm, "electra": electra}
+  for width in generator_widths:
+    c = configs[f"electra_g{width}"] = electra.copy_and_resolve_references()
+    c.generator.hidden_size, c.generator.intermediate_size = width, 4 * width
+    c.generator.num_heads = max(1, width // 64)
+  for c in configs.values():
     c.train.num_steps, c.train.warmup_steps = mlm_steps, max(1, mlm_steps // 10)
-  return {"mlm": mlm, "electra": electra}
+  return configs
 
 
 def step_flops(config) -> float:
@@ -152,29 +169,43 @@ def _spread(xs: list[float]) -> dict[str, float]:
           "min": min(xs), "max": max(xs), "runs": xs}
 
 
+def held_out(metrics: dict[str, float]) -> str:
+  """A pretraining run's last held-out evaluation in a few words: the MLM's accuracy;
+  the discriminator's BCE against the entropy of the replaced fraction (what a detector
+  that learned nothing but that fraction scores) and the generator's accuracy."""
+  if "rtd_loss" in metrics:
+    p = metrics["replaced_fraction"]
+    entropy = -p * math.log(p) - (1 - p) * math.log(1 - p) if 0 < p < 1 else 0.0
+    return (f"BCE {metrics['rtd_loss']:.4f} (entropy {entropy:.4f}), generator "
+            f"{100 * metrics['generator_accuracy']:.1f}%")
+  return f"MLM accuracy {100 * metrics['mlm_accuracy']:.1f}%"
+
+
 def table(results: dict) -> str:
   """The markdown table: dev accuracy (mean +- stdev over the seeds) per task and
-  model, their average, and the pretraining each model had."""
+  model, their average, the pretraining each model had and its held-out score."""
   tasks = list(next(iter(results["finetune"].values())))
-  lines = ["| pretraining | steps | training FLOPs | " + " | ".join(tasks) + " | average |",
-           "|---|---|---|" + "---|" * (len(tasks) + 1)]
+  lines = ["| pretraining | steps | training FLOPs | " + " | ".join(tasks)
+           + " | average | held-out at the end |",
+           "|---|---|---|" + "---|" * (len(tasks) + 2)]
   for name, per_task in results["finetune"].items():
     p = results["pretraining"][name]
     cells = [f"{100 * per_task[t]['mean']:.1f} +- {100 * per_task[t]['stdev']:.1f}"
              for t in tasks]
     avg = statistics.fmean(per_task[t]["mean"] for t in tasks)
     lines.append(f"| {name} | {p['steps']} | {p['total_flops']:.3g} | "
-                 + " | ".join(cells) + f" | {100 * avg:.1f} |")
+                 + " | ".join(cells) + f" | {100 * avg:.1f} | {held_out(p['eval'])} |")
   return "\n".join(lines)
 
 
 def run(out: str, configs: dict[str, ml_collections.ConfigDict],
         tasks: dict[str, text_tasks.TextTask], seeds: list[int], lr: float,
         edit_finetune: Callable[[ml_collections.ConfigDict], None] | None = None,
-        log: Callable[[str], None] = print) -> dict[str, Any]:
+        log: Callable[[str], None] = print, eval_every: int = 0) -> dict[str, Any]:
   """The benchmark (module docstring) on `configs` ('mlm' first: its tokenizer is
   shared), writing under `out`; `edit_finetune` changes each fine-tuning config
-  (tests shrink them)."""
+  (tests shrink them); `eval_every` > 0 evaluates each pretraining run's held-out rows
+  that often too."""
   from bertjax.tasks import finetune  # pylint: disable=g-import-not-at-top
   from bertjax.train import pretrain  # pylint: disable=g-import-not-at-top
   os.makedirs(out, exist_ok=True)
@@ -185,6 +216,8 @@ def run(out: str, configs: dict[str, ml_collections.ConfigDict],
   for name, c in configs.items():
     if name != "mlm":
       c.data.tokenizer.path = os.path.join(workdirs["mlm"], "tokenizer")
+    if eval_every:
+      c.train.eval_every = min(eval_every, c.train.num_steps)
     t0 = time.perf_counter()
     metrics = pretrain.run(c, workdirs[name])
     results["pretraining"][name].update(
@@ -222,9 +255,10 @@ def main(argv) -> None:
   if unknown:
     raise SystemExit(f"--tasks: unknown {unknown}; use {list(text_tasks.TASKS)}.")
   jax.config.update("jax_compilation_cache_dir", os.path.join(f.out, "xla_cache"))
-  results = run(f.out, pretraining_configs(f.mlm_steps, corpus_path(f.corpus, f.out)),
-                {name: text_tasks.TASKS[name]() for name in f.tasks},
-                [int(s) for s in f.seeds], f.lr)
+  configs = pretraining_configs(f.mlm_steps, corpus_path(f.corpus, f.out),
+                                tuple(int(w) for w in f.generator_widths))
+  results = run(f.out, configs, {name: text_tasks.TASKS[name]() for name in f.tasks},
+                [int(s) for s in f.seeds], f.lr, eval_every=f.eval_every)
   print(results["table"])
   print(f"wrote {os.path.join(f.out, 'results.json')} and table.md; curves: python -m "
-        f"bertjax.plot on {os.path.join(f.out, 'mlm')} and {os.path.join(f.out, 'electra')}")
+        "bertjax.plot on " + " and ".join(os.path.join(f.out, name) for name in configs))
