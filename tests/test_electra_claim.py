@@ -104,3 +104,6 @@ def test_the_benchmark_runs_tiny(tmp_path):
   steps = results["pretraining"]["electra"]["steps"]
   assert evals == sorted(set(range(2, steps + 1, 2)) | {steps})  # --eval_every, the end
   assert "BCE" in lines[3] and "MLM accuracy" in lines[2]
+  again = electra_claim.run(str(tmp_path), {"mlm": mlm, "electra": electra},
+                            {"stdlib_few": task}, [0, 1], 3e-4, shrink, eval_every=2)
+  assert again["table"] == results["table"]  # Resumed finished runs, skipped fine-tuning.

@@ -48,6 +48,7 @@ import ml_collections
 from absl import flags
 
 from bertjax import objectives as objectives_lib
+from bertjax.checkpoint import files
 from bertjax.benchmarks import text_tasks
 
 DEFAULT_TASKS = ("debian_sections", "stdlib_few", "stdlib_next")
@@ -220,9 +221,13 @@ def run(out: str, configs: dict[str, ml_collections.ConfigDict],
       c.train.eval_every = min(eval_every, c.train.num_steps)
     t0 = time.perf_counter()
     metrics = pretrain.run(c, workdirs[name])
+    curves = os.path.join(workdirs[name], files.METRICS_FILE)
+    if not metrics:  # Finished before: its last held-out evaluation is on record.
+      with open(curves) as f:
+        metrics = [r for r in map(json.loads, f) if r["split"] == "eval"][-1]
+      metrics = {k: v for k, v in metrics.items() if k not in ("step", "split")}
     results["pretraining"][name].update(
-        wall_s=time.perf_counter() - t0, eval=metrics,
-        curves=os.path.join(workdirs[name], "metrics.jsonl"))
+        wall_s=time.perf_counter() - t0, eval=metrics, curves=curves)
     log(f"pretrained {name}: {json.dumps(results['pretraining'][name])}")
   for task_name, task in tasks.items():
     paths = task.write(os.path.join(out, "tasks", task_name))
