@@ -32,11 +32,20 @@ def test_the_recipes_spend_equal_flops():
       "electra"]["step_flops"] / 2
 
 
-def test_generator_width_arms():
-  """--generator_widths adds RTD arms that differ from 'electra' in the generator
-  alone (heads and FFN scaled with its width), each at its own equal-FLOPs steps."""
-  configs = electra_claim.pretraining_configs(600, generator_widths=(64, 128))
-  assert list(configs) == ["mlm", "electra", "electra_g64", "electra_g128"]
+def test_further_rtd_arms():
+  """--generator_widths and --learning_rates add RTD arms that differ from 'electra' in
+  the generator alone (heads and FFN scaled with its width) or in the peak rate alone,
+  each at its own equal-FLOPs steps."""
+  configs = electra_claim.pretraining_configs(600, generator_widths=(64, 128),
+                                              learning_rates=(1e-3,))
+  assert list(configs) == ["mlm", "electra", "electra_g64", "electra_g128",
+                           "electra_lr0.001"]
+  rate = configs["electra_lr0.001"].to_dict()
+  assert rate["train"].pop("learning_rate") == 1e-3
+  assert configs["electra"].train.learning_rate == 5e-4  # The recipe's, untouched.
+  recipe = configs["electra"].to_dict()
+  del recipe["train"]["learning_rate"]
+  assert rate == recipe
   for width, heads in ((64, 1), (128, 2)):
     arm = configs[f"electra_g{width}"].to_dict()
     generator = arm.pop("generator")

@@ -14,8 +14,9 @@ compute the replaced-token-detection discriminator fine-tunes better than the ML
    round(mlm_steps x F_mlm / F_rtd), the FLOPs of a step by the project's counter
    (`Objectives.train_flops(B, T, P)`, `bertjax.benchmarks.flops`' terms); with
    `--generator_widths=64,128` also the same discriminator with a generator of each
-   width (arms electra_g64, electra_g128; Figure 3 of the paper varies it), each at
-   its own equal-FLOPs steps.
+   width (arms electra_g64, electra_g128; Figure 3 of the paper varies it), and with
+   `--learning_rates=1e-3` the recipe pretrained at that peak rate (electra_lr0.001),
+   each at its own equal-FLOPs steps.
 3. Fine-tunes each pretrained encoder (the MLM model's; ELECTRA's discriminator) on the
    real-text tasks of `bertjax.benchmarks.text_tasks` (default debian_sections,
    stdlib_few, stdlib_next: each task's batch, epochs and length; `--lr` for both,
@@ -77,6 +78,8 @@ def define_flags() -> None:
   flags.DEFINE_list("generator_widths", [], "Hidden sizes of further RTD arms' generators "
                     "(arm electra_gW: heads W // 64, at least 1, FFN 4W, as Table 6 scales "
                     "them), beside the recipe's 1/4-width 'electra'.")
+  flags.DEFINE_list("learning_rates", [], "Peak pretraining rates of further RTD arms "
+                    "(arm electra_lrR), beside the recipe's 5e-4 (ELECTRA-Small's).")
   flags.DEFINE_integer("eval_every", 0, "Held-out evaluation every this many pretraining "
                        "steps (the curves in each run's metrics.jsonl); 0: at the end only.")
   flags.DEFINE_string("corpus", "embedded", "The pretraining corpus of both runs: "
@@ -101,12 +104,15 @@ def corpus_path(spec: str, out: str) -> str:
 
 
 def pretraining_configs(mlm_steps: int, corpus: str = "embedded",
-                        generator_widths: tuple[int, ...] = ()
+                        generator_widths: tuple[int, ...] = (),
+                        learning_rates: tuple[float, ...] = ()
                         ) -> dict[str, ml_collections.ConfigDict]:
   """{'mlm': bert_tiny with MLM alone, 'electra': electra_tiny with 'rtd'} on the same
-  data section (`corpus`) but each recipe's masking, and 'electra_gW' for each W of
+  data section (`corpus`) but each recipe's masking, 'electra_gW' for each W of
   `generator_widths`: electra_tiny with a generator of hidden size W (heads W // 64, at
-  least 1; FFN 4W); the RTD arms at `mlm_steps`, `equal_flops` sets their steps."""
+  least 1; FFN 4W), and 'electra_lrR' for each R of `learning_rates`: electra_tiny
+  pretrained at peak rate R; the RTD arms at `mlm_steps`, `equal_flops` sets their
+  steps."""
   mlm, electra = recipe("bert_tiny"), recipe("electra_tiny")
   mlm.objectives = ("mlm",)
   mlm.data.corpus = corpus
@@ -119,6 +125,9 @@ def pretraining_configs(mlm_steps: int, corpus: str = "embedded",
     c = configs[f"electra_g{width}"] = electra.copy_and_resolve_references()
     c.generator.hidden_size, c.generator.intermediate_size = width, 4 * width
     c.generator.num_heads = max(1, width // 64)
+  for rate in learning_rates:
+    c = configs[f"electra_lr{rate:g}"] = electra.copy_and_resolve_references()
+    c.train.learning_rate = rate
   for c in configs.values():
     c.train.num_steps, c.train.warmup_steps = mlm_steps, max(1, mlm_steps // 10)
   return configs
@@ -261,7 +270,8 @@ def main(argv) -> None:
     raise SystemExit(f"--tasks: unknown {unknown}; use {list(text_tasks.TASKS)}.")
   jax.config.update("jax_compilation_cache_dir", os.path.join(f.out, "xla_cache"))
   configs = pretraining_configs(f.mlm_steps, corpus_path(f.corpus, f.out),
-                                tuple(int(w) for w in f.generator_widths))
+                                tuple(int(w) for w in f.generator_widths),
+                                tuple(float(r) for r in f.learning_rates))
   results = run(f.out, configs, {name: text_tasks.TASKS[name]() for name in f.tasks},
                 [int(s) for s in f.seeds], f.lr, eval_every=f.eval_every)
   print(results["table"])
