@@ -102,9 +102,9 @@ def test_the_benchmark_runs_tiny(tmp_path):
   for name in ("mlm", "electra"):
     scores = results["finetune"][name]["stdlib_few"]["runs"]
     assert len(scores) == 2 and all(0 <= s <= 1 for s in scores)
-    with open(tmp_path / "finetune" / f"{name}_stdlib_few_0" / "config.json") as f:
+    with open(tmp_path / "finetune" / "lr0.0003" / f"{name}_stdlib_few_0" / "config.json") as f:
       assert json.load(f)["model"]["family"] == ("bert" if name == "mlm" else "electra")
-  lines = (tmp_path / "table.md").read_text().splitlines()
+  lines = (tmp_path / "table_lr0.0003.md").read_text().splitlines()
   assert lines[0] == ("| pretraining | steps | training FLOPs | stdlib_few | average | "
                       "held-out at the end |")
   assert [l.split(" | ")[0] for l in lines[2:]] == ["| mlm", "| electra"]

@@ -22,8 +22,8 @@ compute the replaced-token-detection discriminator fine-tunes better than the ML
    stdlib_few, stdlib_next: each task's batch, epochs and length; `--lr` for both,
    3e-4 being ELECTRA-Small's fine-tuning rate, Table 7) with each of `--seeds`, and
    reports dev accuracy (mean, spread) per task and model as a markdown table, with
-   each run's last held-out score (`held_out`), in --out/results.json and
-   --out/table.md; each run's pretraining curves are its metrics.jsonl (`python -m
+   each run's last held-out score (`held_out`), in --out/results_lrLR.json and
+   --out/table_lrLR.md (LR: `--lr`, so that one --out holds several); each run's pretraining curves are its metrics.jsonl (`python -m
    bertjax.plot`; `--eval_every` adds held-out points to them).
 
 `--corpus` is the pretraining text of both runs: the embedded corpus by default (66k
@@ -31,7 +31,8 @@ tokens: 1,000 steps of 32 x 128 are 60 epochs of it), or `docstrings` (`corpus_p
 2.2M tokens: 1,000 steps are under two epochs of it), or any corpus a config takes.
 
 Everything runs in this one process, one run after another (`--out` keeps each run's
-workdir: rerunning resumes finished pretraining and skips finished fine-tuning).
+workdir: rerunning resumes finished pretraining and skips fine-tuning finished at the
+same `--lr`).
 """
 
 from __future__ import annotations
@@ -246,7 +247,7 @@ def run(out: str, configs: dict[str, ml_collections.ConfigDict],
         c = finetune_config(task, paths, workdirs[name], seed, lr)
         if edit_finetune:
           edit_finetune(c)
-        workdir = os.path.join(out, "finetune", f"{name}_{task_name}_{seed}")
+        workdir = os.path.join(out, "finetune", f"lr{lr:g}", f"{name}_{task_name}_{seed}")
         done = os.path.join(workdir, "dev_results.json")
         if not os.path.exists(done):
           finetune.run(c, workdir)
@@ -255,9 +256,9 @@ def run(out: str, configs: dict[str, ml_collections.ConfigDict],
         log(f"{name} {task_name} seed {seed}: dev accuracy {scores[-1]:.4f}")
       results["finetune"].setdefault(name, {})[task_name] = _spread(scores)
   results["table"] = table(results)
-  with open(os.path.join(out, "results.json"), "w") as f:
+  with open(os.path.join(out, f"results_lr{lr:g}.json"), "w") as f:
     json.dump(results, f, indent=1, default=str)
-  with open(os.path.join(out, "table.md"), "w") as f:
+  with open(os.path.join(out, f"table_lr{lr:g}.md"), "w") as f:
     f.write(results["table"] + "\n")
   return results
 
@@ -275,5 +276,5 @@ def main(argv) -> None:
   results = run(f.out, configs, {name: text_tasks.TASKS[name]() for name in f.tasks},
                 [int(s) for s in f.seeds], f.lr, eval_every=f.eval_every)
   print(results["table"])
-  print(f"wrote {os.path.join(f.out, 'results.json')} and table.md; curves: python -m "
-        "bertjax.plot on " + " and ".join(os.path.join(f.out, name) for name in configs))
+  print(f"wrote {os.path.join(f.out, f'results_lr{f.lr:g}.json')} and table_lr{f.lr:g}.md; "
+        "curves: python -m bertjax.plot on " + " and ".join(os.path.join(f.out, name) for name in configs))
