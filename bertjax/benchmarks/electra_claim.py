@@ -23,8 +23,9 @@ compute the replaced-token-detection discriminator fine-tunes better than the ML
    3e-4 being ELECTRA-Small's fine-tuning rate, Table 7) with each of `--seeds`, and
    reports dev accuracy (mean, spread) per task and model as a markdown table, with
    each run's last held-out score (`held_out`), in --out/results_lrLR.json and
-   --out/table_lrLR.md (LR: `--lr`, so that one --out holds several); each run's pretraining curves are its metrics.jsonl (`python -m
-   bertjax.plot`; `--eval_every` adds held-out points to them).
+   --out/table_lrLR.md (LR: `--lr`, so that one --out holds several); each run's
+   pretraining curves are its metrics.jsonl (`python -m bertjax.plot`; `--eval_every`
+   adds held-out points to them).
 
 `--corpus` is the pretraining text of both runs: the embedded corpus by default (66k
 tokens: 1,000 steps of 32 x 128 are 60 epochs of it), or `docstrings` (`corpus_path`:
@@ -50,8 +51,8 @@ import ml_collections
 from absl import flags
 
 from bertjax import objectives as objectives_lib
-from bertjax.checkpoint import files
 from bertjax.benchmarks import text_tasks
+from bertjax.checkpoint import files
 
 DEFAULT_TASKS = ("debian_sections", "stdlib_few", "stdlib_next")
 DOCSTRINGS = "docstrings"  # --corpus: Python's docstrings (corpus_path)
@@ -277,4 +278,5 @@ def main(argv) -> None:
                 [int(s) for s in f.seeds], f.lr, eval_every=f.eval_every)
   print(results["table"])
   print(f"wrote {os.path.join(f.out, f'results_lr{f.lr:g}.json')} and table_lr{f.lr:g}.md; "
-        "curves: python -m bertjax.plot on " + " and ".join(os.path.join(f.out, name) for name in configs))
+        "curves: python -m bertjax.plot on "
+        + " and ".join(os.path.join(f.out, name) for name in configs))
