@@ -219,7 +219,7 @@ def run(out: str, configs: dict[str, ml_collections.ConfigDict],
   (tests shrink them); `eval_every` > 0 evaluates each pretraining run's held-out rows
   that often too."""
   from bertjax.tasks import finetune  # pylint: disable=g-import-not-at-top
-  from bertjax.train import pretrain  # pylint: disable=g-import-not-at-top
+  from bertjax.train import curves, pretrain  # pylint: disable=g-import-not-at-top
   os.makedirs(out, exist_ok=True)
   results: dict[str, Any] = {"pretraining": equal_flops(configs), "finetune": {},
                              "lr": lr, "seeds": seeds,
@@ -232,13 +232,12 @@ def run(out: str, configs: dict[str, ml_collections.ConfigDict],
       c.train.eval_every = min(eval_every, c.train.num_steps)
     t0 = time.perf_counter()
     metrics = pretrain.run(c, workdirs[name])
-    curves = os.path.join(workdirs[name], files.METRICS_FILE)
     if not metrics:  # Finished before: its last held-out evaluation is on record.
-      with open(curves) as f:
-        metrics = [r for r in map(json.loads, f) if r["split"] == "eval"][-1]
-      metrics = {k: v for k, v in metrics.items() if k not in ("step", "split")}
+      evals = curves.read_metrics(workdirs[name])["eval"]
+      metrics = evals[max(evals)]
     results["pretraining"][name].update(
-        wall_s=time.perf_counter() - t0, eval=metrics, curves=curves)
+        wall_s=time.perf_counter() - t0, eval=metrics,
+        curves=os.path.join(workdirs[name], files.METRICS_FILE))
     log(f"pretrained {name}: {json.dumps(results['pretraining'][name])}")
   for task_name, task in tasks.items():
     paths = task.write(os.path.join(out, "tasks", task_name))
