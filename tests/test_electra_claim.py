@@ -32,29 +32,50 @@ def test_the_recipes_spend_equal_flops():
       "electra"]["step_flops"] / 2
 
 
+def _without(config, section: str, *keys: str) -> dict:
+  d = config.to_dict()
+  for k in keys:
+    del d[section][k]
+  return d
+
+
 def test_further_rtd_arms():
-  """--generator_widths and --learning_rates add RTD arms that differ from 'electra' in
-  the generator alone (heads and FFN scaled with its width) or in the peak rate alone,
-  each at its own equal-FLOPs steps."""
+  """--generator_widths, --learning_rates, --discriminator_weights and --mask_probs add
+  RTD arms that differ from 'electra' in the generator alone (heads and FFN scaled with
+  its width), the peak rate alone, lambda alone or the masking rate alone (with the
+  positions gathered for it, ELECTRA's int((p + 0.005) x T)), each at its own
+  equal-FLOPs steps."""
   configs = electra_claim.pretraining_configs(600, generator_widths=(64, 128),
-                                              learning_rates=(1e-3,))
+                                              learning_rates=(1e-3,),
+                                              discriminator_weights=(10.0,),
+                                              mask_probs=(0.25,))
   assert list(configs) == ["mlm", "electra", "electra_g64", "electra_g128",
-                           "electra_lr0.001"]
-  rate = configs["electra_lr0.001"].to_dict()
-  assert rate["train"].pop("learning_rate") == 1e-3
-  assert configs["electra"].train.learning_rate == 5e-4  # The recipe's, untouched.
-  recipe = configs["electra"].to_dict()
-  del recipe["train"]["learning_rate"]
-  assert rate == recipe
+                           "electra_lr0.001", "electra_lambda10", "electra_mask0.25"]
+  electra = configs["electra"]
+  # The recipe's, untouched by the arms.
+  assert electra.train.learning_rate == 5e-4
+  assert electra.generator.hidden_size == 32
+  assert electra.rtd.discriminator_weight == 50.0
+  assert (electra.data.masked_lm_prob, electra.data.max_predictions_per_seq) == (0.15, 19)
+  assert configs["electra_lr0.001"].train.learning_rate == 1e-3
+  assert configs["electra_lambda10"].rtd.discriminator_weight == 10.0
+  mask = configs["electra_mask0.25"].data
+  assert (mask.masked_lm_prob, mask.max_predictions_per_seq) == (0.25, 32)
+  for name, section, keys in (("electra_lr0.001", "train", ("learning_rate",)),
+                              ("electra_lambda10", "rtd", ("discriminator_weight",)),
+                              ("electra_mask0.25", "data",
+                               ("masked_lm_prob", "max_predictions_per_seq"))):
+    assert _without(configs[name], section, *keys) == _without(electra, section, *keys), name
   for width, heads in ((64, 1), (128, 2)):
     arm = configs[f"electra_g{width}"].to_dict()
     generator = arm.pop("generator")
     assert generator == dict(configs["electra"].generator.to_dict(), hidden_size=width,
                              num_heads=heads, intermediate_size=4 * width)
     assert arm == {k: v for k, v in configs["electra"].to_dict().items() if k != "generator"}
-  assert configs["electra"].generator.hidden_size == 32  # The recipe's, untouched.
   runs = electra_claim.equal_flops(configs)
   assert runs["electra_g128"]["steps"] < runs["electra_g64"]["steps"] < runs["electra"]["steps"]
+  assert runs["electra_mask0.25"]["steps"] < runs["electra"]["steps"]  # More gathered.
+  assert runs["electra_lambda10"]["steps"] == runs["electra"]["steps"]
   for name, run in runs.items():
     assert abs(run["total_flops"] - runs["mlm"]["total_flops"]) <= run["step_flops"] / 2, name
 

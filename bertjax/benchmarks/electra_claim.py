@@ -16,7 +16,10 @@ compute the replaced-token-detection discriminator fine-tunes better than the ML
    `--generator_widths=64,128` also the same discriminator with a generator of each
    width (arms electra_g64, electra_g128; Figure 3 of the paper varies it), and with
    `--learning_rates=1e-3` the recipe pretrained at that peak rate (electra_lr0.001),
-   each at its own equal-FLOPs steps.
+   with `--discriminator_weights=10` at that lambda (electra_lambda10), with
+   `--mask_probs=0.25` masking that share of tokens (electra_mask0.25; ELECTRA-Large's,
+   its gathered positions int((p + 0.005) x T) as ELECTRA's), each at its own
+   equal-FLOPs steps.
 3. Fine-tunes each pretrained encoder (the MLM model's; ELECTRA's discriminator) on the
    real-text tasks of `bertjax.benchmarks.text_tasks` (default debian_sections,
    stdlib_few, stdlib_next: each task's batch, epochs and length; `--lr` for both,
@@ -82,6 +85,10 @@ def define_flags() -> None:
                     "them), beside the recipe's 1/4-width 'electra'.")
   flags.DEFINE_list("learning_rates", [], "Peak pretraining rates of further RTD arms "
                     "(arm electra_lrR), beside the recipe's 5e-4 (ELECTRA-Small's).")
+  flags.DEFINE_list("discriminator_weights", [], "Lambdas of further RTD arms (arm "
+                    "electra_lambdaL), beside the recipe's 50 (the paper searched 1-100).")
+  flags.DEFINE_list("mask_probs", [], "Masking rates of further RTD arms (arm "
+                    "electra_maskP), beside the recipe's 0.15 (ELECTRA-Large's: 0.25).")
   flags.DEFINE_integer("eval_every", 0, "Held-out evaluation every this many pretraining "
                        "steps (the curves in each run's metrics.jsonl); 0: at the end only.")
   flags.DEFINE_string("corpus", "embedded", "The pretraining corpus of both runs: "
@@ -107,14 +114,18 @@ def corpus_path(spec: str, out: str) -> str:
 
 def pretraining_configs(mlm_steps: int, corpus: str = "embedded",
                         generator_widths: tuple[int, ...] = (),
-                        learning_rates: tuple[float, ...] = ()
+                        learning_rates: tuple[float, ...] = (),
+                        discriminator_weights: tuple[float, ...] = (),
+                        mask_probs: tuple[float, ...] = ()
                         ) -> dict[str, ml_collections.ConfigDict]:
   """{'mlm': bert_tiny with MLM alone, 'electra': electra_tiny with 'rtd'} on the same
   data section (`corpus`) but each recipe's masking, 'electra_gW' for each W of
   `generator_widths`: electra_tiny with a generator of hidden size W (heads W // 64, at
-  least 1; FFN 4W), and 'electra_lrR' for each R of `learning_rates`: electra_tiny
-  pretrained at peak rate R; the RTD arms at `mlm_steps`, `equal_flops` sets their
-  steps."""
+  least 1; FFN 4W), 'electra_lrR' for each R of `learning_rates`: electra_tiny
+  pretrained at peak rate R, 'electra_lambdaL' for each L of `discriminator_weights`:
+  at lambda L, and 'electra_maskP' for each P of `mask_probs`: masking P of the tokens
+  (gathering int((P + 0.005) x T) positions, ELECTRA's rule); the RTD arms at
+  `mlm_steps`, `equal_flops` sets their steps."""
   mlm, electra = recipe("bert_tiny"), recipe("electra_tiny")
   mlm.objectives = ("mlm",)
   mlm.data.corpus = corpus
@@ -130,6 +141,13 @@ def pretraining_configs(mlm_steps: int, corpus: str = "embedded",
   for rate in learning_rates:
     c = configs[f"electra_lr{rate:g}"] = electra.copy_and_resolve_references()
     c.train.learning_rate = rate
+  for weight in discriminator_weights:
+    c = configs[f"electra_lambda{weight:g}"] = electra.copy_and_resolve_references()
+    c.rtd.discriminator_weight = weight
+  for prob in mask_probs:
+    c = configs[f"electra_mask{prob:g}"] = electra.copy_and_resolve_references()
+    c.data.masked_lm_prob = prob
+    c.data.max_predictions_per_seq = int((prob + 0.005) * c.data.max_seq_length)
   for c in configs.values():
     c.train.num_steps, c.train.warmup_steps = mlm_steps, max(1, mlm_steps // 10)
   return configs
@@ -272,7 +290,9 @@ def main(argv) -> None:
   jax.config.update("jax_compilation_cache_dir", os.path.join(f.out, "xla_cache"))
   configs = pretraining_configs(f.mlm_steps, corpus_path(f.corpus, f.out),
                                 tuple(int(w) for w in f.generator_widths),
-                                tuple(float(r) for r in f.learning_rates))
+                                tuple(float(r) for r in f.learning_rates),
+                                tuple(float(w) for w in f.discriminator_weights),
+                                tuple(float(p) for p in f.mask_probs))
   results = run(f.out, configs, {name: text_tasks.TASKS[name]() for name in f.tasks},
                 [int(s) for s in f.seeds], f.lr, eval_every=f.eval_every)
   print(results["table"])
