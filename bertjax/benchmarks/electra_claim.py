@@ -134,20 +134,23 @@ def pretraining_configs(mlm_steps: int, corpus: str = "embedded",
   electra.data = ml_collections.ConfigDict(mlm.data.to_dict())
   electra.data.update(masking)
   configs = {"mlm": mlm, "electra": electra}
-  for width in generator_widths:
-    c = configs[f"electra_g{width}"] = electra.copy_and_resolve_references()
-    c.generator.hidden_size, c.generator.intermediate_size = width, 4 * width
-    c.generator.num_heads = max(1, width // 64)
+
+  def arm(name: str, **sections: dict[str, Any]) -> None:
+    """configs[name]: electra_tiny with `sections`' values ({section: {key: value}})."""
+    c = configs[name] = electra.copy_and_resolve_references()
+    for section, values in sections.items():
+      c[section].update(values)
+
+  for w in generator_widths:
+    arm(f"electra_g{w}",
+        generator=dict(hidden_size=w, intermediate_size=4 * w, num_heads=max(1, w // 64)))
   for rate in learning_rates:
-    c = configs[f"electra_lr{rate:g}"] = electra.copy_and_resolve_references()
-    c.train.learning_rate = rate
+    arm(f"electra_lr{rate:g}", train=dict(learning_rate=rate))
   for weight in discriminator_weights:
-    c = configs[f"electra_lambda{weight:g}"] = electra.copy_and_resolve_references()
-    c.rtd.discriminator_weight = weight
-  for prob in mask_probs:
-    c = configs[f"electra_mask{prob:g}"] = electra.copy_and_resolve_references()
-    c.data.masked_lm_prob = prob
-    c.data.max_predictions_per_seq = int((prob + 0.005) * c.data.max_seq_length)
+    arm(f"electra_lambda{weight:g}", rtd=dict(discriminator_weight=weight))
+  for p in mask_probs:
+    arm(f"electra_mask{p:g}", data=dict(
+        masked_lm_prob=p, max_predictions_per_seq=int((p + 0.005) * mlm.data.max_seq_length)))
   for c in configs.values():
     c.train.num_steps, c.train.warmup_steps = mlm_steps, max(1, mlm_steps // 10)
   return configs
