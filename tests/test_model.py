@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from bertjax.errors import ConfigError
-from bertjax.model import ModelConfig, bert, stack
+from bertjax.model import ModelConfig, bert, layers, stack
 from bertjax.train import state as state_lib
 from configs import bert_base, bert_large, roberta_base, xlmr_base, xlmr_large
 
@@ -176,3 +176,50 @@ def test_initial_weights_follow_the_cutoff(cutoff, std):
   assert kernels.size > 50_000
   np.testing.assert_allclose(kernels.std(), std, rtol=0.02)
   assert (np.abs(kernels).max() <= 0.04 + 1e-7) == (cutoff == 2.0)
+
+
+
+def _scatter_rows(fn, *args) -> list[int]:
+  """The rows of every table `fn(*args)` scatter-adds into (nested jaxprs included)."""
+  def walk(jaxpr):
+    for eqn in jaxpr.eqns:
+      if eqn.primitive.name == "scatter-add":
+        yield eqn.invars[0].aval.shape[0]
+      for value in eqn.params.values():
+        for sub in value if isinstance(value, (tuple, list)) else (value,):
+          if hasattr(sub, "eqns") or hasattr(sub, "jaxpr"):
+            yield from walk(getattr(sub, "jaxpr", sub))
+  return sorted(walk(jax.make_jaxpr(fn)(*args).jaxpr))
+
+
+@pytest.mark.parametrize("rows", [2, layers.ONE_HOT_ROWS, layers.ONE_HOT_ROWS + 1])
+def test_small_tables_are_read_by_a_one_hot_matmul_exactly(rows):
+  """A table of at most ONE_HOT_ROWS rows reads by a one-hot matmul, so its gradient is
+  a matmul, not a scatter-add into a few rows (serialized on a GPU); values and
+  values equal the gather's; gradients the float32 gather's, to float32's rounding or
+  (bf16) one bf16 rounding of the float32 sum (a bf16 scatter-add rounds every add)."""
+  ids = jnp.array(np.random.default_rng(0).integers(0, rows, (4, 33)), jnp.int32)
+  dy = jnp.array(np.random.default_rng(1).normal(size=(4, 33, 8)), jnp.bfloat16)
+  grad = lambda f: lambda e: jax.vjp(f, e)[1](dy.astype(f(e).dtype))[0]
+  for dtype in (jnp.float32, jnp.bfloat16):
+    table = layers.Embed(rows, 8, dtype=dtype)
+    emb = table.init(jax.random.key(0), ids)["params"]["embedding"]
+    ours = lambda e: table.apply({"params": {"embedding": e}}, ids)
+    np.testing.assert_array_equal(ours(emb), jnp.take(emb.astype(dtype), ids, 0))
+    if dtype == jnp.float32 or rows <= layers.ONE_HOT_ROWS:
+      np.testing.assert_allclose(grad(ours)(emb), grad(lambda e: jnp.take(e, ids, 0))(emb),
+                                 rtol=1e-6 if dtype == jnp.float32 else 2**-8, atol=1e-6)
+    assert _scatter_rows(grad(ours), emb) == ([rows] if rows > layers.ONE_HOT_ROWS else [])
+
+
+def test_bert_gradient_scatters_only_into_large_tables():
+  """BERT's backward pass adds into the word and position tables by scatter (many rows:
+  few collisions) and into the token-type table by a matmul."""
+  cfg = ModelConfig(vocab_size=100, hidden_size=16, num_layers=1, num_heads=2,
+                    intermediate_size=32, max_position_embeddings=72, type_vocab_size=2)
+  model = bert.FAMILY.pretraining(cfg)
+  ids = jnp.ones((2, 12), jnp.int32)
+  params = nn.unbox(model.init(jax.random.key(0), ids))["params"]
+  loss = lambda p: model.apply({"params": p}, ids)["mlm_logits"].sum()
+  assert _scatter_rows(jax.grad(loss), params) == [cfg.max_position_embeddings,
+                                                   cfg.vocab_size]

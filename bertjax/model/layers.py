@@ -22,9 +22,9 @@ from bertjax.model.attention import BATCH, HEADS
 
 LENGTH, EMBED = "activation_length", "activation_embed"
 KV, MLP = "activation_kv", "activation_mlp"
-__all__ = ["ACTIVATIONS", "BATCH", "EMBED", "HEADS", "KV", "LENGTH", "MLP", "PostLNBlock",
-           "attention_impl", "constrain", "dense", "einsum", "embed", "layer_norm",
-           "normal", "zeros_init"]
+__all__ = ["ACTIVATIONS", "BATCH", "EMBED", "Embed", "HEADS", "KV", "LENGTH", "MLP",
+           "ONE_HOT_ROWS", "PostLNBlock", "attention_impl", "constrain", "dense", "einsum",
+           "embed", "layer_norm", "normal", "zeros_init"]
 
 # Hugging Face's ACT2FN names -> the function ('gelu' is the exact, erf GELU).
 ACTIVATIONS = {
@@ -108,12 +108,34 @@ def layer_norm(cfg: Any, name: str, eps: float, *, use_bias: bool = True,
       bias_init=zeros_init((axis_name,)), name=name)
 
 
+# A table of at most this many rows is read by a one-hot matmul (`Embed`).
+ONE_HOT_ROWS = 64
+
+
+class Embed(nn.Embed):
+  """`nn.Embed` (the same parameter) whose lookup in a table of at most `ONE_HOT_ROWS`
+  rows (token types, SpanBERT's span positions) multiplies by the ids' one-hot instead
+  of gathering, as google-research/bert does for token types: a gather's gradient is a
+  scatter-add, and into a few rows every token of the batch adds into the same
+  addresses, which a GPU serializes (BERT-base at 128 tokens, batch 256, on an H200:
+  that one scatter took 59-87 ms of a 117 ms step); a matmul's gradient is a matmul,
+  summed in float32. Exact: one term of each sum is nonzero."""
+
+  def __call__(self, inputs: jax.Array) -> jax.Array:
+    if not 1 < self.num_embeddings <= ONE_HOT_ROWS:
+      return super().__call__(inputs)
+    (table,) = self.promote_dtype(self.embedding, dtype=self.dtype, inexact=False)
+    one_hot = jax.nn.one_hot(inputs, self.num_embeddings, dtype=table.dtype)
+    return jax.numpy.einsum("...v,ve->...e", one_hot, table,
+                            precision=jax.lax.Precision.HIGHEST)
+
+
 def embed(cfg: Any, num: int, names: Sequence[str | None], *, init=None,
-          name: str | None = None, features: int | None = None) -> nn.Embed:
+          name: str | None = None, features: int | None = None) -> Embed:
   """A [num, features] table (default `cfg.hidden_size`; `init` as `dense`'s)."""
-  return nn.Embed(num, features or cfg.hidden_size, dtype=cfg.dtype,
-                  param_dtype=cfg.param_dtype,
-                  embedding_init=_kernel_init(cfg, init, names), name=name)
+  return Embed(num, features or cfg.hidden_size, dtype=cfg.dtype,
+               param_dtype=cfg.param_dtype,
+               embedding_init=_kernel_init(cfg, init, names), name=name)
 
 
 class PostLNBlock(nn.Module):
