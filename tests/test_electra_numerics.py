@@ -8,6 +8,8 @@ gradients on padded rows; full-size parameter counts of the released discriminat
 and generators equal Hugging Face's (eval_shape / meta device: no memory), and the
 recipes' sections build exactly those."""
 
+import dataclasses
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -243,15 +245,15 @@ def test_recipes_build_the_released_networks(size):
   c = RECIPES[size].get_config()
   disc = model_lib.config_from(c.model)
   assert isinstance(disc, el.ElectraConfig) and disc.rtd
-  released = conv.model_config_from_hf(
-      transformers.ElectraConfig(**RELEASED[f"{size}-discriminator"]).to_dict(), rtd=True)
-  assert disc == released
+  # The network, in the platform's compute dtype (the recipe's '': bf16 on a GPU).
+  hf = lambda name, **kw: dataclasses.replace(conv.model_config_from_hf(
+      transformers.ElectraConfig(**RELEASED[name]).to_dict(), **kw), dtype=disc.dtype)
+  assert disc == hf(f"{size}-discriminator", rtd=True)
   gen = el.generator_config(disc, c.generator)
   if size == "small":
     assert (gen.hidden_size, gen.num_heads, gen.intermediate_size) == (64, 1, 256)
   else:
-    assert gen == conv.model_config_from_hf(
-        transformers.ElectraConfig(**RELEASED[f"{size}-generator"]).to_dict())
+    assert gen == hf(f"{size}-generator")
   shapes = lambda cfg: jax.tree.map(lambda x: x.shape, jax.eval_shape(
       el.FAMILY.pretraining(cfg).init_params, jax.random.key(0))["encoder"]["embeddings"])
   tied = ("word_embeddings", "position_embeddings", "token_type_embeddings", "LayerNorm")
