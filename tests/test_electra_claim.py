@@ -80,6 +80,35 @@ def test_further_rtd_arms():
     assert abs(run["total_flops"] - runs["mlm"]["total_flops"]) <= run["step_flops"] / 2, name
 
 
+
+def test_pretraining_seed_arms_and_their_spread():
+  """--pretraining_seeds adds both recipes again, differing in config.seed alone, at
+  the steps of seed 0; the table closes with each recipe's spread between pretraining
+  runs and MLM's lead with its standard error (none with one run per recipe)."""
+  configs = electra_claim.pretraining_configs(600, pretraining_seeds=(1, 2))
+  assert list(configs) == ["mlm", "electra", "mlm_s1", "electra_s1", "mlm_s2", "electra_s2"]
+  runs = electra_claim.equal_flops(configs)
+  for recipe in ("mlm", "electra"):
+    assert configs[recipe].seed == 0
+    for seed in (1, 2):
+      arm = configs[f"{recipe}_s{seed}"]
+      assert arm.seed == seed
+      assert dict(arm.to_dict(), seed=0) == configs[recipe].to_dict()
+      assert runs[f"{recipe}_s{seed}"] == runs[recipe]
+  scores = {"mlm": (0.50, 0.40), "electra": (0.30, 0.30), "mlm_s1": (0.46, 0.40),
+            "electra_s1": (0.34, 0.30), "electra_g64": (0.9, 0.9)}
+  results = {"finetune": {name: {t: {"mean": m} for t, m in zip("ab", pair)}
+                          for name, pair in scores.items()}}
+  lines = electra_claim.seed_spread(results)
+  assert lines[1:] == [
+      "mlm, 2 pretraining runs: task averages 45.0, 43.0; mean 44.0 +- 1.4",
+      "electra, 2 pretraining runs: task averages 30.0, 32.0; mean 31.0 +- 1.4",
+      "MLM's lead over RTD: 13.0 points, standard error 1.4 (from the pretraining "
+      "runs' spread)"]
+  del results["finetune"]["mlm_s1"]
+  assert electra_claim.seed_spread(results) == []
+
+
 def test_held_out_reads_each_objective():
   assert electra_claim.held_out({"mlm_accuracy": 0.4602}) == "MLM accuracy 46.0%"
   rtd = {"rtd_loss": 0.3, "replaced_fraction": 0.5, "generator_accuracy": 0.219}

@@ -19,7 +19,9 @@ compute the replaced-token-detection discriminator fine-tunes better than the ML
    with `--discriminator_weights=10` at that lambda (electra_lambda10), with
    `--mask_probs=0.25` masking that share of tokens (electra_mask0.25; ELECTRA-Large's,
    its gathered positions int((p + 0.005) x T) as ELECTRA's), each at its own
-   equal-FLOPs steps.
+   equal-FLOPs steps; with `--pretraining_seeds=1,2` both recipes again with each
+   config.seed (arms mlm_s1, electra_s1, ...), the table then closing with each
+   recipe's spread between pretraining runs and MLM's lead with its standard error.
 3. Fine-tunes each pretrained encoder (the MLM model's; ELECTRA's discriminator) on the
    real-text tasks of `bertjax.benchmarks.text_tasks` (default debian_sections,
    stdlib_few, stdlib_next: each task's batch, epochs and length; `--lr` for both,
@@ -45,6 +47,7 @@ import importlib.util
 import json
 import math
 import os
+import re
 import statistics
 import time
 from typing import Any, Callable
@@ -89,6 +92,9 @@ def define_flags() -> None:
                     "electra_lambdaL), beside the recipe's 50 (the paper searched 1-100).")
   flags.DEFINE_list("mask_probs", [], "Masking rates of further RTD arms (arm "
                     "electra_maskP), beside the recipe's 0.15 (ELECTRA-Large's: 0.25).")
+  flags.DEFINE_list("pretraining_seeds", [], "config.seed of further pretraining runs of "
+                    "both recipes (arms mlm_sS, electra_sS), beside seed 0: the spread "
+                    "between pretraining runs, against which a gap between arms counts.")
   flags.DEFINE_integer("eval_every", 0, "Held-out evaluation every this many pretraining "
                        "steps (the curves in each run's metrics.jsonl); 0: at the end only.")
   flags.DEFINE_string("corpus", "embedded", "The pretraining corpus of both runs: "
@@ -116,7 +122,8 @@ def pretraining_configs(mlm_steps: int, corpus: str = "embedded",
                         generator_widths: tuple[int, ...] = (),
                         learning_rates: tuple[float, ...] = (),
                         discriminator_weights: tuple[float, ...] = (),
-                        mask_probs: tuple[float, ...] = ()
+                        mask_probs: tuple[float, ...] = (),
+                        pretraining_seeds: tuple[int, ...] = ()
                         ) -> dict[str, ml_collections.ConfigDict]:
   """{'mlm': bert_tiny with MLM alone, 'electra': electra_tiny with 'rtd'} on the same
   data section (`corpus`) but each recipe's masking, 'electra_gW' for each W of
@@ -124,8 +131,10 @@ def pretraining_configs(mlm_steps: int, corpus: str = "embedded",
   least 1; FFN 4W), 'electra_lrR' for each R of `learning_rates`: electra_tiny
   pretrained at peak rate R, 'electra_lambdaL' for each L of `discriminator_weights`:
   at lambda L, and 'electra_maskP' for each P of `mask_probs`: masking P of the tokens
-  (gathering int((P + 0.005) x T) positions, ELECTRA's rule); the RTD arms at
-  `mlm_steps`, `equal_flops` sets their steps."""
+  (gathering int((P + 0.005) x T) positions, ELECTRA's rule), and 'mlm_sS' and
+  'electra_sS' for each S of `pretraining_seeds`: both recipes pretrained with
+  config.seed S (initialisation, masking, order; 'mlm' and 'electra' have seed 0); the
+  RTD arms at `mlm_steps`, `equal_flops` sets their steps."""
   mlm, electra = recipe("bert_tiny"), recipe("electra_tiny")
   mlm.objectives = ("mlm",)
   mlm.data.corpus = corpus
@@ -135,11 +144,15 @@ def pretraining_configs(mlm_steps: int, corpus: str = "embedded",
   electra.data.update(masking)
   configs = {"mlm": mlm, "electra": electra}
 
-  def arm(name: str, **sections: dict[str, Any]) -> None:
-    """configs[name]: electra_tiny with `sections`' values ({section: {key: value}})."""
-    c = configs[name] = electra.copy_and_resolve_references()
-    for section, values in sections.items():
-      c[section].update(values)
+  def arm(name: str, base: ml_collections.ConfigDict = electra, **fields: Any) -> None:
+    """configs[name]: `base` with `fields`' values ({section: {key: value}}, or a
+    top-level field's value)."""
+    c = configs[name] = base.copy_and_resolve_references()
+    for field, value in fields.items():
+      if isinstance(value, dict):
+        c[field].update(value)
+      else:
+        c[field] = value
 
   for w in generator_widths:
     arm(f"electra_g{w}",
@@ -151,6 +164,9 @@ def pretraining_configs(mlm_steps: int, corpus: str = "embedded",
   for p in mask_probs:
     arm(f"electra_mask{p:g}", data=dict(
         masked_lm_prob=p, max_predictions_per_seq=int((p + 0.005) * mlm.data.max_seq_length)))
+  for seed in pretraining_seeds:
+    arm(f"mlm_s{seed}", mlm, seed=seed)
+    arm(f"electra_s{seed}", seed=seed)
   for c in configs.values():
     c.train.num_steps, c.train.warmup_steps = mlm_steps, max(1, mlm_steps // 10)
   return configs
@@ -228,7 +244,32 @@ def table(results: dict) -> str:
     avg = statistics.fmean(per_task[t]["mean"] for t in tasks)
     lines.append(f"| {name} | {p['steps']} | {p['total_flops']:.3g} | "
                  + " | ".join(cells) + f" | {100 * avg:.1f} | {held_out(p['eval'])} |")
-  return "\n".join(lines)
+  return "\n".join(lines + seed_spread(results))
+
+
+def seed_spread(results: dict) -> list[str]:
+  """With pretraining seeds (arms mlm_sS, electra_sS): each recipe's task average per
+  pretraining run, their mean and stdev, and MLM's lead over RTD with its standard
+  error from the runs' spread; nothing with one run per recipe."""
+  runs: dict[str, list[float]] = {}
+  for name, per_task in results["finetune"].items():
+    match = re.fullmatch(r"(mlm|electra)(_s\d+)?", name)
+    if match:
+      runs.setdefault(match.group(1), []).append(
+          statistics.fmean(per_task[t]["mean"] for t in per_task))
+  if len(runs) < 2 or min(len(r) for r in runs.values()) < 2:
+    return []
+  lines = [""]
+  for name, averages in runs.items():
+    lines.append(f"{name}, {len(averages)} pretraining runs: task averages "
+                 + ", ".join(f"{100 * a:.1f}" for a in averages)
+                 + f"; mean {100 * statistics.fmean(averages):.1f} +- "
+                 f"{100 * statistics.stdev(averages):.1f}")
+  lead = statistics.fmean(runs["mlm"]) - statistics.fmean(runs["electra"])
+  error = math.sqrt(sum(statistics.variance(r) / len(r) for r in runs.values()))
+  lines.append(f"MLM's lead over RTD: {100 * lead:.1f} points, standard error "
+               f"{100 * error:.1f} (from the pretraining runs' spread)")
+  return lines
 
 
 def run(out: str, configs: dict[str, ml_collections.ConfigDict],
@@ -295,7 +336,8 @@ def main(argv) -> None:
                                 tuple(int(w) for w in f.generator_widths),
                                 tuple(float(r) for r in f.learning_rates),
                                 tuple(float(w) for w in f.discriminator_weights),
-                                tuple(float(p) for p in f.mask_probs))
+                                tuple(float(p) for p in f.mask_probs),
+                                tuple(int(s) for s in f.pretraining_seeds))
   results = run(f.out, configs, {name: text_tasks.TASKS[name]() for name in f.tasks},
                 [int(s) for s in f.seeds], f.lr, eval_every=f.eval_every)
   print(results["table"])
