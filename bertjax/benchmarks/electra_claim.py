@@ -133,8 +133,9 @@ def pretraining_configs(mlm_steps: int, corpus: str = "embedded",
   at lambda L, and 'electra_maskP' for each P of `mask_probs`: masking P of the tokens
   (gathering int((P + 0.005) x T) positions, ELECTRA's rule), and 'mlm_sS' and
   'electra_sS' for each S of `pretraining_seeds`: both recipes pretrained with
-  config.seed S (initialisation, masking, order; 'mlm' and 'electra' have seed 0); the
-  RTD arms at `mlm_steps`, `equal_flops` sets their steps."""
+  config.seed S (initialisation, masking, order and which 5% of the documents are held
+  out, so held-out scores of two seeds are on different documents; 'mlm' and 'electra'
+  have seed 0); the RTD arms at `mlm_steps`, `equal_flops` sets their steps."""
   mlm, electra = recipe("bert_tiny"), recipe("electra_tiny")
   mlm.objectives = ("mlm",)
   mlm.data.corpus = corpus
