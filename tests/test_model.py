@@ -178,7 +178,6 @@ def test_initial_weights_follow_the_cutoff(cutoff, std):
   assert (np.abs(kernels).max() <= 0.04 + 1e-7) == (cutoff == 2.0)
 
 
-
 def _scatter_rows(fn, *args) -> list[int]:
   """The rows of every table `fn(*args)` scatter-adds into (nested jaxprs included)."""
   def walk(jaxpr):
@@ -195,8 +194,8 @@ def _scatter_rows(fn, *args) -> list[int]:
 @pytest.mark.parametrize("rows", [2, layers.ONE_HOT_ROWS, layers.ONE_HOT_ROWS + 1])
 def test_small_tables_are_read_by_a_one_hot_matmul_exactly(rows):
   """A table of at most ONE_HOT_ROWS rows reads by a one-hot matmul, so its gradient is
-  a matmul, not a scatter-add into a few rows (serialized on a GPU); values and
-  values equal the gather's; gradients the float32 gather's, to float32's rounding or
+  a matmul, not a scatter-add into a few rows (serialized on a GPU): its values equal
+  the gather's; its gradients the float32 gather's, to float32's rounding or
   (bf16) one bf16 rounding of the float32 sum (a bf16 scatter-add rounds every add)."""
   ids = jnp.array(np.random.default_rng(0).integers(0, rows, (4, 33)), jnp.int32)
   dy = jnp.array(np.random.default_rng(1).normal(size=(4, 33, 8)), jnp.bfloat16)
