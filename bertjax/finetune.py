@@ -10,8 +10,6 @@ Rerunning the same command resumes. The flags are `python -m bertjax.main`'s
 --coordinator_address, ...); the run is `bertjax.tasks.sweep`.
 """
 
-import os
-
 from absl import app
 
 from bertjax.console import cli
@@ -26,9 +24,6 @@ def main(argv):
   from bertjax.tasks import sweep  # pylint: disable=g-import-not-at-top
   program.start()
   config = program.CONFIG.value
-  cache = config.compilation_cache_dir
-  if cache and not jax.config.jax_compilation_cache_dir:  # JAX_COMPILATION_CACHE_DIR wins.
-    jax.config.update("jax_compilation_cache_dir", os.path.expanduser(cache))
   result = sweep.run(config, program.WORKDIR.value)
   best = result["best"]
   if best["dev"] and jax.process_index() == 0:  # {} when preempted

@@ -43,13 +43,15 @@ def _worker_main() -> None:
 
 
 def _launch(workdir, tmp, run, extra, config="configs/bert_tiny.py",
-            module="tests.test_multihost", processes=2):
+            module="tests.test_multihost", processes=2, environ=None):
   """Starts the processes of a job (2 x 4 CPU devices, or 1 x 8 joined the same way:
-  gloo collectives): `python -m MODULE --config=CONFIG EXTRA...`."""
+  gloo collectives): `python -m MODULE --config=CONFIG EXTRA...`, in `environ` (this
+  process's environment when None)."""
   port = portpicker.pick_unused_port()
   procs = []
   for i in range(processes):
-    env = dict(os.environ, JAX_NUM_CPU_DEVICES=str(8 // processes), JAX_PLATFORMS="cpu",
+    env = dict(os.environ if environ is None else environ,
+               JAX_NUM_CPU_DEVICES=str(8 // processes), JAX_PLATFORMS="cpu",
                BERTJAX_TEST_RECORD=os.path.join(tmp, f"rows_{run}_{i}.jsonl"))
     cmd = [sys.executable, "-m", module, f"--config={config}",
            f"--workdir={workdir}", f"--coordinator_address=127.0.0.1:{port}",

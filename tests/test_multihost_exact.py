@@ -10,9 +10,12 @@ without a coordinator on XLA's in-process collectives, which add in another orde
 Joined through a coordinator as well (gloo), the lone process logs the 2-process job's
 metrics and ends in its state bit for bit, and a checkpoint of either resumes on the
 other bit for bit against the uninterrupted runs. Without (`python -m bertjax.main`
-alone) the numbers agree to float32 rounding: bounded here."""
+alone) the numbers agree to float32 rounding: bounded here. The jobs keep their
+compiled programs in `config.compilation_cache_dir` (the suite's own cache variable
+removed): a resumed job loads every program the uninterrupted one compiled."""
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -41,25 +44,32 @@ def _config():
                     eval_every=STEPS)
 
 
-def _extra() -> list[str]:
-  return [*overrides(_config()), f"--config.data.tokenizer.path={TOKENIZER}"]
+# The jobs' environment: without the suite's JAX_COMPILATION_CACHE_DIR, which would win
+# over config.compilation_cache_dir.
+ENVIRON = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
 
 
-def _job(workdir, tmp, processes: int, run: str) -> list[str]:
+def _extra(xla) -> list[str]:
+  return [*overrides(_config()), f"--config.data.tokenizer.path={TOKENIZER}",
+          f"--config.compilation_cache_dir={xla}"]
+
+
+def _job(workdir, tmp, processes: int, run: str, xla) -> list[str]:
   """The job on `processes` x 8 / `processes` devices joined through a coordinator
-  (gloo collectives); returns what each process printed."""
-  extra = _extra()
+  (gloo collectives), its compiled programs kept in `xla`; returns what each process
+  printed."""
+  extra = _extra(xla)
   if processes > 1:
     extra.append(f"--config.mesh.dcn_data={processes}")
   return _finish(_launch(str(workdir), str(tmp), run, extra, module="bertjax.main",
-                         processes=processes))
+                         processes=processes, environ=ENVIRON))
 
 
-def _local_sh(workdir) -> None:
+def _local_sh(workdir, xla) -> None:
   """The README's pod rehearsal, `DEVICES_PER_PROCESS=4 launch/local.sh 2
   configs/bert_tiny.py DIR --config.mesh.dcn_data=2`, with this module's config."""
-  words = documented("README.md", "launch/local.sh 2 configs/bert_tiny.py", *_extra())
-  env, words = dict(os.environ), [str(workdir) if w.startswith("/tmp/") else w for w in words]
+  words = documented("README.md", "launch/local.sh 2 configs/bert_tiny.py", *_extra(xla))
+  env, words = dict(ENVIRON), [str(workdir) if w.startswith("/tmp/") else w for w in words]
   while "=" in words[0]:  # VAR=value before the command
     k, v = words.pop(0).split("=", 1)
     env[k] = v
@@ -70,12 +80,18 @@ def _local_sh(workdir) -> None:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def xla(tmp_path_factory):
+  """The jobs' compilation cache (config.compilation_cache_dir)."""
+  return tmp_path_factory.mktemp("xla")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, xla):
   """The uninterrupted job: {1: 1 process, 2: 2 processes launched by the README's
   launch/local.sh} (gloo), workdirs."""
   tmp = tmp_path_factory.mktemp("exact")
-  _job(tmp / "1", tmp, 1, "1")
-  _local_sh(tmp / "2")
+  _job(tmp / "1", tmp, 1, "1", xla)
+  _local_sh(tmp / "2", xla)
   return {p: tmp / str(p) for p in (1, 2)}
 
 
@@ -111,11 +127,14 @@ def _resumable_copy(source, target):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("written, resumed", [(2, 1), (1, 2)])
-def test_resume_on_another_process_count_is_bit_exact(runs, tmp_path, written, resumed):
+def test_resume_on_another_process_count_is_bit_exact(runs, xla, tmp_path, written,
+                                                      resumed):
   workdir = tmp_path / f"{written}to{resumed}"
   _resumable_copy(runs[written], workdir)
-  out = _job(workdir, tmp_path, resumed, "resumed")[0]
+  out = _job(workdir, tmp_path, resumed, "resumed", xla)[0]
   assert f"Resumed from step {RESUME_AT}" in out
+  compiled = re.search(r"Compilation: .* \((\d+) programs, (\d+) from the persistent", out)
+  assert int(compiled.group(2)) == int(compiled.group(1)) > 0  # All loaded, none compiled.
   assert (f"Checkpoint step {RESUME_AT} was written by {written} processes, resuming on "
           f"{resumed}") in out
   faults.assert_same_metrics(workdir, runs[written])

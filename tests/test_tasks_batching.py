@@ -12,6 +12,7 @@ import pytest
 from bertjax.errors import ConfigError
 from bertjax.parallel import mesh as mesh_lib
 from bertjax.tasks import batching, get_task, finetune
+from bertjax.train import compilation
 from configs.finetune import glue, ner
 from tests.tasks_helpers import fixture, fixture_tokenizer, tiny_finetune
 
@@ -218,7 +219,7 @@ def test_packed_evaluation_predicts_as_bucketed_with_one_shape(vocab, name):
   got = {}
   for mode in ("bucket", "pack"):
     c.task.batching = mode
-    with finetune.compilation_clock() as clock:
+    with compilation.clock() as clock:
       got[mode] = finetune.predictor(setup.inference, task)(params, features, 8)
     got[mode] += (clock["programs"],)
   (bucket, bucket_loss, _), (pack, pack_loss, programs) = got["bucket"], got["pack"]

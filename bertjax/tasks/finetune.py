@@ -15,13 +15,12 @@ tokenizer/, task.json (labels and the step count) and checkpoints/ (`bertjax.che
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import json
 import math
 import os
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import flax.linen as nn
 import grain
@@ -44,7 +43,7 @@ from bertjax.model import stack
 from bertjax.model.config import dtype_of
 from bertjax.parallel import mesh as mesh_lib
 from bertjax.tasks import base, batching, finetuned, get_task
-from bertjax.train import optimizer, state as state_lib, trainer as trainer_lib
+from bertjax.train import compilation, optimizer, state as state_lib, trainer as trainer_lib
 from bertjax.train.step import Objective
 from bertjax.train.trainer import Evaluator, Trainer
 
@@ -435,38 +434,6 @@ def initial_params(setup: state_lib.Setup, config, encoder_params, head, labels)
           "head": setup.init_params(config, "head") if head is None else head}
 
 
-# JAX's compilation events (jax.monitoring) -> the part of compilation each times.
-COMPILE_EVENTS = {"/jax/core/compile/jaxpr_trace_duration": "tracing",
-                  "/jax/core/compile/jaxpr_to_mlir_module_duration": "lowering",
-                  "/jax/core/compile/backend_compile_duration": "compiling"}
-
-
-@contextlib.contextmanager
-def compilation_clock() -> Iterator[dict[str, float]]:
-  """Inside: JAX's compilation time summed by part ('tracing', 'lowering',
-  'compiling': XLA's, or reading the persistent cache), with 'programs' (XLA programs
-  compiled or loaded) and 'cache_hits' (loaded from the persistent cache)."""
-  totals = dict.fromkeys([*COMPILE_EVENTS.values(), "programs", "cache_hits"], 0.0)
-
-  def on_duration(event, seconds, **kwargs):
-    del kwargs
-    if event in COMPILE_EVENTS:
-      totals[COMPILE_EVENTS[event]] += seconds
-      totals["programs"] += COMPILE_EVENTS[event] == "compiling"
-
-  def on_event(event, **kwargs):
-    del kwargs
-    totals["cache_hits"] += event == "/jax/compilation_cache/cache_hits"
-
-  jax.monitoring.register_event_duration_secs_listener(on_duration)
-  jax.monitoring.register_event_listener(on_event)
-  try:
-    yield totals
-  finally:
-    jax.monitoring.unregister_event_duration_listener(on_duration)
-    jax.monitoring.unregister_event_listener(on_event)
-
-
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   """Checks `config` (`check_config`), then runs (or resumes) one fine-tuning run in
   `workdir`; returns the dev metrics ({} when stopped by SIGTERM)."""
@@ -514,10 +481,5 @@ def train(config: ml_collections.ConfigDict, workdir: str, start: Start | None =
   trainer.info("Batching: %s%s.", batches.mode, "" if batches.mode == "max" else
                f", bucket lengths {batches.buckets}")
   data = train_stream(batches, config.train.batch_size, config.seed, num_steps)
-  with compilation_clock() as clock:
-    results = trainer.fit(data, [evaluate], init_params).get("dev", {})
-  trainer.info("Compilation: %.1f s (%d programs, %d from the persistent cache; tracing "
-               "%.1f s, lowering %.1f s, compiling %.1f s).", clock["tracing"]
-               + clock["lowering"] + clock["compiling"], clock["programs"],
-               clock["cache_hits"], clock["tracing"], clock["lowering"], clock["compiling"])
-  return results
+  with compilation.logged(trainer.info):
+    return trainer.fit(data, [evaluate], init_params).get("dev", {})

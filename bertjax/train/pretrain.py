@@ -25,7 +25,8 @@ from bertjax.data import tokenizer as tok_lib
 from bertjax.errors import ConfigError, at_least
 from bertjax import model as model_lib, objectives as objectives_lib
 from bertjax.parallel import mesh as mesh_lib
-from bertjax.train import continued, evaluators, state as state_lib, trainer as trainer_lib
+from bertjax.train import (compilation, continued, evaluators, state as state_lib,
+                           trainer as trainer_lib)
 from bertjax.train.trainer import Trainer
 
 
@@ -162,4 +163,5 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
                ", ".join(objectives.names), dict(setup.mesh.shape))
   evaluate = evaluators.from_config(config, setup, data, objectives)
   init = start and functools.partial(start.initial_params, setup, tokenizer)
-  return trainer.fit(iter(data.train), evaluate, init).get("eval", {})
+  with compilation.logged(trainer.info):
+    return trainer.fit(iter(data.train), evaluate, init).get("eval", {})

@@ -43,8 +43,10 @@ def start() -> None:
   """What a training program does after flag parsing: quiet the libraries' INFO lines
   (bertjax's own and every library's warnings still reach the console), then join the
   other processes (`--multihost`, `--coordinator_address`; nothing for one process).
-  The run checks its config once, first thing (`pretrain.run`, `sweep.run`)."""
+  The run checks its config once, first thing (`pretrain.run`, `sweep.run`). Compiled
+  programs are kept in `config.compilation_cache_dir` (`compilation.use_persistent_cache`)."""
   from bertjax.parallel import distributed  # pylint: disable=g-import-not-at-top
+  from bertjax.train import compilation  # pylint: disable=g-import-not-at-top
 
   logging.get_absl_handler().addFilter(
       lambda r: r.levelno >= std_logging.WARNING or "bertjax" in r.pathname)
@@ -52,3 +54,4 @@ def start() -> None:
   distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
                          auto=_MULTIHOST.value, timeout_s=timeouts.initialization_timeout_s,
                          heartbeat_timeout_s=timeouts.heartbeat_timeout_s)
+  compilation.use_persistent_cache(CONFIG.value.compilation_cache_dir)

@@ -1,0 +1,66 @@
+"""XLA compilation in the two training programs: the persistent cache of compiled
+programs (`config.compilation_cache_dir`), and the time compilation took, logged at
+the end of a run (`Compilation: ... s (... programs, ... from the persistent cache;
+...)`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Callable, Iterator
+
+import jax
+
+# JAX's compilation events (jax.monitoring) -> the part of compilation each times.
+COMPILE_EVENTS = {"/jax/core/compile/jaxpr_trace_duration": "tracing",
+                  "/jax/core/compile/jaxpr_to_mlir_module_duration": "lowering",
+                  "/jax/core/compile/backend_compile_duration": "compiling"}
+
+
+def use_persistent_cache(directory: str) -> None:
+  """Keeps XLA's compiled programs in `directory` (a local path, or gs://... shared by
+  every host of a pod), so that a restart (preemption, a rerun, another seed with the
+  same shapes) loads its steps instead of compiling them. '' leaves JAX's setting as
+  it is; the JAX_COMPILATION_CACHE_DIR variable, when set, wins. JAX writes entries
+  from process 0 only, and only of programs that took a second or more to compile."""
+  if directory and not jax.config.jax_compilation_cache_dir:
+    jax.config.update("jax_compilation_cache_dir", os.path.expanduser(directory))
+
+
+@contextlib.contextmanager
+def clock() -> Iterator[dict[str, float]]:
+  """Inside: JAX's compilation time summed by part ('tracing', 'lowering',
+  'compiling': XLA's, or reading the persistent cache), with 'programs' (XLA programs
+  compiled or loaded) and 'cache_hits' (loaded from the persistent cache)."""
+  totals = dict.fromkeys([*COMPILE_EVENTS.values(), "programs", "cache_hits"], 0.0)
+
+  def on_duration(event, seconds, **kwargs):
+    del kwargs
+    if event in COMPILE_EVENTS:
+      totals[COMPILE_EVENTS[event]] += seconds
+      totals["programs"] += COMPILE_EVENTS[event] == "compiling"
+
+  def on_event(event, **kwargs):
+    del kwargs
+    totals["cache_hits"] += event == "/jax/compilation_cache/cache_hits"
+
+  jax.monitoring.register_event_duration_secs_listener(on_duration)
+  jax.monitoring.register_event_listener(on_event)
+  try:
+    yield totals
+  finally:
+    jax.monitoring.unregister_event_duration_listener(on_duration)
+    jax.monitoring.unregister_event_listener(on_event)
+
+
+@contextlib.contextmanager
+def logged(info: Callable[..., None]) -> Iterator[dict[str, float]]:
+  """`clock`, whose totals `info` (a trainer's console line) reports on the way out of
+  a run that ended without an error."""
+  with clock() as totals:
+    yield totals
+  info("Compilation: %.1f s (%d programs, %d from the persistent cache; tracing %.1f "
+       "s, lowering %.1f s, compiling %.1f s).", totals["tracing"] + totals["lowering"]
+       + totals["compiling"], totals["programs"], totals["cache_hits"], totals["tracing"],
+       totals["lowering"], totals["compiling"])
