@@ -14,11 +14,12 @@ first four parts; a second call (`--parts=`) the next ones:
                    README's GPU targets: cuDNN for padded rows): MFU, tokens/s, memory,
                    start-up; two more steps profiled (`benchmark train --profile_dir`):
                    device time by category, the largest ops
-  modernbert_1024  ModernBERT-base (the recipe), 1,024 tokens, 4 documents a row
+  bert_base_128_hf the same against Hugging Face (`benchmark train --compare=hf`,
+                   interleaved steps on the one GPU)
   tests            the suite's GPU tests (`BERTJAX_TEST_PLATFORM=gpu`, --tests)
-  bert_large_512_hf, bert_base_128_hf, modernbert_1024_hf
-                   the same against Hugging Face (`benchmark train --compare=hf`,
-                   interleaved steps on the one GPU); BERT-large at 512, batch 32
+  bert_large_512_hf, modernbert_1024, modernbert_1024_hf
+                   BERT-large at 512, batch 32, against Hugging Face; ModernBERT-base
+                   (the recipe), 1,024 tokens, 4 documents a row, alone and against it
   kernels          `benchmark kernels --mode=errors`: cuDNN and the Pallas kernel
                    against XLA, bf16 and fp32, forward and gradients, padded and packed
                    rows, windows: errors and times
@@ -64,10 +65,14 @@ from bertjax.benchmarks import gpu_report
 
 FLAGS = flags.FLAGS
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-# The tests part's default: the most telling first.
-GPU_TESTS = ("tests/test_attention.py", "tests/test_bf16_numerics.py",
-             "tests/test_attention_paths.py", "tests/test_modernbert_gradients.py",
-             "tests/test_modernbert_numerics.py", "tests/test_hf_numerics.py")
+# The tests part's default: what has not passed on a GPU first (the H200 sessions of
+# 2026-11-27 stopped inside test_modernbert_numerics; test_electra_numerics' released
+# networks failed there, since fixed; test_model's one-hot embedding is newer), then the
+# files that passed there.
+GPU_TESTS = ("tests/test_modernbert_numerics.py", "tests/test_electra_numerics.py",
+             "tests/test_model.py", "tests/test_hf_numerics.py", "tests/test_attention.py",
+             "tests/test_bf16_numerics.py", "tests/test_attention_paths.py",
+             "tests/test_modernbert_gradients.py")
 PACKAGES = ("jax", "jaxlib", "jax-cuda13-plugin", "jax-cuda13-pjrt", "jax-cuda12-plugin",
             "flax", "optax", "orbax-checkpoint", "chex", "numpy", "torch", "transformers",
             "triton", "grain", "ml_collections", "array_record", "tensorboardX")
@@ -127,16 +132,16 @@ def plan(dry: bool, tests: list[str]) -> list[Part]:
       Part("bert_base_128", "train",
            train("bert_base", "bert_tiny", 128, 256, no_dropout,
                  "--profile_dir={dir}/trace"), 200, 100),
-      Part("modernbert_1024", "train",
-           train("modernbert_base", "modernbert_tiny", 1024, 32, "--docs_per_row=4"),
-           200, 100),
+      Part("bert_base_128_hf", "train", train("bert_base", "bert_tiny", 128, 256,
+                                              no_dropout, "--compare=hf"), 200, 120),
       Part("tests", "tests", ["-m", "pytest", "-v", "-n", "0", "-p", "no:cacheprovider",
                               "-rfE", *tests], 150, 60),
       # A second call: `--parts=` these (the first four take the first call's budget).
       Part("bert_large_512_hf", "train", train("bert_large", "bert_tiny", 512, 32,
                                                no_dropout, "--compare=hf"), 220, 120),
-      Part("bert_base_128_hf", "train", train("bert_base", "bert_tiny", 128, 256,
-                                              no_dropout, "--compare=hf"), 200, 120),
+      Part("modernbert_1024", "train",
+           train("modernbert_base", "modernbert_tiny", 1024, 32, "--docs_per_row=4"),
+           200, 100),
       Part("modernbert_1024_hf", "train",
            train("modernbert_base", "modernbert_tiny", 1024, 32, "--docs_per_row=4",
                  "--compare=hf"), 220, 120),
