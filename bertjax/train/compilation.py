@@ -23,7 +23,8 @@ def use_persistent_cache(directory: str) -> None:
   every host of a pod), so that a restart (preemption, a rerun, another seed with the
   same shapes) loads its steps instead of compiling them. '' leaves JAX's setting as
   it is; the JAX_COMPILATION_CACHE_DIR variable, when set, wins. JAX writes entries
-  from process 0 only, and only of programs that took a second or more to compile."""
+  from process 0 only, and by default only programs that took a second or more to
+  compile (JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS)."""
   if directory and not jax.config.jax_compilation_cache_dir:
     jax.config.update("jax_compilation_cache_dir", os.path.expanduser(directory))
 

@@ -44,7 +44,8 @@ def start() -> None:
   (bertjax's own and every library's warnings still reach the console), then join the
   other processes (`--multihost`, `--coordinator_address`; nothing for one process).
   The run checks its config once, first thing (`pretrain.run`, `sweep.run`). Compiled
-  programs are kept in `config.compilation_cache_dir` (`compilation.use_persistent_cache`)."""
+  programs are kept in `config.compilation_cache_dir`
+  (`compilation.use_persistent_cache`)."""
   from bertjax.parallel import distributed  # pylint: disable=g-import-not-at-top
   from bertjax.train import compilation  # pylint: disable=g-import-not-at-top
 
