@@ -114,6 +114,14 @@ def get_config(arg=None):
   c.data.corpus = ""
   # The key (JSON lines, TFDS) or column (Parquet, Arrow) holding the text.
   c.data.text_field = "text"
+  # A line break inside a document: 'space' (its lines are one running text, split into
+  # sentences: wrapped text, BERT's one sentence a line; a line's first word tokenized
+  # as after a space, as in the paragraph it comes from) or 'apart' (each line a unit
+  # tokenized alone, its first word as a text's first: transformers' run_mlm.py and
+  # fairseq's encoders; for files whose lines are separate texts; NSP's sentences are
+  # then the lines). The ids differ for a byte-level BPE only (WordPiece and
+  # SentencePiece ignore the space). docs/pretraining.md measures both.
+  c.data.line_breaks = "space"
   c.data.max_seq_length = 512  # Tokens per example, [CLS] and [SEP]s included.
   c.data.max_predictions_per_seq = 80  # Masked positions gathered per example.
   c.data.masked_lm_prob = 0.15  # Fraction of tokens chosen for prediction.

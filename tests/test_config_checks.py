@@ -68,6 +68,7 @@ PRETRAINING = [
     ("data.short_seq_prob", 2.0, ["config.data.short_seq_prob=2.0"]),
     ("data.dupe_factor", 0, ["config.data.dupe_factor=0"]),
     ("data.packing", "docs", ["config.data.packing='docs'"]),
+    ("data.line_breaks", "newline", ["config.data.line_breaks='newline'"]),
     ("data.isolate_documents", True, ["config.data.isolate_documents"]),
     ("data.length_phases", ((0.5, 64),), ["config.data.length_phases"]),
     ("data.masked_lm_prob_phases", ((0.5, 0.3),), ["config.data.masked_lm_prob_phases"]),

@@ -225,7 +225,8 @@ def test_manifest_disagreement_is_one_config_error(prepared, tokenizer):
   cases = [(dict(dupe_factor=5), True, "dupe_factor=2 but this run has 5"),
            (dict(), False, "'nsp' examples but this run"),
            (dict(length_phases=((0.5, 32), (0.5, 64))), True, "no train-32"),
-           (dict(eval_fraction=0.1), True, "eval_fraction")]
+           (dict(eval_fraction=0.1), True, "eval_fraction"),
+           (dict(line_breaks="apart"), True, "line_breaks='space' but this run has 'apart'")]
   for kw, nsp, message in cases:
     with pytest.raises(ConfigError, match=message) as e:
       pipeline.build_pretraining_data(_cfg(corpus=spec, **kw), tokenizer, batch_size=4,

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from bertjax.data import builders, masking
+from bertjax.data import builders, masking, sources
 from bertjax.data import tokenizer as tok_lib
 from configs import bert_tiny
 from tests import modernbert_helpers
@@ -44,6 +44,32 @@ def test_documents_are_tokenized_as_their_running_text(request, kind):
     assert [i for s in doc for i in s] == tok.tokenize(" ".join(text))
   alone = tok.tokenize_batch(DOCUMENTS[0])
   assert (alone[1:] != docs[0][1:]) == (kind == "bpe")  # What was given before.
+
+
+@pytest.mark.parametrize("kind", ["bpe", "wordpiece"])
+def test_line_breaks_space_or_apart(request, kind, tmp_path):
+  """A text file's document of wrapped lines: with line_breaks='space' its tokens are
+  those of its running text (the lines joined by a space), its units sentences; with
+  'apart' each line is a unit, unsplit, tokenized alone (transformers' run_mlm.py on
+  the same file): a line's first word loses its space with a byte-level BPE, and only
+  there; WordPiece gives the same ids either way."""
+  tok = request.getfixturevalue(kind)
+  lines = ["The value is returned when the", "call ends. Then it goes on", "to the next."]
+  path = tmp_path / "doc.txt"
+  path.write_text("\n".join(lines) + "\n\nAnother document.\n")
+  space, apart = (sources.load_documents(str(path), line_breaks=b)
+                  for b in sources.LINE_BREAKS)
+  assert space[0] == ["The value is returned when the", "call ends.", "Then it goes on",
+                      "to the next."]
+  assert apart[0] == lines and apart[1] == space[1] == ["Another document."]
+  ids = {b: [i for s in builders.tokenize_documents(docs, tok, b)[0] for i in s]
+         for b, docs in (("space", space), ("apart", apart))}
+  assert ids["space"] == tok.tokenize(" ".join(lines))
+  assert ids["apart"] == [i for line in lines for i in tok.tokenize(line)]
+  assert (ids["space"] != ids["apart"]) == (kind == "bpe")
+  if kind == "bpe":  # The text each gives back: with or without the lines' spaces.
+    assert tok.decode(ids["space"]) == " ".join(lines)
+    assert tok.decode(ids["apart"]) == "".join(lines)
 
 
 def test_stream_packing_leaves_out_the_separators(bpe):

@@ -81,13 +81,15 @@ class Examples:
                       for f in dataclasses.fields(self)))
 
 
-def tokenize_documents(documents: Sequence[Sequence[str]], tokenizer) -> list[Document]:
-  """Tokenizes the sentences in batched calls of `_TOKENIZE_CHUNK` (the library's
-  threads, bounded memory); drops empty sentences and documents.
+def tokenize_documents(documents: Sequence[Sequence[str]], tokenizer,
+                       line_breaks: str = "space") -> list[Document]:
+  """Tokenizes the units (`tok_lib.unit_texts` of `line_breaks`) in batched calls of
+  `_TOKENIZE_CHUNK` (the library's threads, bounded memory); drops empty units and
+  documents.
 
   Returns documents aligned with the input except that empty ones are removed.
   """
-  flat = [s for doc in documents for s in tok_lib.running_text(doc)]
+  flat = [s for doc in documents for s in tok_lib.unit_texts(doc, line_breaks)]
   ids = [x for i in range(0, len(flat), _TOKENIZE_CHUNK)
          for x in tokenizer.tokenize_batch(flat[i:i + _TOKENIZE_CHUNK])]
   out, k = [], 0

@@ -67,9 +67,10 @@ def in_memory(spec: str, data_cfg, tokenizer, *, seed: int, nsp: bool, lengths: 
     documents = list(prepare_tokens.read_documents(spec))
     characters = prepare_tokens.summary(spec).get("characters", 0)
   else:  # (the limit checked as it reads, where the files do not tell their size)
-    text = sources_lib.load_documents(spec, data_cfg.text_field, limit_chars=limit or None)
+    text = sources_lib.load_documents(spec, data_cfg.text_field, limit_chars=limit or None,
+                                      line_breaks=data_cfg.line_breaks)
     characters = sum(len(s) for d in text for s in d)
-    documents = builders.tokenize_documents(text, tokenizer)
+    documents = builders.tokenize_documents(text, tokenizer, data_cfg.line_breaks)
     del text
   n = len(documents)
   held = permutation.held_out(np.arange(n), n, data_cfg.eval_fraction,

@@ -107,9 +107,11 @@ def check(manifest: dict[str, Any], spec: str, data_cfg, tokenizer_fingerprint: 
              f"config.objectives without 'nsp', config.data.packing={builder!r}")
     raise ConfigError(f"prepared corpus {spec} holds {manifest['builder']!r} examples "
                       f"but this run ({field}) trains on {builder!r} examples: {again}")
-  settings = {"eval_fraction": data_cfg.eval_fraction}
+  settings = {"eval_fraction": data_cfg.eval_fraction, "line_breaks": data_cfg.line_breaks}
   if nsp:
     settings.update(dupe_factor=data_cfg.dupe_factor, short_seq_prob=data_cfg.short_seq_prob)
+  # Prepared before line_breaks was recorded: a line break was a space.
+  manifest = {"line_breaks": "space", **manifest}
   for field, value in settings.items():
     if manifest[field] != value:
       raise ConfigError(f"prepared corpus {spec} was built with config.data.{field}="

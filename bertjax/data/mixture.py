@@ -119,8 +119,9 @@ def tokenizer_sentences(data_cfg, seed: int) -> list[str]:
       raise DataError(f"corpus {source.spec!r} is prepared (tokenized): give the "
                       "tokenizer it was prepared with, "
                       f"--config.data.tokenizer.path={source.spec}/tokenizer")
-  per_source = [[s for d in sources_lib.load_documents(source.spec, field)
-                 for s in tok_lib.running_text(d)] for source in sources]
+  per_source = [[s for d in sources_lib.load_documents(
+      source.spec, field, line_breaks=data_cfg.line_breaks)
+                 for s in tok_lib.unit_texts(d, data_cfg.line_breaks)] for source in sources]
   if len(per_source) == 1:
     return per_source[0]
   counts = multilingual.language_counts(data_cfg)

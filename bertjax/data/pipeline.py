@@ -47,7 +47,7 @@ import numpy as np
 
 from bertjax.data import (builders, corpora, held_out as held_out_lib, manifest, masking,
                           mixture, multilingual, permutation, phases as phases_lib,
-                          rows as rows_lib, seeds)
+                          rows as rows_lib, seeds, sources)
 from bertjax.data.phases import length_phases, masked_lm_prob_phases
 from bertjax.data import tokenizer as tok_lib
 from bertjax.errors import ConfigError, DataError, at_least, one_of, within
@@ -315,6 +315,7 @@ def check_config(data_cfg, model, num_steps: int, trains_tokenizer: bool = True)
   within("data.short_seq_prob", d.short_seq_prob, 0, 1)
   at_least("data.dupe_factor", d.dupe_factor, 1)
   one_of("data.packing", d.packing, builders.PACKINGS)
+  one_of("data.line_breaks", d.line_breaks, sources.LINE_BREAKS)
   length_phases(d, num_steps)
   masked_lm_prob_phases(d, num_steps)
   within("data.language_alpha", d.language_alpha, 0, 1)

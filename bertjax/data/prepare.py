@@ -29,7 +29,7 @@ from ml_collections import config_flags
 
 from bertjax.console import cli
 from bertjax.data import (manifest, mixture, pipeline, prepare_examples, prepare_tokens,
-                          vocab_extension)
+                          sources, vocab_extension)
 from bertjax.data import tokenizer as tok_lib
 from bertjax.errors import ConfigError
 from bertjax import objectives as objectives_lib
@@ -51,7 +51,8 @@ def main(argv):
                            "config.data.corpus, which prepares each source into "
                            "OUTPUT/NAME")
     totals = prepare_tokens.prepare(f.input, f.tokenizer, f.output, f.workers,
-                             f.chunk_documents, f.text_field)
+                                    f.chunk_documents, f.text_field,
+                                    line_breaks=f.line_breaks)
     print(" | ".join(f"{k} {v:,}" for k, v in totals.items()))
     return
   for line in prepare_config(
@@ -125,7 +126,7 @@ def _prepare(config, objectives, input_spec, tokenizer_path, output, workers,
                           "python -m bertjax.data.train_tokenizer)")
       tokens = os.path.join(out, "tokens")
       totals = prepare_tokens.prepare(spec, path, tokens, workers, chunk_documents,
-                               data.text_field)
+                                      data.text_field, line_breaks=data.line_breaks)
       yield " | ".join(f"{k} {v:,}" for k, v in totals.items())
     if runner:
       built = beam.build(tokens, out, data, nsp=nsp, seed=config.seed,
@@ -174,6 +175,10 @@ def define_flags() -> None:
   flags.DEFINE_integer("chunk_documents", 1000, "Documents per tokenized shard.")
   flags.DEFINE_string("text_field", "text", "JSON-lines / TFDS text key, Parquet / "
                       "Arrow text column.")
+  flags.DEFINE_enum("line_breaks", "space", list(sources.LINE_BREAKS), "Without "
+                    "--config: a line break inside a document is a space (its lines "
+                    "running text) or 'apart' (each line tokenized alone); with it, "
+                    "config.data.line_breaks.")
   flags.DEFINE_string("runner", None, "With --config: build the examples on this Apache "
                       "Beam runner (DirectRunner, DataflowRunner, FlinkRunner, "
                       "SparkRunner, ...) instead of --workers processes; needs "

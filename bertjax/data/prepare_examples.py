@@ -84,6 +84,8 @@ def _settings(data_cfg, nsp: bool, seed: int, tokens: str) -> dict[str, Any]:
       "seed": seed,
       "train_lengths": manifest.phase_lengths(data_cfg),
       "tokenizer_fingerprint": prepare_tokens.summary(tokens).get("tokenizer_fingerprint"),
+      # Tokenized before the setting was recorded: a line break was a space.
+      "line_breaks": prepare_tokens.summary(tokens).get("line_breaks", "space"),
       "input": os.path.abspath(tokens),
   }
 
@@ -231,7 +233,7 @@ def finish(plan_: Plan, start: float) -> dict[str, Any]:
   out = {
       "format": manifest.FORMAT,
       **{k: settings[k] for k in ("builder", "dupe_factor", "short_seq_prob",
-                                  "eval_fraction", "seed", "input")},
+                                  "eval_fraction", "seed", "input", "line_breaks")},
       "tokenizer": {"fingerprint": manifest.fingerprint(tok), "vocab_size": tok.vocab_size,
                     "style": tok.style},
       "ids": rows_lib.id_dtype(tok.vocab_size).str,

@@ -37,6 +37,7 @@ CHUNK_CHARACTERS = 1 << 25
 MAX_OPEN_SHARDS = 4096
 _worker_tokenizer: tok_lib.Tokenizer | None = None
 _worker_word_starts: np.ndarray | None = None
+_worker_line_breaks = "space"
 
 
 def encode_document(sentences: list[list[int]], word_starts: np.ndarray) -> bytes:
@@ -124,17 +125,18 @@ def read_documents(directory: str) -> Iterator[list[list[int]]]:
     yield documents[i]
 
 
-def _init_worker(tokenizer_path: str) -> None:
-  global _worker_tokenizer, _worker_word_starts
+def _init_worker(tokenizer_path: str, line_breaks: str) -> None:
+  global _worker_tokenizer, _worker_word_starts, _worker_line_breaks
   _worker_tokenizer = tok_lib.load_tokenizer(tokenizer_path)
   _worker_word_starts = _worker_tokenizer.word_starts()
+  _worker_line_breaks = line_breaks
 
 
 def _write_shard(args: tuple[str, list[list[str]]]) -> dict[str, int]:
   """Tokenizes one chunk of documents into `path` (atomically); returns its counts."""
   from array_record.python import array_record_module  # pylint: disable=g-import-not-at-top
   path, documents = args
-  flat = [s for d in documents for s in tok_lib.running_text(d)]
+  flat = [s for d in documents for s in tok_lib.unit_texts(d, _worker_line_breaks)]
   ids = _worker_tokenizer.tokenize_batch(flat)
   counts = {"documents": 0, "sentences": 0, "tokens": 0, "characters": 0}
   tmp = path + ".tmp"
@@ -156,10 +158,11 @@ def _write_shard(args: tuple[str, list[list[str]]]) -> dict[str, int]:
   return counts
 
 
-def _chunks(spec: str, size: int, text_field: str) -> Iterator[list[list[str]]]:
+def _chunks(spec: str, size: int, text_field: str, line_breaks: str
+            ) -> Iterator[list[list[str]]]:
   """Lists of `size` documents (fewer once they hold CHUNK_CHARACTERS of text)."""
   chunk, characters = [], 0
-  for doc in sources.iter_documents(spec, text_field):
+  for doc in sources.iter_documents(spec, text_field, line_breaks=line_breaks):
     chunk.append(doc)
     characters += sum(map(len, doc))
     if len(chunk) == size or characters >= CHUNK_CHARACTERS:
@@ -186,9 +189,11 @@ def _save_tokenizer(tokenizer_path: str, output: str) -> str:
 
 def prepare(input_spec: str, tokenizer_path: str, output: str, workers: int = 1,
             chunk_documents: int = 1000, text_field: str = "text",
-            progress: bool = True) -> dict[str, float]:
-  """Tokenizes `input_spec` into ArrayRecord shards under `output`; returns the summary
-  (documents, sentences, tokens, characters, shards, resumed_shards, seconds)."""
+            progress: bool = True, line_breaks: str = "space") -> dict[str, float]:
+  """Tokenizes `input_spec` into ArrayRecord shards under `output`, a line break
+  inside a document as `line_breaks` says (config.data.line_breaks: recorded in the
+  summary, checked by training); returns the summary (documents, sentences, tokens,
+  characters, shards, resumed_shards, seconds)."""
   start = time.perf_counter()
   os.makedirs(output, exist_ok=True)
   fingerprint = _save_tokenizer(tokenizer_path, output)
@@ -204,10 +209,11 @@ def prepare(input_spec: str, tokenizer_path: str, output: str, workers: int = 1,
     bar.update(counts["documents"])
 
   ctx = multiprocessing.get_context("spawn")
-  with ctx.Pool(max(1, workers), _init_worker, (tokenizer_path,)) as pool, \
+  with ctx.Pool(max(1, workers), _init_worker, (tokenizer_path, line_breaks)) as pool, \
       progress_lib.Progress("prepare", unit="docs", enable=progress) as bar:
     pending = []
-    for k, chunk in enumerate(_chunks(input_spec, chunk_documents, text_field)):
+    for k, chunk in enumerate(_chunks(input_spec, chunk_documents, text_field,
+                                      line_breaks)):
       path = os.path.join(output, f"part-{k:05d}.array_record")
       if os.path.exists(path):  # done by an earlier, interrupted run
         with open(path.replace(".array_record", ".json")) as f:
@@ -223,7 +229,7 @@ def prepare(input_spec: str, tokenizer_path: str, output: str, workers: int = 1,
   totals["seconds"] = round(time.perf_counter() - start, 3)
   tmp = os.path.join(output, SUMMARY + ".tmp")
   with open(tmp, "w") as f:
-    json.dump({**totals, "tokenizer_fingerprint": fingerprint,
+    json.dump({**totals, "tokenizer_fingerprint": fingerprint, "line_breaks": line_breaks,
                "shard_documents": [shard_documents[k] for k in sorted(shard_documents)]},
               f, indent=1)
   os.replace(tmp, os.path.join(output, SUMMARY))

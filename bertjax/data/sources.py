@@ -29,7 +29,9 @@
 A weighted mixture of such specs (`config.data.corpus='general:0.3=...,domain:0.7=...'`)
 is `bertjax.data.mixture`'s: each of its sources is one spec here.
 
-Paragraph lines are split into sentences with `split_sentences`. Bad input
+Paragraph lines are split into sentences with `split_sentences`, or with
+`line_breaks='apart'` (config.data.line_breaks) each line is one unit, unsplit, to be
+tokenized apart from the line before it (`tokenizer.unit_texts`). Bad input
 raises `DataError` before any document of that file is yielded (binary file, a
 Parquet / Arrow file without the text column) or is repaired (invalid UTF-8 bytes and
 lone surrogates of JSON escapes become U+FFFD; a text line longer than
@@ -79,11 +81,28 @@ _EMPHASIS = re.compile(r"\*{1,2}([^*\s][^*]*?)\*{1,2}")
 _LITERAL = re.compile(r'"([^"\s]{1,40})"')
 _MIN_SENTENCE_CHARS = 12
 _MIN_DOCUMENT_SENTENCES = 2
+# config.data.line_breaks: how a line break inside a document reaches the tokenizer.
+# 'space': as a space, the document's lines being one running text (wrapped lines,
+# BERT's one sentence a line: a line's first word is tokenized as after a space, as in
+# the paragraph the lines come from); the lines are split into sentences (NSP's units).
+# 'apart': each line is a unit of its own, tokenized apart from the one before (its
+# first word as a text's first word): transformers' run_mlm.py and fairseq's encoders,
+# which read a text file a line at a time; for files whose lines are separate texts.
+LINE_BREAKS = ("space", "apart")
 
 
 def repair_unicode(text: str) -> str:
   """`text` with each lone surrogate replaced by U+FFFD (as invalid UTF-8 bytes are)."""
   return _SURROGATE.sub("\ufffd", text)
+
+
+def line_units(line: str, line_breaks: str = "space") -> list[str]:
+  """The units of one line of text: its sentences ('space'), or the line itself with
+  its whitespace collapsed ('apart'); none for a blank line."""
+  if line_breaks == "apart":
+    text = " ".join(line.split())
+    return [text] if text else []
+  return split_sentences(line)
 
 
 def split_sentences(text: str) -> list[str]:
@@ -170,35 +189,37 @@ def is_jsonl(path: str) -> bool:
   return formats.base_name(path).endswith((".jsonl", ".json"))
 
 
-def iter_documents(spec: str, text_field: str = "text", data_dir: str | None = None
-                   ) -> Iterator[list[str]]:
-  """Yields documents (lists of sentences) of `spec` in a deterministic order."""
+def iter_documents(spec: str, text_field: str = "text", data_dir: str | None = None,
+                   line_breaks: str = "space") -> Iterator[list[str]]:
+  """Yields documents (lists of units: sentences, or lines with `line_breaks='apart'`,
+  `line_units`) of `spec` in a deterministic order."""
   if spec == EMBEDDED:
-    yield from _embedded_documents()
+    yield from _embedded_documents(line_breaks)
     return
   if spec.startswith(TFDS_PREFIX):
-    yield from _tfds_documents(spec[len(TFDS_PREFIX):], text_field, data_dir)
+    yield from _tfds_documents(spec[len(TFDS_PREFIX):], text_field, data_dir, line_breaks)
     return
   for path in resolve_paths(spec):
     kind = formats.kind(path)
     if kind == "jsonl":
-      yield from _jsonl_documents(path, text_field)
+      yield from _jsonl_documents(path, text_field, line_breaks)
     elif kind == "text":
-      yield from _text_documents(path)
+      yield from _text_documents(path, line_breaks)
     else:
       for text in formats.texts(path, kind, text_field):
-        sentences = _paragraph_sentences(text)
+        sentences = _paragraph_sentences(text, line_breaks)
         if sentences:
           yield sentences
 
 
-def load_documents(spec: str, text_field: str = "text",
-                   limit_chars: int | None = None) -> list[list[str]]:
+def load_documents(spec: str, text_field: str = "text", limit_chars: int | None = None,
+                   line_breaks: str = "space") -> list[list[str]]:
   """Loads a corpus whole: `'embedded'`, or any `iter_documents` spec (text, JSON
   lines, Parquet, Arrow, `datasets` directories, globs, directories, `.gz`, `.zst`,
   `tfds:NAME`).
 
-  Returns documents (in a deterministic order), each a non-empty list of sentences.
+  Returns documents (in a deterministic order), each a non-empty list of units
+  (sentences, or lines with `line_breaks='apart'`).
   Raises `DataError` when the spec matches nothing, a file is binary or unreadable,
   the corpus is empty, or it holds more than `limit_chars` characters (None: no limit).
   """
@@ -206,7 +227,7 @@ def load_documents(spec: str, text_field: str = "text",
     raise DataError("config.data.corpus is empty: set it to 'embedded' or to a text "
                     "file, glob or directory (e.g. --config.data.corpus='/data/*.txt')")
   documents, characters = [], 0
-  for document in iter_documents(spec, text_field):
+  for document in iter_documents(spec, text_field, line_breaks=line_breaks):
     documents.append(document)
     characters += sum(map(len, document))
     if limit_chars is not None and characters > limit_chars:
@@ -258,17 +279,17 @@ def _open_lines(path: str, max_chars: int | None = None) -> Iterator[str]:
                       "remove it") from None
 
 
-def _paragraph_sentences(text: str) -> list[str]:
+def _paragraph_sentences(text: str, line_breaks: str) -> list[str]:
   text = repair_unicode(text)  # JSON may escape lone surrogates ("\ud800")
-  return [s for line in text.splitlines() for s in split_sentences(line)]
+  return [s for line in text.splitlines() for s in line_units(line, line_breaks)]
 
 
-def _text_documents(path: str) -> Iterator[list[str]]:
+def _text_documents(path: str, line_breaks: str) -> Iterator[list[str]]:
   current: list[str] = []
   characters = 0
   for line in _open_lines(path, MAX_LINE_CHARS):
     if line.strip():
-      current.extend(split_sentences(line))
+      current.extend(line_units(line, line_breaks))
       characters += len(line)
     if current and (not line.strip() or characters >= MAX_DOCUMENT_CHARS):
       yield current
@@ -277,7 +298,8 @@ def _text_documents(path: str) -> Iterator[list[str]]:
     yield current
 
 
-def _jsonl_documents(path: str, text_field: str) -> Iterator[list[str]]:
+def _jsonl_documents(path: str, text_field: str, line_breaks: str
+                     ) -> Iterator[list[str]]:
   for number, line in enumerate(_open_lines(path), 1):
     if not line.strip():
       continue
@@ -290,12 +312,12 @@ def _jsonl_documents(path: str, text_field: str) -> Iterator[list[str]]:
     if not isinstance(record, dict) or not isinstance(record.get(text_field), str):
       raise DataError(f"{path}:{number} has no string field {text_field!r}: set "
                       "--text_field (config.data.text_field) to the text's key")
-    sentences = _paragraph_sentences(record[text_field])
+    sentences = _paragraph_sentences(record[text_field], line_breaks)
     if sentences:
       yield sentences
 
 
-def _tfds_documents(name: str, text_field: str, data_dir: str | None
+def _tfds_documents(name: str, text_field: str, data_dir: str | None, line_breaks: str
                     ) -> Iterator[list[str]]:
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
 
@@ -310,7 +332,7 @@ def _tfds_documents(name: str, text_field: str, data_dir: str | None
   for i in range(len(source)):
     value = source[i][text_field]
     text = value.decode("utf-8", errors="replace") if isinstance(value, bytes) else value
-    sentences = _paragraph_sentences(text)
+    sentences = _paragraph_sentences(text, line_breaks)
     if sentences:
       yield sentences
 
@@ -331,8 +353,9 @@ def text_bytes(spec: str, text_field: str = "text") -> int | None:
   return total
 
 
-def _embedded_documents() -> list[list[str]]:
-  """The `pydoc_data.topics` reference manual, one document per section or entry.
+def _embedded_documents(line_breaks: str = "space") -> list[list[str]]:
+  """The `pydoc_data.topics` reference manual, one document per section or entry, its
+  re-flowed paragraphs its lines (with `line_breaks='apart'`, a paragraph a unit).
 
   A section or definition entry too short to stand alone is appended to the one
   before it in the same topic.
@@ -344,7 +367,7 @@ def _embedded_documents() -> list[list[str]]:
     topic_documents = []
     for section in _split_sections(topics.topics[name]):
       sentences = [s for p in _prose_paragraphs(section)
-                   for s in split_sentences(p)]
+                   for s in line_units(p, line_breaks)]
       sentences = [s for s in sentences if len(s) >= _MIN_SENTENCE_CHARS]
       if len(sentences) < _MIN_DOCUMENT_SENTENCES and topic_documents:
         topic_documents[-1].extend(sentences)

@@ -278,6 +278,14 @@ def running_text(document: Sequence[str]) -> list[str]:
   return [s if i == 0 else " " + s for i, s in enumerate(document)]
 
 
+def unit_texts(document: Sequence[str], line_breaks: str = "space") -> list[str]:
+  """The texts a document's units are tokenized as (config.data.line_breaks,
+  `sources.LINE_BREAKS`): its sentences as running text ('space', `running_text`), or
+  its lines each alone ('apart': a line's first word as a text's first word, as
+  transformers' run_mlm.py tokenizes a text file's lines)."""
+  return list(document) if line_breaks == "apart" else running_text(document)
+
+
 def is_remote(path) -> bool:
   """A path of a remote file system (gs://, s3://...) rather than a local one."""
   return "://" in os.fspath(path)

@@ -27,19 +27,21 @@ import ml_collections
 
 from bertjax.console import cli
 from bertjax.console import progress
-from bertjax.data import mixture, multilingual
+from bertjax.data import mixture, multilingual, sources
 from bertjax.data import tokenizer as tok_lib
 
 
 def train(input_spec: str, languages: str, output: str, *, kind: str, vocab_size: int,
           lowercase: bool, model_type: str, character_coverage: float, alpha: float,
-          language_counts: str, seed: int, text_field: str) -> dict:
+          language_counts: str, seed: int, text_field: str,
+          line_breaks: str = "space") -> dict:
   """Trains and saves the tokenizer; returns a summary (sentences, vocab, ids, seconds)."""
   start = time.perf_counter()
   data_cfg = ml_collections.ConfigDict({"corpus": input_spec, "languages": languages,
                                         "language_alpha": alpha,
                                         "language_counts": language_counts,
-                                        "text_field": text_field})
+                                        "text_field": text_field,
+                                        "line_breaks": line_breaks})
   sentences = mixture.tokenizer_sentences(data_cfg, seed)
   counted = progress.Progress("tokenizer", len(sentences), "sentences").wrap(sentences)
   tok = tok_lib.train_tokenizer(counted, kind=kind, vocab_size=vocab_size,
@@ -57,7 +59,8 @@ def main(argv):
   summary = train(f.input or "", f.languages, f.output, kind=f.kind,
                   vocab_size=f.vocab_size, lowercase=f.lowercase, model_type=f.model_type,
                   character_coverage=f.character_coverage, alpha=f.alpha,
-                  language_counts=f.language_counts, seed=f.seed, text_field=f.text_field)
+                  language_counts=f.language_counts, seed=f.seed, text_field=f.text_field,
+                  line_breaks=f.line_breaks)
   print(" | ".join(f"{k} {v}" for k, v in summary.items()))
 
 
@@ -79,6 +82,9 @@ if __name__ == "__main__":
   flags.DEFINE_integer("seed", 0, "Seed of the language sampling.")
   flags.DEFINE_string("text_field", "text", "JSON-lines / TFDS text key, Parquet / "
                       "Arrow text column.")
+  flags.DEFINE_enum("line_breaks", "space", list(sources.LINE_BREAKS), "A line break "
+                    "inside a document: a space (lines as running text) or 'apart' "
+                    "(each line tokenized alone; config.data.line_breaks).")
   flags.DEFINE_string("output", None, "Directory to write the tokenizer to.")
   flags.mark_flags_as_required(["output"])
   cli.run(main)
