@@ -45,16 +45,68 @@ def setup(tmp_path_factory):
   return directory, corpus, c
 
 
-def test_both_sides_get_the_same_tokens(setup):
-  """bertjax's 'stream' rows of the training documents are the loop's rows."""
+@pytest.fixture(scope="module")
+def lines_corpus(setup, tmp_path_factory):
+  """The same docstrings as documents of several lines (--layout=lines)."""
+  directory = str(tmp_path_factory.mktemp("pretrain_fidelity_lines"))
+  documents = pf.docstring_documents([os.path.join(sysconfig.get_paths()["stdlib"],
+                                                   "json")], "lines")
+  return pf.write_corpus(directory, documents, 0.2)
+
+
+def _rows(path, tokenizer, line_breaks):
+  """bertjax's 'stream' rows of the text file `path`."""
+  docs = builders.tokenize_documents(sources.load_documents(path, line_breaks=line_breaks),
+                                     tokenizer, line_breaks)
+  return builders.create_packed_examples(docs, tokenizer, max_seq_length=T,
+                                         packing="stream").input_ids
+
+
+def test_both_sides_get_the_same_tokens(setup, lines_corpus):
+  """bertjax's 'stream' rows of the training documents are the loop's rows: of
+  one-line documents with either line_breaks; of documents of several lines with
+  line_breaks='apart' (each line tokenized alone, as the loop does), while 'space'
+  gives the rows of their running text (--held_out_text 'running') and differs from
+  the loop's at the lines' first words: what a model is scored on decides which wins."""
   _, corpus, _ = setup
   tok = tok_lib.load_tokenizer(corpus["tokenizer"]["bertjax"])
-  docs = builders.tokenize_documents(sources.load_documents(corpus["train"]), tok)
-  ours = builders.create_packed_examples(docs, tok, max_seq_length=T, packing="stream")
   hf_tok = transformers.AutoTokenizer.from_pretrained(corpus["tokenizer"]["hf"])
   theirs = pf.stream_rows(pf.read_documents(corpus["train"]), hf_tok, T)
   assert len(theirs) > 20
-  np.testing.assert_array_equal(ours.input_ids[:len(theirs)], theirs)
+  for line_breaks in sources.LINE_BREAKS:
+    ours = _rows(corpus["train"], tok, line_breaks)
+    np.testing.assert_array_equal(ours[:len(theirs)], theirs)
+  documents = pf.read_documents(lines_corpus["train"])
+  assert np.mean([d.count("\n") for d in documents]) > 2
+  theirs = pf.stream_rows(documents, hf_tok, T)
+  ours = _rows(lines_corpus["train"], tok, "apart")
+  np.testing.assert_array_equal(ours[:len(theirs)], theirs)
+  running = [t for ids in pf.running_text(documents, hf_tok) for t in ids]
+  ours = _rows(lines_corpus["train"], tok, "space")
+  np.testing.assert_array_equal(ours[:, 1:-1].reshape(-1)[:len(running) // 8],
+                                running[:len(running) // 8])
+  assert (ours[:len(theirs)] != theirs).any()
+
+
+def test_held_out_rows(setup, lines_corpus):
+  """--held_out_rows: each document alone, or all back to back in the loop's rows;
+  the texts of HELD_OUT_TEXTS differ on documents of several lines."""
+  _, corpus, c = setup
+  hf_tok = transformers.AutoTokenizer.from_pretrained(corpus["tokenizer"]["hf"])
+  documents = pf.read_documents(lines_corpus["held_out"])
+  rows = {(r, t): pf.eval_rows(documents, hf_tok, T, hf_tok.mask_token_id,
+                               c.model.vocab_size, r, t)
+          for r in ("documents", "packed") for t in pf.HELD_OUT_TEXTS}
+  for text in pf.HELD_OUT_TEXTS:
+    ids = pf.HELD_OUT_TEXTS[text](documents, hf_tok)
+    packed = rows["packed", text]
+    assert sum(len(b["input_ids"]) for b in packed) == -(-sum(map(len, ids)) // (T - 2))
+    assert all(b["attention_mask"][:-1].all() for b in packed[:-1])  # Full rows.
+    alone = rows["documents", text]
+    assert sum(len(b["input_ids"]) for b in alone) == sum(-(-len(x) // (T - 2)) for x in ids)
+  first = {t: rows["documents", t][0]["input_ids"] for t in pf.HELD_OUT_TEXTS}
+  assert first["lines"].shape != first["running"].shape or (
+      first["lines"] != first["running"]).any()
 
 
 def test_every_arm_is_a_valid_config_that_changes_what_it_names(setup):

@@ -6,13 +6,18 @@ loop (transformers' model of the family, `hf_reference.pretraining_optimizer` an
 bertjax_stream,bertjax_per_token,bertjax_specials,bertjax_numpy_rng,bertjax_normal_init,\
 bertjax_hf_init
   python -m bertjax.benchmark pretrain_fidelity --config=configs/bert_tiny.py
+  python -m bertjax.benchmark pretrain_fidelity --layout=lines --packages=all --max_mb=8 \
+      --held_out_rows=packed --arms=hf,bertjax,bertjax_lines_apart
 
 The text: the docstrings of the installed Python packages (`docstring_documents`: the
-standard library and the packages of --packages, each docstring of 8 words or more a
-document, its whitespace collapsed into one line), --held_out of the documents held out
-(a fixed draw). One tokenizer for every arm, trained by bertjax on the training
-documents' text (the family's kind). The recipes (`recipe`, of --config's family;
-any field can be overridden, --config.FIELD=VALUE):
+standard library and the packages of --packages, in sorted files), --layout: each
+docstring of 8 words or more a document, its whitespace collapsed into one line
+('one_line'), or each of 2 lines or more a document of its lines, one a line, each
+line's whitespace collapsed ('lines': a document of several lines, as BERT's corpus
+layout); --max_mb of it; --held_out of the documents held out (a fixed draw). One
+tokenizer for every arm, trained by bertjax on the training documents' text (the
+family's kind). The recipes (`recipe`, of --config's family; any field can be
+overridden, --config.FIELD=VALUE):
 - modernbert (configs/modernbert_tiny.py): its model (L=4, H=128, A=4, I=192, a window of 32,
   global attention every third layer, theta 160k / 10k) with one length (rows of 128),
   no dropout, 30% masking (80/10/10), rows packed across documents with a separator
@@ -24,26 +29,35 @@ any field can be overridden, --config.FIELD=VALUE):
   clipping 1.0, batch 32, 1,500 steps) without NSP (MLM on packed rows both sides).
 The arms, each in a process of its own (`--only`), timed whole (start to exit):
 - `hf`: `hf_loop`: transformers' model built from the same config (its own
-  initialisation, `torch.manual_seed(seed)`), the training documents tokenized as text
-  by the tokenizer's Hugging Face export, concatenated into one stream and cut into
-  rows of T - 2 tokens between [CLS] and [SEP], a new order every epoch,
+  initialisation, `torch.manual_seed(seed)`), the training documents' lines each
+  tokenized alone by the tokenizer's Hugging Face export (transformers' run_mlm.py on a
+  text file: a line an example), concatenated into one stream and cut into rows of
+  T - 2 tokens between [CLS] and [SEP], a new order every epoch,
   `DataCollatorForLanguageModeling` at the recipe's rate (80/10/10);
 - `bertjax`: `bertjax.train.pretrain.run` with the recipe (bertjax's own data
-  pipeline), exported through `bertjax.hf`; `bertjax_<variant>`: the same with one of
-  VARIANTS changed (what differs from the loop by design; `bertjax_hf_init` starts
-  from the loop's initial weights through `config.init_from`).
-Every model is scored by `score` on the same rows: each held-out document alone
-([CLS] document [SEP], longer ones in windows of T - 2), 15% of its tokens masked
-(80/10/10) by a fixed draw. Prints each run and each arm's mean and standard deviation
-over seeds; results go to --json.
+  pipeline: a document's lines as one running text, `data.line_breaks='space'`),
+  exported through `bertjax.hf`; `bertjax_<variant>`: the same with one of VARIANTS
+  changed (what differs from the loop by design; `bertjax_hf_init` starts from the
+  loop's initial weights through `config.init_from`).
+Every model is scored by `score` on the same rows, 15% of their tokens masked
+(80/10/10) by a fixed draw: --held_out_rows 'documents' (each held-out document alone,
+[CLS] document [SEP], longer ones in windows of T - 2) or 'packed' (the loop's rows of
+the held-out documents), each document's lines tokenized each alone ('lines', the
+loop's way) and as one running text ('running', bertjax's default): the two differ
+only where a document has several lines, and a model scores best on the way it was
+trained (docs/pretraining.md). Prints each run and each arm's mean and standard
+deviation over seeds; results go to --json, scores of a finished model are kept in
+runs.json (a rerun with other held-out rows scores the same models again).
 """
 
 from __future__ import annotations
 
 import ast
+import concurrent.futures
 import dataclasses
 import json
 import os
+import queue
 import statistics
 import subprocess
 import sys
@@ -61,7 +75,9 @@ _START = time.time()  # This process's start, near enough (its imports come afte
 # Packages of site-packages whose docstrings join the standard library's (the corpus of
 # `docstring_documents`: 1.7 + 1.6 + 4.7 MB of text with Python 3.11, numpy 2 and scipy).
 PACKAGES = ("numpy", "scipy")
-MIN_WORDS = 8  # A docstring shorter than this is not a document.
+MIN_WORDS = 8  # A docstring shorter than this is not a document ('one_line').
+MIN_LINES = 2  # Nor one of fewer non-empty lines ('lines').
+LAYOUTS = ("one_line", "lines")
 EVAL_RATE = 0.15  # Held-out masking (the ModernBERT authors evaluate at 15%).
 EVAL_SEED = 1234  # The held-out masks' draw, the same for every model.
 
@@ -85,6 +101,9 @@ VARIANTS = {
     # An untruncated normal initialisation (transformers'), instead of BERT's truncated
     # at 2 standard deviations (google-research/bert's).
     "normal_init": {"model.initializer_cutoff_factor": 0.0},
+    # Each line of a document tokenized alone (`lines_apart`: the loop's rows, its first
+    # word as a text's first word), instead of the lines as one running text.
+    "lines_apart": {"data.line_breaks": "apart"},
     # The loop's own initial weights for the seed (`save_hf_init`), read through
     # `config.init_from` (`run_arm`), instead of bertjax's draw.
     "hf_init": {},
@@ -92,10 +111,16 @@ VARIANTS = {
 ARMS = ("hf", "bertjax", *(f"bertjax_{v}" for v in VARIANTS))
 
 
-def docstring_documents(roots: list[str]) -> list[str]:
+def docstring_documents(roots: list[str], layout: str = "one_line",
+                        max_bytes: int = 0) -> list[str]:
   """The docstrings (module, class, function) of the Python files under `roots` (files
-  or directories, walked in sorted order; tests skipped) with MIN_WORDS words or more,
-  each one line of single spaces, in order; repeated docstrings once."""
+  or directories, walked in sorted order; tests skipped), in order, repeated ones once.
+
+  layout='one_line': those of MIN_WORDS words or more, each one line of single spaces;
+  'lines': those of MIN_LINES non-empty lines or more, each line's whitespace collapsed,
+  one line each (a document of several lines, as BERT's corpus layout is). With
+  `max_bytes`, the documents until their text first holds that many bytes.
+  """
   files = []
   for root in roots:
     files += [root] if os.path.isfile(root) else []
@@ -104,8 +129,10 @@ def docstring_documents(roots: list[str]) -> list[str]:
                            if d not in ("test", "tests", "idle_test", "__pycache__",
                                         "site-packages"))
       files += [os.path.join(dirpath, n) for n in sorted(filenames) if n.endswith(".py")]
-  out, seen = [], set()
+  out, seen, size = [], set(), 0
   for name in files:
+    if max_bytes and size >= max_bytes:
+      break
     try:
       with open(name, encoding="utf-8") as f:
         tree = ast.parse(f.read())
@@ -113,16 +140,27 @@ def docstring_documents(roots: list[str]) -> list[str]:
       continue
     for node in ast.walk(tree):
       if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-        text = " ".join((ast.get_docstring(node) or "").split())
-        if len(text.split()) >= MIN_WORDS and text not in seen:
+        docstring = ast.get_docstring(node) or ""
+        if layout == "lines":
+          lines = [" ".join(x.split()) for x in docstring.splitlines()]
+          text = "\n".join(x for x in lines if x)
+          keep = text.count("\n") + 1 >= MIN_LINES
+        else:
+          text = " ".join(docstring.split())
+          keep = len(text.split()) >= MIN_WORDS
+        if keep and text not in seen:
           seen.add(text)
           out.append(text)
+          size += len(text.encode())
   return out
 
 
 def corpus_roots(packages: list[str]) -> list[str]:
-  """The standard library and the installed `packages` (those found)."""
+  """The standard library and the installed `packages` (those found; ['all']: every
+  package of site-packages)."""
   site = sysconfig.get_paths()["purelib"]
+  if list(packages) == ["all"]:
+    return [sysconfig.get_paths()["stdlib"], site]
   found = [os.path.join(site, p) for p in packages if os.path.isdir(os.path.join(site, p))]
   return [sysconfig.get_paths()["stdlib"], *found]
 
@@ -226,11 +264,32 @@ def save_hf_init(config, seed: int, path: str) -> None:
   hf_model(config).save_pretrained(path)
 
 
+def lines_apart(documents: list[str], tokenizer) -> list[list[int]]:
+  """Each document's ids: its lines tokenized each alone (a line's first word as a
+  text's first), concatenated: how transformers' run_mlm.py reads a text file, a line
+  an example (the loop's rows, the held-out rows made the loop's way)."""
+  lines = [line for d in documents for line in d.split("\n")]
+  ids = iter(tokenizer(lines, add_special_tokens=False)["input_ids"])
+  return [[t for _ in d.split("\n") for t in next(ids)] for d in documents]
+
+
+def running_text(documents: list[str], tokenizer) -> list[list[int]]:
+  """Each document's ids: its lines as one running text (joined by a space), as
+  bertjax's text reader gives them to the tokenizer by default
+  (`data.line_breaks='space'`)."""
+  return tokenizer([d.replace("\n", " ") for d in documents],
+                   add_special_tokens=False)["input_ids"]
+
+
+# --held_out_text: how the held-out documents' lines are tokenized.
+HELD_OUT_TEXTS = {"lines": lines_apart, "running": running_text}
+
+
 def stream_rows(documents: list[str], tokenizer, length: int) -> np.ndarray:
-  """[N, length] rows of the documents' tokens back to back (no separators), T - 2 a
-  row between [CLS] and [SEP]; the last partial row dropped."""
-  ids = np.concatenate([np.asarray(x, np.int64) for x in tokenizer(
-      documents, add_special_tokens=False)["input_ids"]])
+  """[N, length] rows of the documents' tokens back to back (no separators; each line
+  tokenized alone, `lines_apart`), T - 2 a row between [CLS] and [SEP]; the last
+  partial row dropped."""
+  ids = np.concatenate([np.asarray(x, np.int64) for x in lines_apart(documents, tokenizer)])
   body = length - 2
   n = len(ids) // body
   rows = np.empty((n, length), np.int64)
@@ -329,22 +388,32 @@ def bertjax_run(config, workdir: str, out_dir: str, numpy_rng: bool = False) -> 
 
 
 def eval_rows(documents: list[str], tokenizer, length: int, mask_id: int,
-              vocab_size: int) -> list[dict[str, np.ndarray]]:
-  """Batches of 64 rows: each document alone ([CLS] document [SEP], windows of T - 2),
-  15% of each row's non-special tokens masked (80/10/10, random tokens uniform over the
-  non-special ids) by the fixed draw EVAL_SEED: input_ids, attention_mask, labels
-  (-100 but at the masked positions)."""
+              vocab_size: int, rows: str = "documents", text: str = "lines"
+              ) -> list[dict[str, np.ndarray]]:
+  """Batches of 64 held-out rows, 15% of each row's non-special tokens masked
+  (80/10/10, random tokens uniform over the non-special ids) by the fixed draw
+  EVAL_SEED: input_ids, attention_mask, labels (-100 but at the masked positions).
+
+  rows='documents': each document alone ([CLS] document [SEP], windows of T - 2);
+  'packed': the documents' tokens back to back cut into rows of T - 2 between [CLS]
+  and [SEP] (the loop's training rows, `stream_rows`; the last partial row kept).
+  text: how a document's lines are tokenized (HELD_OUT_TEXTS: 'lines' each alone, the
+  loop's way; 'running' as one running text, bertjax's default).
+  """
   special = set(tokenizer.all_special_ids)
   body = length - 2
-  rows = []
-  for ids in tokenizer(documents, add_special_tokens=False)["input_ids"]:
+  ids_of = HELD_OUT_TEXTS[text](documents, tokenizer)
+  if rows == "packed":
+    ids_of = [[t for ids in ids_of for t in ids]]
+  out_rows = []
+  for ids in ids_of:
     for i in range(0, len(ids), body):
-      rows.append([tokenizer.cls_token_id, *ids[i:i + body], tokenizer.sep_token_id])
+      out_rows.append([tokenizer.cls_token_id, *ids[i:i + body], tokenizer.sep_token_id])
   rng = np.random.default_rng(EVAL_SEED)
   pool = np.asarray([i for i in range(vocab_size) if i not in special])
   out = []
-  for start in range(0, len(rows), 64):
-    chunk = rows[start:start + 64]
+  for start in range(0, len(out_rows), 64):
+    chunk = out_rows[start:start + 64]
     n = max(map(len, chunk))
     ids = np.full((len(chunk), n), tokenizer.pad_token_id, np.int64)
     labels = np.full((len(chunk), n), -100, np.int64)
@@ -391,12 +460,21 @@ def define_flags() -> None:
   flags.DEFINE_list("seeds", ["0", "1", "2"], "Seeds.")
   flags.DEFINE_integer("steps", 0, "Steps (0: the recipe's, 800 / 1,500).")
   flags.DEFINE_list("packages", list(PACKAGES), "site-packages joining the standard "
-                    "library's docstrings.")
+                    "library's docstrings ('all': every one).")
   flags.DEFINE_integer("max_documents", 0, "Use the first this many documents (0: all).")
+  flags.DEFINE_enum("layout", "one_line", LAYOUTS, "The documents: each docstring one "
+                    "line ('one_line'), or its lines kept, one a line ('lines').")
+  flags.DEFINE_float("max_mb", 0, "The documents until their text holds this many MB "
+                     "(0: all).")
+  flags.DEFINE_enum("held_out_rows", "documents", ("documents", "packed"), "Held-out "
+                    "rows: each document alone, or the documents back to back cut into "
+                    "rows (the loop's training rows).")
   flags.DEFINE_float("held_out", 0.05, "Share of the documents held out.")
   flags.DEFINE_string("dir", "", "Working directory (default: a new one in /tmp); a "
                       "rerun with the same one keeps the runs done.")
   flags.DEFINE_integer("torch_threads", 0, "torch's intra-op threads (0: its default).")
+  flags.DEFINE_integer("jobs", 1, "Runs at once, each pinned to a core of its own (the "
+                       "times of runs side by side compare; of runs beside others, not).")
   flags.DEFINE_string("json", "", "Results file (default: DIR/results.json).")
   flags.DEFINE_string("only", "", "Internal: run this arm here and print its result.")
   flags.DEFINE_integer("seed", 0, "Internal: --only's seed.")
@@ -423,7 +501,8 @@ def prepare(f, directory: str) -> dict:
     with open(path) as fh:
       return json.load(fh)
   os.makedirs(directory, exist_ok=True)
-  documents = docstring_documents(corpus_roots(list(f.packages)))
+  documents = docstring_documents(corpus_roots(list(f.packages)), f.layout,
+                                  int(f.max_mb * 1e6))
   if f.max_documents:
     documents = documents[:f.max_documents]
   setup = write_corpus(directory, documents, f.held_out)
@@ -435,6 +514,32 @@ def prepare(f, directory: str) -> dict:
 
 def summary(xs: list[float]) -> dict:
   return {"mean": statistics.fmean(xs), "std": statistics.stdev(xs) if len(xs) > 1 else 0.0}
+
+
+def train_arm(f, arm: str, seed: int, directory: str, cores: queue.Queue) -> dict:
+  """Runs `arm` with `seed` in a process of its own (`--only`); with --jobs above 1,
+  pinned to a core of `cores` that no other run holds meanwhile, as `taskset` would.
+  Its result with the wall time and the load when it started."""
+  cmd = [sys.executable, "-m", "bertjax.benchmark", "pretrain_fidelity",
+         *[a for a in sys.argv if a.startswith("--config")], f"--dir={directory}",
+         f"--only={arm}", f"--seed={seed}", f"--steps={f.steps}",
+         f"--torch_threads={f.torch_threads}"]
+  core = cores.get()
+  pin = None if f.jobs <= 1 else (lambda: os.sched_setaffinity(0, {core}))
+  start, load = time.time(), os.getloadavg()[0]
+  log = os.path.join(directory, f"{arm}_seed{seed}.log")  # The run's stderr.
+  try:
+    with open(log, "w") as err:
+      done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=err, text=True,
+                            check=False, preexec_fn=pin)
+  finally:
+    cores.put(core)
+  if done.returncode:
+    with open(log) as err:
+      raise SystemExit(f"{arm}/{seed} failed:\n{err.read()[-3000:]}")
+  (line,) = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")]
+  return {**json.loads(line[len("RESULT "):]), "wall_s": time.time() - start, "load": load,
+          "scores": {}}
 
 
 def main(argv) -> None:
@@ -457,8 +562,12 @@ def main(argv) -> None:
   import transformers  # pylint: disable=g-import-not-at-top
   tok = transformers.AutoTokenizer.from_pretrained(setup["tokenizer"]["hf"])
   c = recipe(f.config, 1)
-  batches = eval_rows(read_documents(setup["held_out"]), tok, c.data.max_seq_length,
-                      tok.mask_token_id, c.model.vocab_size)
+  held_out = read_documents(setup["held_out"])
+  # The held-out rows of --held_out_rows, each text of HELD_OUT_TEXTS (equal unless the
+  # documents have several lines): scores under "ROWS/TEXT" in each run.
+  batches = {f"{f.held_out_rows}/{text}": eval_rows(
+      held_out, tok, c.data.max_seq_length, tok.mask_token_id, c.model.vocab_size,
+      f.held_out_rows, text) for text in HELD_OUT_TEXTS}
   print(f"corpus: {setup['documents']} documents ({setup['mb']} MB), "
         f"{setup['held_out_documents']} held out; {directory}", flush=True)
   runs = {}
@@ -466,39 +575,43 @@ def main(argv) -> None:
   if os.path.exists(results_path):
     with open(results_path) as fh:
       runs = json.load(fh)
+  todo = [(arm, seed) for seed in map(int, f.seeds) for arm in f.arms
+          if f"{arm}/{seed}" not in runs]
+  cores = queue.Queue()
+  for k in range(max(1, f.jobs)):
+    cores.put(sorted(os.sched_getaffinity(0))[k % len(os.sched_getaffinity(0))])
+  with concurrent.futures.ThreadPoolExecutor(max(1, f.jobs)) as pool:
+    trained = {pool.submit(train_arm, f, arm, seed, directory, cores): f"{arm}/{seed}"
+               for arm, seed in todo}
+    for future in concurrent.futures.as_completed(trained):
+      runs[trained[future]] = future.result()
+      with open(results_path, "w") as fh:  # Each run kept as it finishes.
+        json.dump(runs, fh, indent=1)
   for seed in map(int, f.seeds):
     for arm in f.arms:
       key = f"{arm}/{seed}"
-      if key not in runs:
-        cmd = [sys.executable, "-m", "bertjax.benchmark", "pretrain_fidelity",
-               *[a for a in sys.argv if a.startswith("--config")],
-               f"--dir={directory}", f"--only={arm}",
-               f"--seed={seed}", f"--steps={f.steps}",
-               f"--torch_threads={f.torch_threads}"]
-        start, load = time.time(), os.getloadavg()[0]
-        log = os.path.join(directory, f"{arm}_seed{seed}.log")  # The run's stderr.
-        with open(log, "w") as err:
-          done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=err, text=True,
-                                check=False)
-        if done.returncode:
-          with open(log) as err:
-            raise SystemExit(f"{key} failed:\n{err.read()[-3000:]}")
-        (line,) = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")]
-        run = json.loads(line[len("RESULT "):])
-        run.update(wall_s=time.time() - start, load=load,
-                   **score(os.path.join(directory, f"{arm}_seed{seed}", "hf"), batches))
-        runs[key] = run
-        with open(results_path, "w") as fh:
-          json.dump(runs, fh, indent=1)
       r = runs[key]
-      print(f"{key}: held-out accuracy {r['accuracy']:.4f} loss {r['loss']:.4f}, "
-            f"{r['wall_s']:.0f} s (load {r['load']:.1f})", flush=True)
+      for name, rows in batches.items():  # A model is scored once on each kind of rows.
+        if name not in r["scores"]:
+          r["scores"][name] = score(os.path.join(directory, f"{arm}_seed{seed}", "hf"),
+                                    rows)
+      with open(results_path, "w") as fh:
+        json.dump(runs, fh, indent=1)
+      print(f"{key}: held-out accuracy / loss " + "; ".join(
+          f"{name} {r['scores'][name]['accuracy']:.4f} / {r['scores'][name]['loss']:.4f}"
+          for name in batches) + f", {r['wall_s']:.0f} s (load {r['load']:.1f})",
+          flush=True)
   out = {}
   for arm in f.arms:
     done = [runs[f"{arm}/{s}"] for s in map(int, f.seeds)]
-    out[arm] = {k: summary([r[k] for r in done]) for k in ("accuracy", "loss", "wall_s")}
-    a, l, w = out[arm]["accuracy"], out[arm]["loss"], out[arm]["wall_s"]
-    print(f"{arm}: accuracy {a['mean']:.4f} +- {a['std']:.4f}, loss {l['mean']:.3f} +- "
-          f"{l['std']:.3f}, time {w['mean']:.0f} +- {w['std']:.0f} s ({len(done)} seeds)")
+    out[arm] = {"wall_s": summary([r["wall_s"] for r in done]), "scores": {
+        name: {k: summary([r["scores"][name][k] for r in done]) for k in ("accuracy", "loss")}
+        for name in batches}}
+    w = out[arm]["wall_s"]
+    print(f"{arm} ({len(done)} seeds): " + "; ".join(
+        f"{name} accuracy {m['accuracy']['mean']:.4f} +- {m['accuracy']['std']:.4f}, loss "
+        f"{m['loss']['mean']:.3f} +- {m['loss']['std']:.3f}"
+        for name, m in out[arm]["scores"].items()) + f"; time {w['mean']:.0f} +- "
+        f"{w['std']:.0f} s")
   with open(f.json or os.path.join(directory, "results.json"), "w") as fh:
     json.dump({"family": family, "setup": setup, "arms": out, "runs": runs}, fh, indent=1)
