@@ -138,11 +138,13 @@ class Pretrained:
             for row in probs]
 
 
-def _finetuned_encoder(path: str) -> tuple[Any, dict, TaskHead]:
+def _finetuned_encoder(path: str) -> tuple[Any, dict, TaskHead | None]:
+  """The encoder of a fine-tuning workdir and its task head (None for an embedding
+  model, which has none)."""
   run = workdir.open_finetuned(path)
-  head = TaskHead(run.task["name"], list(run.task["labels"]), run.params["head"])
-  return (run.model, {"encoder": run.params["encoder"]},
-          head)
+  head = (TaskHead(run.task["name"], list(run.task["labels"]), run.params["head"])
+          if "head" in run.params else None)
+  return run.model, {"encoder": run.params["encoder"]}, head
 
 
 def _pretraining_workdir(path: str, network: str | None = None) -> tuple[Any, Any]:

@@ -19,8 +19,17 @@ TASKS = {
 }
 
 
+# An embedding model ('retrieval', `bertjax.tasks.retrieval`) is no per-example Task:
+# its loss spans the batch; fine-tuning trains it on its own data and evaluation.
+EMBEDDING_TASK = "retrieval"
+
+
 def get_task(name: str):
   """The Task class registered under `name`."""
   if name not in TASKS:
-    raise ConfigError(f"config.task.name={name!r}: use one of {sorted(TASKS)}.")
+    raise ConfigError(f"config.task.name={name!r}: use one of "
+                      f"{sorted([*TASKS, EMBEDDING_TASK])}"
+                      + (" (an embedding model is no classifier: encode texts with "
+                         "python -m bertjax.embed encode)" if name == EMBEDDING_TASK
+                         else "") + ".")
   return TASKS[name]

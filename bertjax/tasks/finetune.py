@@ -42,7 +42,7 @@ from bertjax import model as model_lib
 from bertjax.model import stack
 from bertjax.model.config import dtype_of
 from bertjax.parallel import mesh as mesh_lib
-from bertjax.tasks import base, batching, finetuned, get_task
+from bertjax.tasks import base, batching, finetuned, get_task, retrieval
 from bertjax.train import compilation, optimizer, state as state_lib, trainer as trainer_lib
 from bertjax.train.step import Objective
 from bertjax.train.trainer import Evaluator, Trainer
@@ -441,24 +441,45 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   return train(config, workdir)
 
 
-def train(config: ml_collections.ConfigDict, workdir: str, start: Start | None = None
-          ) -> dict[str, float]:
-  """`run` of a checked config (a sweep checks once, then trains each point): `start`
-  (the loaded pretrained encoder) lets a sweep load it once."""
+def open_run(config: ml_collections.ConfigDict, workdir: str, start: Start | None
+             ) -> tuple[Start, bool]:
+  """The run's start in `workdir` (the saved run's encoder config and tokenizer when
+  resuming, after checking that the config's agree; else `start` or `load_start`),
+  checked against the config, and config.json written. Returns (start, resuming)."""
   os.makedirs(workdir, exist_ok=True)
   resuming = workdir_lib.is_finetuned(workdir)  # Read by every process before save_config.
   if resuming:
     saved = workdir_lib.open_finetuned(workdir, read_params=False)
     _refuse_other_tokenizer(config, saved.tokenizer, f"the run being resumed in {workdir}")
     _refuse_other_family(config, saved.model.family, workdir)
+    if saved.task["name"] != config.task.name:
+      raise CheckpointError(f"{workdir} holds a {saved.task['name']!r} run but "
+                            f"config.task.name={config.task.name!r}: use a new --workdir.")
     start = Start(saved.model, None, saved.tokenizer)
   elif start is None:
     start = load_start(config)
   _check(config, start.model)
   workdir_lib.save_config(workdir, _with_model(config, start.model))
+  return start, resuming
+
+
+def train(config: ml_collections.ConfigDict, workdir: str, start: Start | None = None
+          ) -> dict[str, float]:
+  """`run` of a checked config (a sweep checks once, then trains each point): `start`
+  (the loaded pretrained encoder) lets a sweep load it once. An embedding model
+  ('retrieval') trains on its own data, objective and evaluation
+  (`bertjax.tasks.retrieval.train`)."""
+  if config.task.name == retrieval.NAME:
+    config = retrieval.resolve(config)
+    retrieval.check_config(config)
+    start, resuming = open_run(config, workdir, start)
+    return retrieval.train(config, workdir, start, resuming, lambda: load_start(config),
+                           functools.partial(make_optimizer, config))
+  start, resuming = open_run(config, workdir, start)
   task = get_task(config.task.name)(config.task, start.tokenizer, config.task.max_seq_length)
   train_examples = read_split(task, config, "train")
-  task.labels = saved.task["labels"] if resuming else task.fit_labels(train_examples)
+  task.labels = (workdir_lib.task_info(workdir)["labels"] if resuming
+                 else task.fit_labels(train_examples))
   train = task.featurize(train_examples, train=True)
   num_steps = steps_per_epoch(len(train), config.train.batch_size) * config.train.num_epochs
   if not resuming and jax.process_index() == 0:

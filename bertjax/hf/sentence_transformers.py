@@ -1,0 +1,135 @@
+"""sentence-transformers folders: what an embedding model adds to a Hugging Face model
+dir so that `sentence_transformers.SentenceTransformer(path)` loads it as it is, and
+the same read back from a published folder (e.g. all-MiniLM-L6-v2).
+
+A folder is the transformers model at its root (module 0, `Transformer`, path ''),
+`modules.json` listing the modules, `1_Pooling/config.json` (sentence-transformers
+v5's keys: `word_embedding_dimension`, `pooling_mode_<mode>` booleans,
+`include_prompt`; v6 reads them), `2_Normalize` when the embeddings are L2-normalised,
+`sentence_bert_config.json` (`max_seq_length`, `do_lower_case`) and
+`config_sentence_transformers.json` (`prompts`, `default_prompt_name`,
+`similarity_fn_name`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any
+
+from bertjax.errors import CheckpointError
+
+MODULES_FILE = "modules.json"
+POOLING_DIR = "1_Pooling"
+NORMALIZE_DIR = "2_Normalize"
+# v5's boolean keys of each pooling mode (`bertjax.tasks.pooling.POOLINGS`).
+POOLING_KEYS = {"cls": "pooling_mode_cls_token", "mean": "pooling_mode_mean_tokens",
+                "max": "pooling_mode_max_tokens",
+                "mean_sqrt_len_tokens": "pooling_mode_mean_sqrt_len_tokens",
+                "weightedmean": "pooling_mode_weightedmean_tokens",
+                "lasttoken": "pooling_mode_lasttoken"}
+_TRANSFORMER = ("sentence_transformers.models.Transformer",
+                "sentence_transformers.base.modules.transformer.Transformer")
+_POOLING = ("sentence_transformers.models.Pooling",
+            "sentence_transformers.sentence_transformer.modules.pooling.Pooling")
+_NORMALIZE = ("sentence_transformers.models.Normalize",
+              "sentence_transformers.base.modules.normalize.Normalize")
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+  """How an embedding model turns a text into a vector (the folder's files' content).
+
+  prompts: {'query': ..., 'document': ...} prefixes ('' none), prepended to a text of
+  that kind before tokenization (pooled with it: `include_prompt`).
+  """
+
+  pooling: str = "mean"
+  normalize: bool = True
+  max_seq_length: int = 128
+  prompts: dict[str, str] = dataclasses.field(default_factory=dict)
+  similarity: str = "cosine"
+  do_lower_case: bool = False
+
+
+def _dump(path: str, value: Any) -> None:
+  with open(path, "w", encoding="utf-8") as f:
+    json.dump(value, f, indent=2)
+    f.write("\n")
+
+
+def write(directory: str, settings: Settings, embedding_dimension: int) -> None:
+  """The sentence-transformers files of `settings` in `directory`, which already holds
+  the transformers model (`bertjax.hf.convert.save_hf`)."""
+  modules = [{"idx": 0, "name": "0", "path": "", "type": _TRANSFORMER[0]},
+             {"idx": 1, "name": "1", "path": POOLING_DIR, "type": _POOLING[0]}]
+  if settings.normalize:
+    modules.append({"idx": 2, "name": "2", "path": NORMALIZE_DIR, "type": _NORMALIZE[0]})
+    os.makedirs(os.path.join(directory, NORMALIZE_DIR), exist_ok=True)
+  _dump(os.path.join(directory, MODULES_FILE), modules)
+  os.makedirs(os.path.join(directory, POOLING_DIR), exist_ok=True)
+  _dump(os.path.join(directory, POOLING_DIR, "config.json"), {
+      "word_embedding_dimension": embedding_dimension,
+      **{key: mode == settings.pooling for mode, key in POOLING_KEYS.items()},
+      "include_prompt": True})
+  _dump(os.path.join(directory, "sentence_bert_config.json"),
+        {"max_seq_length": settings.max_seq_length, "do_lower_case": settings.do_lower_case})
+  prompts = {k: v for k, v in settings.prompts.items() if v}
+  _dump(os.path.join(directory, "config_sentence_transformers.json"), {
+      "prompts": prompts, "default_prompt_name": None,
+      "similarity_fn_name": settings.similarity})
+
+
+def is_folder(directory: str) -> bool:
+  """Whether `directory` is a sentence-transformers folder (it has modules.json)."""
+  return os.path.isfile(os.path.join(directory, MODULES_FILE))
+
+
+def _read(path: str) -> Any:
+  try:
+    with open(path, encoding="utf-8") as f:
+      return json.load(f)
+  except (OSError, json.JSONDecodeError) as e:
+    raise CheckpointError(f"{path} cannot be read ({e}): the sentence-transformers "
+                          "folder is incomplete or corrupt.") from None
+
+
+def read(directory: str) -> Settings:
+  """The `Settings` of a sentence-transformers folder whose modules bertjax computes
+  (a Transformer at the root, a Pooling of one mode, an optional Normalize); a
+  one-line CheckpointError naming any other module or setting."""
+  modules = _read(os.path.join(directory, MODULES_FILE))
+  kinds = [m.get("type", "") for m in modules]
+  known = _TRANSFORMER + _POOLING + _NORMALIZE
+  other = [k for k in kinds if k not in known]
+  if other or not kinds or kinds[0] not in _TRANSFORMER or modules[0].get("path", ""):
+    raise CheckpointError(
+        f"{directory}: modules {kinds} are not a Transformer at the folder's root, then "
+        "Pooling and an optional Normalize; bertjax computes only those (no Dense, "
+        "no Router): start from its transformers model and train a pooling of your own.")
+  settings: dict[str, Any] = {"normalize": any(k in _NORMALIZE for k in kinds)}
+  pooling = next((m for m in modules if m["type"] in _POOLING), None)
+  if pooling is not None:
+    cfg = _read(os.path.join(directory, pooling["path"], "config.json"))
+    modes = cfg.get("pooling_mode") or [mode for mode, key in POOLING_KEYS.items()
+                                        if cfg.get(key)]
+    modes = [modes] if isinstance(modes, str) else list(modes)
+    if len(modes) != 1 or modes[0] not in POOLING_KEYS:
+      raise CheckpointError(f"{directory}: pooling modes {modes}; bertjax pools with one "
+                            f"of {list(POOLING_KEYS)}.")
+    if not cfg.get("include_prompt", True):
+      raise CheckpointError(f"{directory}: its pooling leaves the prompt's tokens out "
+                            "(include_prompt false), which bertjax does not do.")
+    settings["pooling"] = modes[0]
+  bert_config = os.path.join(directory, "sentence_bert_config.json")
+  if os.path.isfile(bert_config):
+    cfg = _read(bert_config)
+    settings["max_seq_length"] = int(cfg.get("max_seq_length") or Settings.max_seq_length)
+    settings["do_lower_case"] = bool(cfg.get("do_lower_case", False))
+  st_config = os.path.join(directory, "config_sentence_transformers.json")
+  if os.path.isfile(st_config):
+    cfg = _read(st_config)
+    settings["prompts"] = dict(cfg.get("prompts") or {})
+    settings["similarity"] = cfg.get("similarity_fn_name") or Settings.similarity
+  return Settings(**settings)

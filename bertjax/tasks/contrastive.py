@@ -1,0 +1,185 @@
+"""Contrastive losses of embedding models over the global batch, and GradCache.
+
+The losses are sentence-transformers' (v6, `sentence_transformer/losses/`), given as
+sums over the batch's rows (rows of weight 0, the padding of a short batch, add
+nothing and are no candidates), so that the trainer divides by the row count:
+
+- 'mnrl': MultipleNegativesRankingLoss (InfoNCE): each query against every document of
+  the batch (every example's positive and hard negatives), scale x similarity, the own
+  positive the label; `symmetric` adds the document-to-query direction, each direction
+  its own softmax (its `directions=('query_to_doc', 'doc_to_query')`,
+  `partition_mode='per_direction'`).
+- 'margin_mse': MarginMSELoss: (sim(q, p) - sim(q, n_j)) against the teacher's margin,
+  squared, a term per negative.
+- 'kl': DistillKLDivLoss: KL(teacher || student) of the softmaxes over each example's
+  own candidates [positive, negatives], student scores divided by `temperature`, the
+  loss times temperature^2 (its `batchmean`).
+- Matryoshka (MatryoshkaLoss): the loss summed over the embeddings' leading `dims`,
+  each times its weight.
+
+"The batch" is the global batch: the step is compiled for the whole mesh (GSPMD), so
+`q @ d.T` over rows sharded on the data axes is computed with every device's
+documents, and the gradient of a gathered embedding flows back to the shard that
+produced it, as an all-gather's transpose (a reduce-scatter) does
+(tests/test_retrieval.py: 8 devices against one, two processes against one).
+
+GradCache (Gao et al. 2021): `embed_in_chunks` embeds the batch a mini-batch at a time
+under `jax.checkpoint`, inside a scan. The forward pass keeps only each mini-batch's
+embeddings; the backward pass re-runs each mini-batch's encoder with the same dropout
+key and pulls the loss's gradient with respect to its embeddings through it, which is
+GradCache's three steps (embed without activations, the loss's gradient at the
+embeddings, re-embed with a vjp) as JAX's rematerialisation performs them. Memory is
+set by the mini-batch; the gradient is the uncached one's to rounding.
+
+Shapes: B queries, C documents per example (1 + k negatives), E embedding width.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+
+from bertjax.errors import ConfigError
+from bertjax.tasks import pooling
+
+LOSSES = ("mnrl", "margin_mse", "kl")
+SIMILARITIES = ("cosine", "dot")
+
+
+def similarity(a: jax.Array, b: jax.Array, kind: str) -> jax.Array:
+  """[M, E] x [N, E] -> [M, N] float32: cosine (sentence-transformers' cos_sim) or dot."""
+  a, b = a.astype(jnp.float32), b.astype(jnp.float32)
+  if kind == "cosine":
+    a, b = pooling.normalize(a), pooling.normalize(b)
+  return jnp.einsum("me,ne->mn", a, b, precision=jax.lax.Precision.HIGHEST)
+
+
+def pairwise(a: jax.Array, b: jax.Array, kind: str) -> jax.Array:
+  """[B, E] x [B, C, E] -> [B, C]: each row against its own C documents."""
+  a, b = a.astype(jnp.float32), b.astype(jnp.float32)
+  if kind == "cosine":
+    a, b = pooling.normalize(a), pooling.normalize(b)
+  return jnp.einsum("be,bce->bc", a, b, precision=jax.lax.Precision.HIGHEST)
+
+
+def mnrl(queries: jax.Array, documents: jax.Array, weights: jax.Array, *, scale: float,
+         kind: str, symmetric: bool) -> tuple[jax.Array, jax.Array]:
+  """queries [B, E], documents [B, C, E] (column 0 the positives), weights [B] (0:
+  padding) -> (summed loss over the rows, rows whose positive scores highest)."""
+  B, C, E = documents.shape
+  candidates = jnp.swapaxes(documents, 0, 1).reshape(C * B, E)  # positives, then negatives
+  valid = weights > 0
+  scores = similarity(queries, candidates, kind) * scale  # [B, C * B]
+  scores = jnp.where(jnp.tile(valid, C)[None, :], scores, -jnp.inf)
+  positive = jnp.diagonal(scores[:, :B])
+  terms = jax.nn.logsumexp(scores, axis=1) - positive
+  if symmetric:  # Each positive against every query: its own softmax, averaged.
+    back = jnp.where(valid[None, :], scores[:, :B].T, -jnp.inf)  # [B docs, B queries]
+    terms = (terms + jax.nn.logsumexp(back, axis=1) - positive) / 2
+  correct = (jnp.argmax(scores, axis=1) == jnp.arange(B)) & valid
+  return jnp.sum(jnp.where(valid, terms, 0.0) * weights), jnp.sum(correct * weights)
+
+
+def margin_mse(queries: jax.Array, documents: jax.Array, teacher: jax.Array,
+               weights: jax.Array, kind: str) -> jax.Array:
+  """Summed squared errors of the margins sim(q, p) - sim(q, n_j) against the teacher's
+  [B, C - 1] margins (or [B, C] scores, turned into margins)."""
+  scores = pairwise(queries, documents, kind)  # [B, C]
+  if teacher.shape[1] == scores.shape[1]:
+    teacher = teacher[:, :1] - teacher[:, 1:]
+  errors = jnp.square(scores[:, :1] - scores[:, 1:] - teacher)
+  return jnp.sum(errors * weights[:, None])
+
+
+def kl(queries: jax.Array, documents: jax.Array, teacher: jax.Array, weights: jax.Array,
+       kind: str, temperature: float) -> jax.Array:
+  """Summed KL(teacher || student) over each row's C candidates (teacher [B, C])."""
+  student = jax.nn.log_softmax(pairwise(queries, documents, kind) / temperature, axis=1)
+  target = jax.nn.softmax(teacher.astype(jnp.float32) / temperature, axis=1)
+  terms = jnp.sum(target * (jnp.log(jnp.maximum(target, 1e-30)) - student), axis=1)
+  return jnp.sum(terms * weights) * temperature**2
+
+
+def loss_sums(queries: jax.Array, documents: jax.Array, batch: dict, task_cfg
+              ) -> dict[str, jax.Array]:
+  """{'loss': summed loss, 'correct': rows ranking their positive first} of the batch,
+  summed over the Matryoshka dimensions (weighted) when `task_cfg.matryoshka_dims`."""
+  weights = batch["example_weights"].astype(jnp.float32)
+  dims = tuple(task_cfg.matryoshka_dims) or (queries.shape[-1],)
+  dim_weights = tuple(task_cfg.matryoshka_weights) or (1.0,) * len(dims)
+  total = correct = jnp.zeros((), jnp.float32)
+  for d, w in zip(dims, dim_weights):
+    q, docs = queries[..., :d], documents[..., :d]
+    if task_cfg.loss == "mnrl":
+      loss, right = mnrl(q, docs, weights, scale=task_cfg.scale, kind=task_cfg.similarity,
+                         symmetric=task_cfg.symmetric)
+      correct = right if d == dims[0] else correct
+    elif task_cfg.loss == "margin_mse":
+      loss = margin_mse(q, docs, batch["teacher"], weights, task_cfg.similarity)
+    else:
+      loss = kl(q, docs, batch["teacher"], weights, task_cfg.similarity,
+                task_cfg.temperature)
+    total = total + w * loss
+  return {"loss": total, "correct": correct}
+
+
+def loss_count(batch: dict, task_cfg) -> jax.Array:
+  """The denominator of `loss_sums`' loss: rows (MarginMSE: row x negative terms)."""
+  rows = jnp.sum(batch["example_weights"].astype(jnp.float32))
+  if task_cfg.loss == "margin_mse":
+    return rows * (batch["doc_input_ids"].shape[1] - 1)
+  return rows
+
+
+def embed_in_chunks(embed: Callable[[dict, jax.Array | None], jax.Array], inputs: dict,
+                    rng: jax.Array | None, mini_batch_size: int) -> jax.Array:
+  """`embed(inputs, rng)` ([N, ...] arrays -> [N, E]) over `inputs` a mini-batch of
+  `mini_batch_size` rows at a time, under `jax.checkpoint` (GradCache: the module
+  docstring); 0 or >= N: at once. Mini-batch i holds rows r * n + i (n mini-batches):
+  every device keeps its own rows. Each mini-batch draws dropout from fold_in(rng, i),
+  the same in the backward pass's re-run."""
+  n_rows = next(iter(inputs.values())).shape[0]
+  if not mini_batch_size or mini_batch_size >= n_rows:
+    return embed(inputs, rng)
+  if n_rows % mini_batch_size:
+    raise ConfigError(f"config.task.mini_batch_size={mini_batch_size} does not divide the "
+                      f"{n_rows} texts of a batch's column; use a divisor of "
+                      "config.train.batch_size")
+  n = n_rows // mini_batch_size
+  chunks = jax.tree.map(lambda x: jnp.swapaxes(x.reshape(-1, n, *x.shape[1:]), 0, 1), inputs)
+  cached = jax.checkpoint(embed)
+
+  def body(_, xs):
+    i, chunk = xs
+    return None, cached(chunk, None if rng is None else jax.random.fold_in(rng, i))
+
+  _, out = jax.lax.scan(body, None, (jnp.arange(n), chunks))  # [n, N / n, E]
+  return jnp.swapaxes(out, 0, 1).reshape(n_rows, -1)
+
+
+def check_config(task_cfg, hidden_size: int | None = None) -> None:
+  """The loss settings of `config.task`, in range (one ConfigError line each)."""
+  if task_cfg.loss not in LOSSES:
+    raise ConfigError(f"config.task.loss={task_cfg.loss!r}: use one of {LOSSES}.")
+  if task_cfg.similarity not in SIMILARITIES:
+    raise ConfigError(f"config.task.similarity={task_cfg.similarity!r}: use one of "
+                      f"{SIMILARITIES}.")
+  if task_cfg.loss in ("margin_mse", "kl") and not task_cfg.teacher_column:
+    raise ConfigError(f"config.task.loss={task_cfg.loss!r} distils a teacher's scores: set "
+                      "config.task.teacher_column to the column holding them.")
+  if task_cfg.scale <= 0 or task_cfg.temperature <= 0:
+    raise ConfigError("config.task.scale and config.task.temperature must be positive.")
+  if task_cfg.mini_batch_size < 0:
+    raise ConfigError(f"config.task.mini_batch_size={task_cfg.mini_batch_size}: use 0 (no "
+                      "GradCache) or a positive mini-batch.")
+  dims, weights = tuple(task_cfg.matryoshka_dims), tuple(task_cfg.matryoshka_weights)
+  if weights and len(weights) != len(dims):
+    raise ConfigError(f"config.task.matryoshka_weights has {len(weights)} weights for "
+                      f"{len(dims)} matryoshka_dims; give one each, or () for 1 each.")
+  too_big = [d for d in dims if d < 1 or (hidden_size and d > hidden_size)]
+  if too_big:
+    raise ConfigError(f"config.task.matryoshka_dims: {too_big[0]} is not between 1 and the "
+                      f"embedding width{f' {hidden_size}' if hidden_size else ''}; use "
+                      "smaller dimensions.")

@@ -1,0 +1,334 @@
+"""The 'retrieval' fine-tuning task: an embedding model (any family's encoder, pooled,
+optionally normalised: `embedding.EmbeddingModel`) trained contrastively on pairs and
+triplets (`pairs`), with in-batch negatives from the whole mesh and optional GradCache
+(`contrastive`), evaluated by name during and after training (`evals`), on the one
+trainer (`bertjax.train.trainer.Trainer`) with fine-tuning's start, workdir and
+optimizer (`bertjax.tasks.finetune`).
+
+    python -m bertjax.finetune --config=configs/finetune/retrieval.py \\
+        --config.init_from=MODEL --config.data.train=pairs.jsonl \\
+        --config.data.dev=BEIR_DIR --workdir=/tmp/retrieval
+    python -m bertjax.convert --to=hf --src=/tmp/retrieval --dst=/tmp/st  # a
+    # sentence-transformers folder: SentenceTransformer('/tmp/st')
+
+Starting from a sentence-transformers folder, its pooling, normalisation and prompts
+are the run's where the config leaves them empty (`resolve`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any, Callable, Sequence
+
+import grain
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from bertjax.checkpoint import files
+from bertjax.errors import ConfigError
+from bertjax.hf import sentence_transformers as st
+from bertjax.parallel import mesh as mesh_lib
+from bertjax.tasks import contrastive, embedding, pairs as pairs_lib, pooling
+from bertjax.train import compilation, state as state_lib
+from bertjax.train.step import Objective
+from bertjax.train.trainer import Evaluator, Trainer
+
+NAME = embedding.NAME
+_TOKENIZE_CHUNK = 1 << 15  # Texts per tokenizer call: bounded host memory.
+
+
+def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """A copy of `config` whose empty task settings (pooling, prompts) are those of the
+  sentence-transformers folder `config.init_from` (else 'mean', none); what a folder
+  sets and the config overrides is logged."""
+  c = ml_collections.ConfigDict(config.to_dict())
+  folder = (st.read(config.init_from) if config.init_from and st.is_folder(config.init_from)
+            else None)
+  t = c.task
+  if not t.pooling:
+    t.pooling = folder.pooling if folder else "mean"
+  if folder:
+    t.query_prompt = t.query_prompt or embedding.prompt(folder, "query")
+    t.document_prompt = t.document_prompt or embedding.prompt(folder, "document")
+  return c
+
+
+def check_config(config: ml_collections.ConfigDict) -> None:
+  """The retrieval settings of `config` in range (one ConfigError line each)."""
+  pooling.check(config.task.pooling or "mean")
+  contrastive.check_config(config.task)
+  if config.train.grad_accum_steps != 1:
+    raise ConfigError(
+        f"config.train.grad_accum_steps={config.train.grad_accum_steps} would split the "
+        "batch into micro-batches, each with its own in-batch negatives; for a larger "
+        "contrastive batch in the same memory set config.task.mini_batch_size (GradCache).")
+  if config.train.eval_every < 0:
+    raise ConfigError(f"config.train.eval_every={config.train.eval_every}: use 0 (at the "
+                      "end only) or a number of steps.")
+
+
+@dataclasses.dataclass
+class Ragged:
+  """Token rows of varying length: row i is flat[offsets[i]:offsets[i + 1]]."""
+
+  flat: np.ndarray  # [total] int32
+  offsets: np.ndarray  # [N + 1] int64
+
+  def rows(self, index: Sequence[int]) -> list[np.ndarray]:
+    return [self.flat[self.offsets[i]:self.offsets[i + 1]] for i in index]
+
+  @property
+  def lengths(self) -> np.ndarray:
+    return np.diff(self.offsets)
+
+
+def tokenized(texts: Sequence[str], embedder_tokenize: Callable[[Sequence[str]], list]
+              ) -> Ragged:
+  """`texts` tokenized a chunk at a time into a `Ragged` (host memory: int32 ids)."""
+  flat, lengths = [], []
+  for lo in range(0, len(texts), _TOKENIZE_CHUNK):
+    for ids in embedder_tokenize(texts[lo:lo + _TOKENIZE_CHUNK]):
+      flat.append(np.asarray(ids, np.int32))
+      lengths.append(len(ids))
+  return Ragged(np.concatenate(flat) if flat else np.zeros(0, np.int32),
+                np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]))
+
+
+@dataclasses.dataclass
+class Source:
+  """One source's examples, tokenized: queries [N] rows, documents [N * C] rows (example
+  i's C documents at i * C ...), teacher [N, w] or None."""
+
+  pairs: pairs_lib.Pairs
+  queries: Ragged
+  documents: Ragged
+  candidates: int
+  teacher: np.ndarray | None
+
+
+def featurize(sources: Sequence[pairs_lib.Pairs], tokenizer, settings: st.Settings
+              ) -> list[Source]:
+  """Each source's texts tokenized as the model will see them (prompts, truncation)."""
+  out = []
+  for s in sources:
+    c = len(s.documents[0])
+    out.append(Source(
+        s, tokenized(s.anchors, lambda t: embedding.tokenize(
+            tokenizer, t, embedding.prompt(settings, "query"), settings.max_seq_length)),
+        tokenized([d for docs in s.documents for d in docs], lambda t: embedding.tokenize(
+            tokenizer, t, embedding.prompt(settings, "document"), settings.max_seq_length)),
+        c, s.teacher))
+  return out
+
+
+def batch_arrays(source: Source, index: np.ndarray, max_length: int, pad_id: int,
+                 rows: slice) -> dict[str, np.ndarray]:
+  """The global batch of examples `index` [B] (-1: padding, weight 0, a copy of a real
+  example) padded to the batch's `embedding.bucket` lengths, this process's `rows`:
+  query_input_ids / query_attention_mask [b, Tq], doc_input_ids / doc_attention_mask
+  [b, C, Td], example_weights [b] and, with a teacher, teacher [b, w]."""
+  valid = index >= 0
+  real = np.where(valid, index, index[valid][0] if valid.any() else 0)
+  queries = source.queries.rows(real)
+  c = source.candidates
+  docs = source.documents.rows((real[:, None] * c + np.arange(c)).reshape(-1))
+  q_ids, q_mask = embedding.pad(queries, embedding.bucket(max(map(len, queries)),
+                                                          max_length), pad_id)
+  d_ids, d_mask = embedding.pad(docs, embedding.bucket(max(map(len, docs)), max_length),
+                                pad_id)
+  out = {"query_input_ids": q_ids, "query_attention_mask": q_mask,
+         "doc_input_ids": d_ids.reshape(len(index), c, -1),
+         "doc_attention_mask": d_mask.reshape(len(index), c, -1),
+         "example_weights": valid.astype(np.float32)}
+  if source.teacher is not None:
+    out["teacher"] = source.teacher[real]
+  return {k: v[rows] for k, v in out.items()}
+
+
+def objective(model: embedding.EmbeddingModel, task_cfg, sample: dict) -> Objective:
+  """The contrastive objective (`contrastive.loss_sums` over the global batch) of
+  `model`'s query and document embeddings, each column embedded a mini-batch at a time
+  under GradCache when `task_cfg.mini_batch_size` (`contrastive.embed_in_chunks`).
+  Metrics: the in-batch accuracy (queries whose positive scores highest)."""
+  ids = jnp.asarray(sample["query_input_ids"])
+  init = lambda rng: model.init(rng, ids, jnp.ones_like(ids))["params"]
+  mini = task_cfg.mini_batch_size
+
+  def sums(params, batch, rng):
+    def embed(inputs, key):
+      return model.apply({"params": params}, inputs["input_ids"], inputs["attention_mask"],
+                         deterministic=key is None,
+                         rngs=None if key is None else {"dropout": key})
+    keys = (None, None) if rng is None else jax.random.split(rng)
+    queries = contrastive.embed_in_chunks(embed, {
+        "input_ids": batch["query_input_ids"],
+        "attention_mask": batch["query_attention_mask"]}, keys[0], mini)
+    B, C, T = batch["doc_input_ids"].shape
+    documents = contrastive.embed_in_chunks(embed, {
+        "input_ids": batch["doc_input_ids"].reshape(B * C, T),
+        "attention_mask": batch["doc_attention_mask"].reshape(B * C, T)}, keys[1], mini)
+    return contrastive.loss_sums(queries, documents.reshape(B, C, -1), batch, task_cfg)
+
+  def counts(batch):
+    return {"loss": contrastive.loss_count(batch, task_cfg),
+            "correct": jnp.sum(batch["example_weights"].astype(jnp.float32))}
+
+  names = ("in_batch_accuracy",) if task_cfg.loss == "mnrl" else ()
+  return Objective(
+      init=init, sums=sums, counts=counts,
+      loss=lambda s, c: s["loss"] / jnp.maximum(c["loss"], 1.0),
+      metrics=lambda s, c: ({"in_batch_accuracy": s["correct"] / jnp.maximum(
+          c["correct"], 1.0)} if names else {}),
+      metric_names=names)
+
+
+class Plan:
+  """Every step's batch: epoch after epoch of `pairs.epoch_batches` (one source per
+  batch, no text twice in a batch), planned at start so that the step count (the
+  schedule's) is known and batch k is a pure function of (seed, k) on every process."""
+
+  def __init__(self, sources: Sequence[Source], batch_size: int, seed: int, epochs: int):
+    texts = [pairs_lib.example_texts(s.pairs) for s in sources]
+    self.epochs = [pairs_lib.epoch_batches([s.pairs for s in sources], texts, batch_size,
+                                           seed, e) for e in range(epochs)]
+    self.starts = np.cumsum([0] + [len(e) for e in self.epochs])
+    self.short = sum(int((b < 0).any()) for e in self.epochs for _, b in e)
+
+  def __len__(self) -> int:
+    return int(self.starts[-1])
+
+  def __getitem__(self, step: int) -> tuple[int, np.ndarray]:
+    epoch = int(np.searchsorted(self.starts, step, side="right")) - 1
+    return self.epochs[epoch][step - self.starts[epoch]]
+
+
+def train_stream(sources: Sequence[Source], plan: Plan, max_length: int, pad_id: int
+                 ) -> grain.DatasetIterator:
+  """The plan's batches, this process's contiguous share of each; a grain iterator
+  (its position is checkpointed with the train state)."""
+  batch_size = len(plan[0][1])
+  share = batch_size // jax.process_count()
+  mine = slice(jax.process_index() * share, (jax.process_index() + 1) * share)
+
+  def batch(step: int) -> dict[str, np.ndarray]:
+    s, index = plan[step]
+    return batch_arrays(sources[s], index, max_length, pad_id, mine)
+
+  return iter(grain.MapDataset.range(len(plan)).map(batch).to_iter_dataset(
+      grain.ReadOptions(num_threads=1, prefetch_buffer_size=4)))
+
+
+def evaluators(config, setup: state_lib.Setup, embedder: embedding.Embedder,
+               workdir: str) -> list[Evaluator]:
+  """The run's evaluation of `config.data.dev`: a directory in BEIR's layout
+  (corpus.jsonl, queries.jsonl, qrels/SPLIT.tsv; `config.task.qrels_split`) scored by
+  nDCG@10, MRR@10, Recall@100 (`retrieval_eval.RetrievalEvaluator`), or a file of
+  scored pairs (sentence1, sentence2, score) scored by the Spearman correlation of
+  their cosine similarities; every `config.train.eval_every` steps (0: at the end), at
+  the start too with `config.task.eval_at_start`. Process 0 writes the last one to
+  dev_results.json."""
+  from bertjax.tasks import retrieval_eval  # pylint: disable=g-import-not-at-top
+  path, batch = config.data.dev, config.train.eval_batch_size
+  if not path:
+    return []
+  encode = lambda kind: (lambda params: lambda texts: embedder.encode(
+      params, texts, kind, batch, show=f"eval {kind}s"))
+  if os.path.isdir(path):
+    split = retrieval_eval.read_beir(path, config.task.qrels_split)
+
+    def score(params) -> dict[str, float]:
+      return retrieval_eval.RetrievalEvaluator(
+          split, encode("query")(params), encode("document")(params)).evaluate()
+  else:
+    first, second, gold = retrieval_eval.read_sts(path)
+
+    def score(params) -> dict[str, float]:
+      a = encode("document")(params)(first)
+      b = encode("document")(params)(second)
+      return {"spearman": retrieval_eval.sts_spearman(a, b, gold)}
+
+  def run(params, step: int) -> dict[str, float]:
+    del step
+    results = score(params)
+    if jax.process_index() == 0:
+      with open(os.path.join(workdir, files.DEV_RESULTS_FILE), "w") as f:
+        json.dump(results, f, indent=2)
+    return results
+
+  return [Evaluator("dev", run, every=config.train.eval_every,
+                    at_start=config.task.eval_at_start)]
+
+
+def train(config: ml_collections.ConfigDict, workdir: str, start, resuming: bool,
+          restart: Callable[[], Any], make_optimizer: Callable[[Any, int], tuple]
+          ) -> dict[str, float]:
+  """Trains (or resumes) an embedding model in `workdir` (module docstring), as
+  `bertjax.tasks.finetune.train` starts it: `config` `resolve`d and checked, the run
+  opened (`start`: its encoder config, tokenizer and pretrained weights; `resuming`),
+  `restart()` the start again (a run resumed before its first checkpoint) and
+  `make_optimizer(model config, steps)` -> (optimizer, schedule). Returns the last dev
+  metrics ({} without config.data.dev or when stopped by SIGTERM)."""
+  check_config_with_model(config, start.model)
+  settings = embedding.settings_of(config.task)
+  sources = featurize(pairs_lib.read_sources(config.data.train, config.task),
+                      start.tokenizer, settings)
+  plan = Plan(sources, config.train.batch_size, config.seed, config.train.num_epochs)
+  num_steps = len(plan)
+  if not resuming and jax.process_index() == 0:
+    start.tokenizer.save(os.path.join(workdir, files.TOKENIZER_DIR))
+    with open(os.path.join(workdir, files.TASK_FILE), "w") as f:
+      json.dump({"name": NAME, "labels": [], "num_steps": num_steps}, f)
+  model = embedding.EmbeddingModel(start.model, config.task.pooling, config.task.normalize)
+  sample = batch_arrays(sources[0], plan[0][1][:1], settings.max_seq_length,
+                        start.tokenizer.pad_id, slice(None))
+  tx, schedule = make_optimizer(start.model, num_steps)
+  setup = state_lib.setup(config, model, objective(model, config.task, sample), tx,
+                          schedule)
+  check_mini_batch(config, setup)
+  trainer = Trainer(setup, config, workdir, num_steps)
+  trainer.info("Task %s: %s; %d steps of %d examples (%d batches padded: an epoch's "
+               "last, or short of distinct texts), %s pooling%s, loss %s%s.", NAME, ", ".join(
+                   f"{s.pairs.name or 'train'} {len(s.pairs)} examples of {s.candidates} "
+                   "documents" for s in sources), num_steps, config.train.batch_size,
+               plan.short, config.task.pooling, ", normalised" if config.task.normalize
+               else "", config.task.loss, f", GradCache mini-batches of "
+               f"{config.task.mini_batch_size}" if config.task.mini_batch_size else "")
+  embedder = embedding.Embedder(model, start.tokenizer, settings, setup.mesh, setup.rules,
+                                setup.shardings.params)
+
+  def init_params():
+    first = restart() if resuming else start
+    if first.encoder_params is None:
+      return setup.init_params(config)
+    return {"encoder": jax.device_put(
+        jax.tree.map(lambda x, a: jnp.asarray(x, a.dtype), first.encoder_params,
+                     setup.abstract.params["encoder"]),
+        setup.shardings.params["encoder"], may_alias=False)}
+
+  data = train_stream(sources, plan, settings.max_seq_length, start.tokenizer.pad_id)
+  with compilation.logged(trainer.info):
+    return trainer.fit(data, evaluators(config, setup, embedder, workdir),
+                       init_params).get("dev", {})
+
+
+def check_config_with_model(config, model) -> None:
+  """The checks that need the encoder's config: Matryoshka dimensions within its width,
+  the mini-batch dividing the batch."""
+  contrastive.check_config(config.task, model.hidden_size)
+  mini = config.task.mini_batch_size
+  if mini and config.train.batch_size % mini:
+    raise ConfigError(f"config.task.mini_batch_size={mini} does not divide config.train."
+                      f"batch_size={config.train.batch_size}; use a divisor of it.")
+
+
+def check_mini_batch(config, setup: state_lib.Setup) -> None:
+  """A GradCache mini-batch spread evenly over the data-parallel devices."""
+  mini, dp = config.task.mini_batch_size, mesh_lib.data_parallel_size(setup.mesh, setup.rules)
+  if mini and mini < config.train.batch_size and mini % dp:
+    raise ConfigError(f"config.task.mini_batch_size={mini} is not a multiple of the {dp} "
+                      "data-parallel devices (each embeds its share of a mini-batch); use "
+                      "a multiple of them.")
