@@ -111,7 +111,7 @@ FLOORS = (
     ("bertjax.embeddings",),  # contextual embeddings from a pretrained encoder
     ("bertjax.benchmarks",),  # `python -m bertjax.benchmark NAME`
     ("bertjax", "bertjax.api", "bertjax.main", "bertjax.finetune", "bertjax.predict",
-     "bertjax.embed", "bertjax.fill_mask", "bertjax.convert", "bertjax.plot",
+     "bertjax.embed", "bertjax.fill_mask", "bertjax.convert", "bertjax.plot", "bertjax.mine",
      "bertjax.benchmark"),  # the programs and the Python API
 )
 
