@@ -8,6 +8,8 @@ RoBERTa, XLM-R, ModernBERT).
         --sentence2=.. --word2=.. [--standardize=stats.npz]
     python -m bertjax.embed wsd --checkpoint=DIR --train=FILE --test=FILE
     python -m bertjax.embed plot --checkpoint=DIR --word=WORD --input=FILE --out=plot.png
+    python -m bertjax.embed encode --checkpoint=MODEL --input=texts.txt --kind=query \
+        --out=vectors.npy
 
 `extract` (the default subcommand) writes an .npz: `vectors` [N, D] float32, and for
 each row `text_index` (its input line), `position` (its token / word index in that
@@ -18,7 +20,11 @@ sentences of the corpus that ships with Python, see `bertjax.data.sources`); tex
 the corpus mean / std of the token vectors (for --standardize) and prints the
 anisotropy and rogue dimensions before and after z-scoring. `wsd` and `plot` read
 sense-labelled JSON lines or SemCor-style XML (see `bertjax.embeddings.wsd`); `plot`
-also takes plain text (every occurrence of --word, no senses).
+also takes plain text (every occurrence of --word, no senses). `encode` writes the
+sentence embeddings [N, E] float32 (.npy) of an embedding model (a retrieval workdir,
+a sentence-transformers folder, or any checkpoint with mean pooling:
+`bertjax.tasks.embedding.load_encoder`), each text as --kind ('query' or 'document':
+its prompt), in batches with a progress bar.
 """
 
 from __future__ import annotations
@@ -32,10 +38,11 @@ import numpy as np
 from bertjax.checkpoint.pretrained import load_pretrained
 from bertjax.data import sources
 from bertjax.embeddings import analysis, extract, plot, wsd
+from bertjax.tasks import embedding
 from bertjax.console import cli
 from bertjax.errors import ConfigError, DataError
 
-COMMANDS = ("extract", "stats", "similarity", "wsd", "plot")
+COMMANDS = ("extract", "stats", "similarity", "wsd", "plot", "encode")
 _CHECKPOINT = flags.DEFINE_string("checkpoint", None, "bertjax workdir or Hugging Face "
                                   "model dir.")
 _INPUT = flags.DEFINE_string("input", None, "Texts (a line each, or JSON lines), "
@@ -69,6 +76,8 @@ _WORD = flags.DEFINE_string("word", None, "plot: the word (or lemma) to plot.")
 _SIZE = flags.DEFINE_string("size", "800x600", "plot: WIDTHxHEIGHT in pixels.")
 _ANNOTATE = flags.DEFINE_integer("annotate", 6, "plot: how many points get their "
                                  "sentence written next to them.")
+_KIND = flags.DEFINE_enum("kind", "document", list(embedding.KINDS), "encode: the texts "
+                          "are queries or documents (the model's prompt of that kind).")
 
 
 def read_texts(path: str, limit: int = 0) -> list[str]:
@@ -230,13 +239,25 @@ def _plot() -> None:
         + (f", {len(set(senses))} senses" if senses else ""))
 
 
+def _encode() -> None:
+  _require(checkpoint=_CHECKPOINT.value, input=_INPUT.value, out=_OUT.value)
+  texts = read_texts(_INPUT.value, _MAX_TEXTS.value)
+  encoder = embedding.load_encoder(_CHECKPOINT.value, _MAX_LENGTH.value
+                                   if _MAX_LENGTH.present else 0)
+  vectors = encoder.encode(texts, _KIND.value, _BATCH.value, show="encode")
+  np.save(_OUT.value, vectors)
+  print(f"wrote {_OUT.value}: {vectors.shape[0]} x {vectors.shape[1]} embeddings "
+        f"({encoder.settings.pooling} pooling"
+        f"{', normalised' if encoder.settings.normalize else ''})")
+
+
 def main(argv):
   command = argv[1] if len(argv) > 1 else "extract"
   if command not in COMMANDS or len(argv) > 2:
     raise app.UsageError(f"usage: python -m bertjax.embed [{' | '.join(COMMANDS)}] "
                          f"--flags; got {argv[1:]}.")
   {"extract": _extract, "stats": _stats, "similarity": _similarity, "wsd": _wsd,
-   "plot": _plot}[command]()
+   "plot": _plot, "encode": _encode}[command]()
 
 
 if __name__ == "__main__":

@@ -164,11 +164,24 @@ def topology(name: str, num_slices: int = 1, hbm_gb: float = 0.0) -> Topology:
   return Topology(name, list(devices), chip, hbm_gb * 1e9 if hbm_gb else chip.hbm_bytes)
 
 
+def is_retrieval(config) -> bool:
+  """Whether `config` trains an embedding model (configs/finetune/retrieval.py): its
+  step is the contrastive one (`bertjax.tasks.retrieval`), at task.max_seq_length."""
+  return "task" in config and config.task.name == "retrieval"
+
+
+def seq_length(config) -> int:
+  return config.task.max_seq_length if is_retrieval(config) else config.data.max_seq_length
+
+
 def batch_spec(config, batch_size: int) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
   """Shapes and dtypes of a pretraining batch as `bertjax.data.pipeline` makes it: NSP's
   labels [B] with sentence pairs, documents' ids and positions [B, T] with isolated
   packed rows, and the objectives' other fields per prediction [B, P] (SBO's span
   positions)."""
+  if is_retrieval(config):
+    from bertjax.tasks import retrieval  # pylint: disable=g-import-not-at-top
+    return retrieval.batch_spec(config, batch_size)
   T, P, B = config.data.max_seq_length, config.data.max_predictions_per_seq, batch_size
   fields = objectives_lib.from_config(config).fields
   spec = {k: ((B, T), np.int32) for k in ("input_ids", "attention_mask", "token_type_ids")}
@@ -198,7 +211,11 @@ def compile_step(config, devices, batch_size: int):
   config = config.copy_and_resolve_references()
   with config.unlocked():
     config.train.batch_size = batch_size  # The step's check: divisible by the data axes.
-  trainer = state_lib.build_trainer(config, mesh_lib.create_mesh(config.mesh, devices))
+  mesh = mesh_lib.create_mesh(config.mesh, devices)
+  if is_retrieval(config):
+    trainer = _retrieval_setup(config, mesh, batch_size)
+  else:
+    trainer = state_lib.build_trainer(config, mesh)
   with jax.set_mesh(trainer.mesh), nn.logical_axis_rules(trainer.rules):
     state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                          trainer.abstract, trainer.shardings)
@@ -212,6 +229,28 @@ def compile_step(config, devices, batch_size: int):
     finally:
       jax.config.update("jax_enable_compilation_cache", cache)
   return trainer, compiled, time.perf_counter() - start
+
+
+def _retrieval_setup(config, mesh, batch_size: int):
+  """The contrastive step's `Setup` of an embedding model of `config.model` (random
+  weights: shapes are what a plan needs), fine-tuning's optimizer."""
+  from bertjax import model as model_lib  # pylint: disable=g-import-not-at-top
+  from bertjax.tasks import finetune, retrieval  # pylint: disable=g-import-not-at-top
+  model_cfg = model_lib.config_from(config.model)
+  sample = {k: np.zeros((1, *shape[1:]), dtype)
+            for k, (shape, dtype) in batch_spec(config, batch_size).items()}
+  return retrieval.build(config, model_cfg, sample,
+                         finetune.make_optimizer(config, model_cfg, 1000), mesh)[1]
+
+
+def model_flops(config, batch_size: int) -> float:
+  """Model FLOPs of a step: pretraining's objectives', or the contrastive step's."""
+  if is_retrieval(config):
+    from bertjax import model as model_lib  # pylint: disable=g-import-not-at-top
+    from bertjax.tasks import retrieval  # pylint: disable=g-import-not-at-top
+    return retrieval.train_flops(config, model_lib.config_from(config.model), batch_size)
+  T, P = config.data.max_seq_length, config.data.max_predictions_per_seq
+  return objectives_lib.from_config(config).train_flops(batch_size, T, P)["total"]
 
 
 def _out_of_memory(error: Exception) -> bool:
@@ -235,8 +274,6 @@ def plan(config, topo: Topology, batch_size: int) -> dict:
             "compile_s": time.perf_counter() - start}
   mem, cost = compiled.memory_analysis(), compiled.cost_analysis() or {}
   chips = len(topo.devices)
-  objectives = objectives_lib.from_config(config)
-  T, P = config.data.max_seq_length, config.data.max_predictions_per_seq
   batch = {k: jax.ShapeDtypeStruct(s, d) for k, (s, d) in batch_spec(config, batch_size).items()}
   r = {
       "batch_size": batch_size,
@@ -249,7 +286,7 @@ def plan(config, topo: Topology, batch_size: int) -> dict:
       "program": mem.generated_code_size_in_bytes, "compile_s": seconds,
       "flops": float(cost.get("flops", 0.0)),
       "bytes_accessed": float(cost.get("bytes accessed", 0.0)),
-      "model_flops": objectives.train_flops(batch_size, T, P)["total"] / chips,
+      "model_flops": model_flops(config, batch_size) / chips,
   }
   r["peak"] = r["arguments"] + r["temp"] + r["outputs"] - r["aliased"] + r["program"]
   r["fits"] = r["peak"] <= topo.hbm_bytes
@@ -342,14 +379,16 @@ def main(argv) -> None:
   slices = f" x {f.num_slices} slices" if f.num_slices > 1 else ""
   if not f.summary:
     print(f"L={m.num_layers} H={m.hidden_size} V={m.vocab_size}, global batch {batch_size}"
-          f" x {config.data.max_seq_length} tokens, {m.dtype} compute, scan_layers="
+          f" x {seq_length(config)} tokens"
+          + (" (queries and documents: a contrastive step)" if is_retrieval(config) else "")
+          + f", {m.dtype} compute, scan_layers="
           f"{m.scan_layers}, attention {m.attention_impl or 'xla'}, "
           f"{config.train.optimizer}; {f.topology}{slices}: {len(topo.devices)} x "
           f"{chip.name if chip else topo.devices[0].device_kind}, HBM "
           f"{topo.hbm_bytes / GIB:.2f} GiB a chip"
           + (f" ({chip.source})" if chip and not f.hbm_gb else " (--hbm_gb)")
           + (". CPU compiler: temporaries are an estimate." if not chip else ""))
-    if config.data.length_phases:
+    if not is_retrieval(config) and config.data.length_phases:
       print(f"config.data.length_phases={tuple(config.data.length_phases)}: planned at "
             f"one length, max_seq_length={config.data.max_seq_length} with "
             f"{config.data.max_predictions_per_seq} predictions; plan each phase with "
@@ -399,7 +438,7 @@ def _summary(config, f, batch_size: int, topo: Topology, chosen, rows) -> None:
           "roofline bound ms", "compiles, s"]
   slices = f" x {f.num_slices}" if f.num_slices > 1 else ""
   where = [os.path.basename(config_flags.get_config_filename(f["config"])),
-           f"{f.topology}{slices}", f"{batch_size} x {config.data.max_seq_length}"]
+           f"{f.topology}{slices}", f"{batch_size} x {seq_length(config)}"]
   tries = [t for r in rows for t in [r, *r.get("max_batch_tries", [])]]
   seconds = f"{len(tries)}, {sum(t['compile_s'] for t in tries):.0f}"
   if chosen is None:

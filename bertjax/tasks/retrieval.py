@@ -263,6 +263,47 @@ def evaluators(config, setup: state_lib.Setup, embedder: embedding.Embedder,
                     at_start=config.task.eval_at_start)]
 
 
+def build(config, model_cfg, sample: dict, optimizer: tuple, mesh=None
+          ) -> tuple[embedding.EmbeddingModel, state_lib.Setup]:
+  """The embedding model of `model_cfg` and its `Setup` (the contrastive `objective`,
+  `optimizer` = (optimizer, schedule), shardings, the jitted step) on `mesh` (default
+  `config.mesh`'s); `sample` a one-row batch (shapes)."""
+  model = embedding.EmbeddingModel(model_cfg, config.task.pooling or "mean",
+                                   config.task.normalize)
+  setup = state_lib.setup(config, model, objective(model, config.task, sample), *optimizer,
+                          mesh)
+  check_mini_batch(config, setup)
+  return model, setup
+
+
+def batch_spec(config, batch_size: int) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+  """Shapes and dtypes of a global batch of `batch_size` examples at the longest rows
+  (task.max_seq_length), each with a positive and one document per
+  `task.negative_columns` (pairs without): what a pod's plan compiles for."""
+  T, C = config.task.max_seq_length, 1 + len(config.task.negative_columns)
+  spec = {"query_input_ids": ((batch_size, T), np.int32),
+          "query_attention_mask": ((batch_size, T), np.int32),
+          "doc_input_ids": ((batch_size, C, T), np.int32),
+          "doc_attention_mask": ((batch_size, C, T), np.int32),
+          "example_weights": ((batch_size,), np.float32)}
+  if config.task.teacher_column:
+    spec["teacher"] = ((batch_size, C), np.float32)
+  return spec
+
+
+def train_flops(config, model_cfg, batch_size: int) -> float:
+  """Model FLOPs of a step of `batch_spec`'s batch: the encoder's forward and backward
+  over every query and document (`stack.train_flops` without heads), and with GradCache
+  the forward again (the re-run)."""
+  from bertjax.model import family_of, stack  # pylint: disable=g-import-not-at-top
+  family, T = family_of(model_cfg), config.task.max_seq_length
+  C = 1 + len(config.task.negative_columns)
+  terms = stack.train_flops(dataclasses.replace(family, head_flops=None), model_cfg,
+                            batch_size * (1 + C), T, 0)
+  total = terms["total"] - terms["mlm_head"]
+  return total * (4 / 3 if config.task.mini_batch_size else 1.0)
+
+
 def train(config: ml_collections.ConfigDict, workdir: str, start, resuming: bool,
           restart: Callable[[], Any], make_optimizer: Callable[[Any, int], tuple]
           ) -> dict[str, float]:
@@ -282,13 +323,10 @@ def train(config: ml_collections.ConfigDict, workdir: str, start, resuming: bool
     start.tokenizer.save(os.path.join(workdir, files.TOKENIZER_DIR))
     with open(os.path.join(workdir, files.TASK_FILE), "w") as f:
       json.dump({"name": NAME, "labels": [], "num_steps": num_steps}, f)
-  model = embedding.EmbeddingModel(start.model, config.task.pooling, config.task.normalize)
   sample = batch_arrays(sources[0], plan[0][1][:1], settings.max_seq_length,
                         start.tokenizer.pad_id, slice(None))
-  tx, schedule = make_optimizer(start.model, num_steps)
-  setup = state_lib.setup(config, model, objective(model, config.task, sample), tx,
-                          schedule)
-  check_mini_batch(config, setup)
+  model, setup = build(config, start.model, sample,
+                       make_optimizer(start.model, num_steps))
   trainer = Trainer(setup, config, workdir, num_steps)
   trainer.info("Task %s: %s; %d steps of %d examples (%d batches padded: an epoch's "
                "last, or short of distinct texts), %s pooling%s, loss %s%s.", NAME, ", ".join(

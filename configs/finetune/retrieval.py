@@ -9,13 +9,22 @@ triplets; the GradCache mini-batch (64) and the warm-up (10%) are not given ther
       --config.init_from=MODEL --config.data.train=triplets.jsonl \
       --config.data.dev=BEIR_DIR --workdir=/tmp/retrieval
   python -m bertjax.convert --to=hf --src=/tmp/retrieval --dst=/tmp/retrieval_st
+  # A pod's plan: ModernBERT-base (its recipe's model section, no init_from), 32k pairs.
+  python -m bertjax.benchmark plan --config=configs/finetune/retrieval.py:modernbert_base \
+      --topology=v5p-8 --batch_size=32768 --mesh=-1,1,1
 """
+
+import importlib
 
 from configs.finetune import base
 
 
-def get_config():
+def get_config(arg=None):
+  """`arg`: a pretraining recipe of configs/ (e.g. 'modernbert_base') whose model
+  section is the encoder's when there is no init_from (from scratch, or a pod's plan)."""
   c = base.get_config()
+  if arg:
+    c.model = importlib.import_module(f"configs.{arg}").get_config().model
   c.task.name = "retrieval"
   c.task.max_seq_length = 256  # Tokens of a query or document, prompt and specials included.
   # Pooling of the token states (sentence-transformers' modes): 'cls', 'mean', 'max',
