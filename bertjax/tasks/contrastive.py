@@ -17,11 +17,14 @@ nothing and are no candidates), so that the trainer divides by the row count:
 - Matryoshka (MatryoshkaLoss): the loss summed over the embeddings' leading `dims`,
   each times its weight.
 
-"The batch" is the global batch: the step is compiled for the whole mesh (GSPMD), so
-`q @ d.T` over rows sharded on the data axes is computed with every device's
-documents, and the gradient of a gathered embedding flows back to the shard that
-produced it, as an all-gather's transpose (a reduce-scatter) does
-(tests/test_retrieval.py: 8 devices against one, two processes against one).
+"The batch" is the global batch. Under a mesh whose data axes split it, MNRL runs in
+`jax.shard_map` (`_gathered`): each device all-gathers every device's embeddings (one
+collective: queries, documents and weights packed together; not the inputs), scores
+its own queries against every document (its rows of the score matrix) and the loss
+sums are summed over the devices; the gradient of a gathered embedding returns to the
+device that produced it through the all-gather's transpose, a reduce-scatter
+(tests/test_retrieval.py: 8 devices against one; tests/test_retrieval_run.py: two
+processes against one). The other losses are per row.
 
 GradCache (Gao et al. 2021): `embed_in_chunks` embeds the batch a mini-batch at a time
 under `jax.checkpoint`, inside a scan. The forward pass keeps only each mini-batch's
@@ -64,22 +67,73 @@ def pairwise(a: jax.Array, b: jax.Array, kind: str) -> jax.Array:
   return jnp.einsum("be,bce->bc", a, b, precision=jax.lax.Precision.HIGHEST)
 
 
-def mnrl(queries: jax.Array, documents: jax.Array, weights: jax.Array, *, scale: float,
-         kind: str, symmetric: bool) -> tuple[jax.Array, jax.Array]:
-  """queries [B, E], documents [B, C, E] (column 0 the positives), weights [B] (0:
-  padding) -> (summed loss over the rows, rows whose positive scores highest)."""
+def _mnrl_rows(queries: jax.Array, rows: jax.Array, all_queries: jax.Array,
+               documents: jax.Array, weights: jax.Array, *, scale: float, kind: str,
+               symmetric: bool) -> tuple[jax.Array, jax.Array]:
+  """MNRL of the queries [b, E] at global `rows` [b] against every document of the
+  batch, documents [B, C, E] (column 0 the positives), all_queries [B, E], weights [B]
+  (0: padding) -> (summed loss over those rows, how many rank their positive first)."""
   B, C, E = documents.shape
   candidates = jnp.swapaxes(documents, 0, 1).reshape(C * B, E)  # positives, then negatives
   valid = weights > 0
-  scores = similarity(queries, candidates, kind) * scale  # [B, C * B]
+  scores = similarity(queries, candidates, kind) * scale  # [b, C * B]
   scores = jnp.where(jnp.tile(valid, C)[None, :], scores, -jnp.inf)
-  positive = jnp.diagonal(scores[:, :B])
+  positive = jnp.take_along_axis(scores, rows[:, None], axis=1)[:, 0]
   terms = jax.nn.logsumexp(scores, axis=1) - positive
-  if symmetric:  # Each positive against every query: its own softmax, averaged.
-    back = jnp.where(valid[None, :], scores[:, :B].T, -jnp.inf)  # [B docs, B queries]
+  if symmetric:  # Each of these rows' positives against every query: its own softmax.
+    back = similarity(documents[rows, 0], all_queries, kind) * scale  # [b, B]
+    back = jnp.where(valid[None, :], back, -jnp.inf)
     terms = (terms + jax.nn.logsumexp(back, axis=1) - positive) / 2
-  correct = (jnp.argmax(scores, axis=1) == jnp.arange(B)) & valid
-  return jnp.sum(jnp.where(valid, terms, 0.0) * weights), jnp.sum(correct * weights)
+  mine = valid[rows]
+  correct = (jnp.argmax(scores, axis=1) == rows) & mine
+  w = weights[rows]
+  return jnp.sum(jnp.where(mine, terms, 0.0) * w), jnp.sum(correct * w)
+
+
+def mnrl(queries: jax.Array, documents: jax.Array, weights: jax.Array, *, scale: float,
+         kind: str, symmetric: bool) -> tuple[jax.Array, jax.Array]:
+  """queries [B, E], documents [B, C, E] (column 0 the positives), weights [B] (0:
+  padding) -> (summed loss over the rows, rows whose positive scores highest); over
+  the data axes of the mesh in context, each device its own rows (`_gathered`)."""
+  kw = dict(scale=scale, kind=kind, symmetric=symmetric)
+  axes = data_axes()
+  if axes is None:
+    B = queries.shape[0]
+    return _mnrl_rows(queries, jnp.arange(B), queries, documents, weights, **kw)
+  return _gathered(queries, documents, weights, axes, **kw)
+
+
+def data_axes() -> tuple[str, ...] | None:
+  """The mesh axes (of the mesh and logical-axis rules in context) that split the batch
+  ('activation_batch'), those of size 1 left out; None without a split."""
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty:
+    return None
+  spec = nn.logical_to_mesh_axes(("activation_batch",))[0]
+  axes = (spec,) if isinstance(spec, str) else tuple(spec or ())
+  axes = tuple(a for a in axes if mesh.shape[a] > 1)
+  return axes or None
+
+
+def _gathered(queries, documents, weights, axes, **kw) -> tuple[jax.Array, jax.Array]:
+  """MNRL in `jax.shard_map` over `axes` (the module docstring)."""
+  from jax.sharding import PartitionSpec as P  # pylint: disable=g-import-not-at-top
+  E, C = queries.shape[-1], documents.shape[1]
+
+  def local(q, d, w):
+    b = q.shape[0]
+    packed = jnp.concatenate([q.astype(jnp.float32), d.reshape(b, C * E).astype(jnp.float32),
+                              w[:, None].astype(jnp.float32)], axis=1)
+    every = jax.lax.all_gather(packed, axes, axis=0, tiled=True)  # [B, (1 + C) E + 1]
+    rows = jax.lax.axis_index(axes) * b + jnp.arange(b)
+    loss, correct = _mnrl_rows(q, rows, every[:, :E],
+                               every[:, E:E + C * E].reshape(-1, C, E), every[:, -1], **kw)
+    return jax.lax.psum(loss, axes), jax.lax.psum(correct, axes)
+
+  spec = P(axes)
+  return jax.shard_map(local, in_specs=(spec, spec, spec), out_specs=(P(), P()))(
+      queries, documents, weights)
 
 
 def margin_mse(queries: jax.Array, documents: jax.Array, teacher: jax.Array,

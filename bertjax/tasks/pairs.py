@@ -160,6 +160,9 @@ def distinct_batches(texts: list[set[str]], order: np.ndarray, batch_size: int,
   its texts is in it yet, and a batch is closed when full or when the pass ends (a
   short batch: every example left shares a text with it). Returns index arrays [B]
   padded with -1."""
+  if len(order) < batch_size:
+    raise DataError(f"source {source or 'of config.data.train'} holds {len(order)} examples, "
+                    f"fewer than config.train.batch_size={batch_size}: lower the batch size")
   remaining = collections.deque(order.tolist())
   out = []
   while remaining:

@@ -336,8 +336,8 @@ def train(config: ml_collections.ConfigDict, workdir: str, start, resuming: bool
   trainer = Trainer(setup, config, workdir, num_steps)
   trainer.info("Task %s: %s; %d steps of %d examples (%d batches padded: an epoch's "
                "last, or short of distinct texts), %s pooling%s, loss %s%s.", NAME, ", ".join(
-                   f"{s.pairs.name or 'train'} {len(s.pairs)} examples of {s.candidates} "
-                   "documents" for s in sources), num_steps, config.train.batch_size,
+                   f"{s.pairs.name or 'train'} {len(s.pairs)} examples (a positive and "
+                   f"{s.candidates - 1} negatives each)" for s in sources), num_steps, config.train.batch_size,
                plan.short, config.task.pooling, ", normalised" if config.task.normalize
                else "", config.task.loss, f", GradCache mini-batches of "
                f"{config.task.mini_batch_size}" if config.task.mini_batch_size else "")
