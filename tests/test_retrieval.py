@@ -170,6 +170,7 @@ def _assert_trees_close(a, b, rtol):
   assert worst <= rtol * scale, (worst, scale)
 
 
+@pytest.mark.slow
 def test_gradcache_gradient_is_the_uncached_one(tiny, monkeypatch):
   """Mini-batches of 4 under jax.checkpoint: the loss and every gradient equal the
   whole batch's at once (no dropout) to float32 rounding; with dropout, equal to the
@@ -189,6 +190,7 @@ def test_gradcache_gradient_is_the_uncached_one(tiny, monkeypatch):
   assert abs(with_dropout[0] - whole[0]) > 1e-4  # Dropout was on.
 
 
+@pytest.mark.slow
 def test_eight_devices_equal_one_with_the_whole_batch(tiny):
   """In-batch negatives from every device: the loss and gradients of the batch sharded
   over 8 devices (and with GradCache) are those of one device holding all of it."""
@@ -276,3 +278,22 @@ def test_batches_hold_distinct_texts_and_one_source(tmp_path):
   assert all(s == t and (a == b).all() for (s, a), (t, b) in zip(plan, again))
   other = pairs.epoch_batches(sources, texts, 4, seed=1, epoch=1)
   assert any((a != b).any() for (_, a), (_, b) in zip(plan, other))
+
+
+@pytest.mark.slow
+def test_pod_plan_compiles_the_contrastive_step():
+  """`benchmark plan` of a retrieval config compiles the contrastive step (GradCache on)
+  for the mesh and counts its batch and model FLOPs (docs/retrieval.md's v5p-8 row is
+  the same call on TPU chips)."""
+  from bertjax.benchmarks import plan as plan_lib  # pylint: disable=g-import-not-at-top
+  c = retrieval_config.get_config("modernbert_tiny")
+  c.task.max_seq_length, c.task.mini_batch_size, c.model.dtype = 32, 8, "float32"
+  c = plan_lib.candidate(c, (4, 1, 1), "none", 1)
+  r = plan_lib.plan(c, plan_lib.topology("cpu:4", hbm_gb=8), 16)
+  assert r["fits"] and r["per_chip_batch"] == 4
+  assert r["batch"] == 4 * (2 * 32 * 4 + 2 * 32 * 4 + 4)  # ids and masks, weights: 4 rows.
+  flops = retrieval.train_flops(c, model_lib.config_from(c.model), 16)
+  assert r["model_flops"] == pytest.approx(flops / 4)
+  c.task.mini_batch_size = 0  # GradCache runs each forward twice: 4/3 of the FLOPs.
+  assert flops == pytest.approx(4 / 3 * retrieval.train_flops(
+      c, model_lib.config_from(c.model), 16))

@@ -39,7 +39,6 @@ from __future__ import annotations
 import ast
 import json
 import os
-import statistics
 import subprocess
 import sys
 import sysconfig
@@ -48,6 +47,8 @@ import time
 import ml_collections
 import numpy as np
 from absl import flags
+
+from bertjax.benchmarks.pretrain_fidelity import summary
 
 _START = time.time()  # This process's start, near enough.
 ARMS = ("zero_shot", "bertjax", "bertjax_gradcache", "sentence_transformers")
@@ -227,10 +228,6 @@ def score(folder: str, beir: str) -> dict[str, float]:
   return retrieval_eval.RetrievalEvaluator(
       split, lambda t: encoder.encode(t, "query", 128, show="queries"),
       lambda t: encoder.encode(t, "document", 128, show="documents")).evaluate()
-
-
-def summary(xs: list[float]) -> dict:
-  return {"mean": statistics.fmean(xs), "std": statistics.stdev(xs) if len(xs) > 1 else 0.0}
 
 
 def main(argv) -> None:

@@ -26,7 +26,9 @@ def get_config():
   c.model = bert_base.get_config().model
 
   c.task = ml_collections.ConfigDict()
-  c.task.name = "classification"  # classification | tagging | squad | span_ner | multiple_choice
+  # classification | tagging | squad | span_ner | multiple_choice | retrieval (an embedding
+  # model: configs/finetune/retrieval.py)
+  c.task.name = "classification"
   c.task.max_seq_length = 128  # Tokens per feature, special tokens included.
   c.task.labels = ()  # Label names in order; () takes the sorted training labels.
   # How batches are cut (bertjax/tasks/batching.py): 'bucket' pads each batch to its
