@@ -116,3 +116,21 @@ def test_folders_bertjax_cannot_compute_are_refused(tmp_path):
   with pytest.raises(CheckpointError, match="no Dense") as e:
     st.read(str(tmp_path))
   assert "\n" not in str(e.value)
+
+
+def test_a_folder_gives_the_run_its_pooling_and_prompts(tmp_path):
+  """Starting from a sentence-transformers folder: the settings the config leaves empty
+  are the folder's; what it sets wins."""
+  from bertjax.tasks import retrieval  # pylint: disable=g-import-not-at-top
+  from configs.finetune import retrieval as retrieval_config  # pylint: disable=g-import-not-at-top
+  st.write(str(tmp_path), st.Settings(pooling="cls", prompts={"query": "q: ", "passage": "p: "}),
+           8)
+  c = retrieval_config.get_config()
+  c.init_from = str(tmp_path)
+  t = retrieval.resolve(c).task
+  assert (t.pooling, t.query_prompt, t.document_prompt) == ("cls", "q: ", "p: ")
+  c.task.pooling, c.task.query_prompt = "mean", "query: "
+  t = retrieval.resolve(c).task
+  assert (t.pooling, t.query_prompt, t.document_prompt) == ("mean", "query: ", "p: ")
+  c.init_from = ""
+  assert retrieval.resolve(c).task.document_prompt == ""

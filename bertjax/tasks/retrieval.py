@@ -24,6 +24,7 @@ from typing import Any, Callable, Sequence
 
 import grain
 import jax
+from absl import logging
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
@@ -43,8 +44,8 @@ _TOKENIZE_CHUNK = 1 << 15  # Texts per tokenizer call: bounded host memory.
 
 def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """A copy of `config` whose empty task settings (pooling, prompts) are those of the
-  sentence-transformers folder `config.init_from` (else 'mean', none); what a folder
-  sets and the config overrides is logged."""
+  sentence-transformers folder `config.init_from` (else 'mean', none); a setting of
+  the folder's that the config changes is logged."""
   c = ml_collections.ConfigDict(config.to_dict())
   folder = (st.read(config.init_from) if config.init_from and st.is_folder(config.init_from)
             else None)
@@ -54,6 +55,13 @@ def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   if folder:
     t.query_prompt = t.query_prompt or embedding.prompt(folder, "query")
     t.document_prompt = t.document_prompt or embedding.prompt(folder, "document")
+    ours = embedding.settings_of(t)
+    changed = [f"{k} {getattr(folder, k)!r} -> {getattr(ours, k)!r}" for k in (
+        "pooling", "normalize", "max_seq_length", "similarity")
+               if getattr(folder, k) != getattr(ours, k)]
+    if changed:
+      logging.info("config.init_from=%s: the config changes its sentence-transformers "
+                   "settings: %s.", config.init_from, ", ".join(changed))
   return c
 
 
