@@ -27,7 +27,8 @@ the steps of one epoch of bertjax's batches (given to sentence-transformers as
 - `bertjax_gradcache`: the same at --gradcache_batch pairs a step with GradCache
   (mini-batches of --batch_size), its lr scaled as the square root of the batch;
 - `sentence_transformers`: `SentenceTransformerTrainer` with
-  `MultipleNegativesRankingLoss` and `BatchSamplers.NO_DUPLICATES`.
+  `MultipleNegativesRankingLoss` and `BatchSamplers.NO_DUPLICATES` (its data as a
+  `datasets.Dataset`: `pip install datasets`).
 Every model folder is scored by `retrieval_eval.RetrievalEvaluator` on the test split
 with `embedding.load_encoder` (whose vectors are sentence-transformers' to 1e-5:
 tests/test_retrieval_export.py): nDCG@10, MRR@10, Recall@100. Prints each run and each
@@ -195,7 +196,11 @@ def train_bertjax(f, setup: dict, seed: int, out: str, gradcache: bool) -> None:
 
 def train_sentence_transformers(f, setup: dict, seed: int, steps: int, out: str) -> None:
   """sentence-transformers' own trainer with the same recipe (module docstring)."""
-  import datasets  # pylint: disable=g-import-not-at-top
+  try:
+    import datasets  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    raise SystemExit("the sentence_transformers arm needs sentence-transformers' trainer "
+                     "data: pip install datasets") from None
   import sentence_transformers as st  # pylint: disable=g-import-not-at-top
   if f.torch_threads:
     import torch  # pylint: disable=g-import-not-at-top
