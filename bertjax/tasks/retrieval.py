@@ -24,16 +24,16 @@ from typing import Any, Callable, Sequence
 
 import grain
 import jax
-from absl import logging
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+from absl import logging
 
 from bertjax.checkpoint import files
 from bertjax.errors import ConfigError
 from bertjax.hf import sentence_transformers as st
 from bertjax.parallel import mesh as mesh_lib
-from bertjax.tasks import contrastive, embedding, pairs as pairs_lib, pooling
+from bertjax.tasks import contrastive, embedding, pairs as pairs_lib, pooling, retrieval_eval
 from bertjax.train import compilation, state as state_lib
 from bertjax.train.step import Objective
 from bertjax.train.trainer import Evaluator, Trainer
@@ -236,8 +236,7 @@ def default_metric(config) -> str:
   return "ndcg@10" if os.path.isdir(config.data.dev) else "spearman"
 
 
-def evaluators(config, setup: state_lib.Setup, embedder: embedding.Embedder,
-               workdir: str) -> list[Evaluator]:
+def evaluators(config, embedder: embedding.Embedder, workdir: str) -> list[Evaluator]:
   """The run's evaluation of `config.data.dev`: a directory in BEIR's layout
   (corpus.jsonl, queries.jsonl, qrels/SPLIT.tsv; `config.task.qrels_split`) scored by
   nDCG@10, MRR@10, Recall@100 (`retrieval_eval.RetrievalEvaluator`), or a file of
@@ -245,24 +244,24 @@ def evaluators(config, setup: state_lib.Setup, embedder: embedding.Embedder,
   their cosine similarities; every `config.train.eval_every` steps (0: at the end), at
   the start too with `config.task.eval_at_start`. Process 0 writes the last one to
   dev_results.json."""
-  from bertjax.tasks import retrieval_eval  # pylint: disable=g-import-not-at-top
   path, batch = config.data.dev, config.train.eval_batch_size
   if not path:
     return []
-  encode = lambda kind: (lambda params: lambda texts: embedder.encode(
-      params, texts, kind, batch, show=f"eval {kind}s"))
+
+  def encoder(params, kind: str):
+    return lambda texts: embedder.encode(params, texts, kind, batch, show=f"eval {kind}s")
+
   if os.path.isdir(path):
     split = retrieval_eval.read_beir(path, config.task.qrels_split)
 
     def score(params) -> dict[str, float]:
       return retrieval_eval.RetrievalEvaluator(
-          split, encode("query")(params), encode("document")(params)).evaluate()
+          split, encoder(params, "query"), encoder(params, "document")).evaluate()
   else:
     first, second, gold = retrieval_eval.read_sts(path)
 
     def score(params) -> dict[str, float]:
-      a = encode("document")(params)(first)
-      b = encode("document")(params)(second)
+      a, b = (encoder(params, "document")(texts) for texts in (first, second))
       return {"spearman": retrieval_eval.sts_spearman(a, b, gold)}
 
   def run(params, step: int) -> dict[str, float]:
@@ -363,7 +362,7 @@ def train(config: ml_collections.ConfigDict, workdir: str, start, resuming: bool
 
   data = train_stream(sources, plan, settings.max_seq_length, start.tokenizer.pad_id)
   with compilation.logged(trainer.info):
-    return trainer.fit(data, evaluators(config, setup, embedder, workdir),
+    return trainer.fit(data, evaluators(config, embedder, workdir),
                        init_params).get("dev", {})
 
 
