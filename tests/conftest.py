@@ -74,6 +74,8 @@ CPU_ONLY = {
         "live arrays on 4 fake CPU devices",
     "test_flops.py::test_benchmark_cli_with_hf_comparison":
         "8 fake CPU devices sharing the CPU's cores with PyTorch",
+    "test_retrieval.py::test_pod_plan_compiles_the_contrastive_step":
+        "the plan's cpu:4 topology: 4 fake CPU devices",
 }
 
 
