@@ -47,6 +47,7 @@ def test_documented_run_scores_resumes_exports_and_mines(tiny_hf_bert, tmp_path)
   assert set(retrieval_example.METRICS) <= set(dev)
   rows = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
   assert [r["step"] for r in rows if r["split"] == "dev"] == [0, 10]  # Start and end.
+  assert all(r["tokens_per_s"] > 0 for r in rows if r["split"] == "perf")
   losses = faults.losses(workdir)
   assert losses[10] < losses[2]
   _run(train)  # Resumed at the end: nothing trained again.

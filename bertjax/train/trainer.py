@@ -181,8 +181,10 @@ class Trainer:
         while step < self.num_steps:
           profiling = self._profile(step + 1, profiling, state)
           batch = next(data)
-          if "attention_mask" in batch:
-            self._tokens += int(batch["attention_mask"].sum()) * jax.process_count()
+          # Every real token the step reads (an embedding model's queries and documents
+          # have a mask each).
+          self._tokens += sum(int(v.sum()) for k, v in batch.items()
+                              if k.endswith("attention_mask")) * jax.process_count()
           state, metrics = setup.train_step(state, put_train_batch(batch,
                                                                    setup.batch_sharding))
           step += 1
