@@ -13,6 +13,7 @@ remote (gs://): the file is read and written through etils.epath.
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import os
 from typing import TYPE_CHECKING
@@ -32,7 +33,10 @@ PANELS = {
     "loss": ("loss", "mlm_loss", "nsp_loss", "sbo_loss", "generator_loss", "rtd_loss"),
     "MLM / NSP accuracy": ("mlm_accuracy", "nsp_accuracy", "sbo_accuracy",
                            "generator_accuracy", "rtd_accuracy", "rtd_precision",
-                           "rtd_recall"),
+                           "rtd_recall",
+                           # An embedding model's (bertjax.tasks.retrieval).
+                           "in_batch_accuracy", "ndcg@10", "mrr@10", "recall@100",
+                           "spearman"),
     "learning rate": ("learning_rate",),
     "throughput (tokens/s)": ("tokens_per_s",),
 }
@@ -80,7 +84,7 @@ def training_figure(splits: dict[str, dict[int, dict[str, float]]], title: str =
            for s, r in splits.get("train", {}).items()}
   held_out = [(name, splits[name]) for name in HELD_OUT if name in splits]
   for ax, (panel, keys) in zip(axes, PANELS.items()):
-    colours = iter(f"C{i}" for i in range(10))
+    colours = itertools.cycle(f"C{i}" for i in range(10))
     drawn = False
     for key in keys:
       colour = next(colours)
