@@ -28,7 +28,7 @@ the steps of one epoch of bertjax's batches (given to sentence-transformers as
   (mini-batches of --batch_size), its lr scaled as the square root of the batch;
 - `sentence_transformers`: `SentenceTransformerTrainer` with
   `MultipleNegativesRankingLoss` and `BatchSamplers.NO_DUPLICATES` (its data as a
-  `datasets.Dataset`: `pip install datasets`).
+  `datasets.Dataset`, with `accelerate`: `pip install datasets accelerate`).
 Every model folder is scored by `retrieval_eval.RetrievalEvaluator` on the test split
 with `embedding.load_encoder` (whose vectors are sentence-transformers' to 1e-5:
 tests/test_retrieval_export.py): nDCG@10, MRR@10, Recall@100. Prints each run and each
@@ -197,11 +197,13 @@ def train_bertjax(f, setup: dict, seed: int, out: str, gradcache: bool) -> None:
 def train_sentence_transformers(f, setup: dict, seed: int, steps: int, out: str) -> None:
   """sentence-transformers' own trainer with the same recipe (module docstring)."""
   try:
+    import accelerate  # pylint: disable=g-import-not-at-top,unused-import
     import datasets  # pylint: disable=g-import-not-at-top
   except ImportError:
-    raise SystemExit("the sentence_transformers arm needs sentence-transformers' trainer "
-                     "data: pip install datasets") from None
+    raise SystemExit("the sentence_transformers arm needs what sentence-transformers' "
+                     "trainer does: pip install datasets accelerate") from None
   import sentence_transformers as st  # pylint: disable=g-import-not-at-top
+  from sentence_transformers.sentence_transformer import losses  # pylint: disable=g-import-not-at-top
   if f.torch_threads:
     import torch  # pylint: disable=g-import-not-at-top
     torch.set_num_threads(f.torch_threads)
@@ -212,11 +214,11 @@ def train_sentence_transformers(f, setup: dict, seed: int, steps: int, out: str)
       output_dir=out + "_trainer", per_device_train_batch_size=f.batch_size,
       learning_rate=f.lr, warmup_steps=int(0.1 * steps), max_steps=steps,
       lr_scheduler_type="linear", weight_decay=0.01, max_grad_norm=1.0, seed=seed,
-      data_seed=seed, batch_sampler=st.training_args.BatchSamplers.NO_DUPLICATES,
+      data_seed=seed, batch_sampler="no_duplicates",
       logging_steps=50, save_strategy="no", report_to=[], use_cpu=True)
   trainer = st.SentenceTransformerTrainer(
       model=model, args=args, train_dataset=train,
-      loss=st.losses.MultipleNegativesRankingLoss(model))
+      loss=losses.MultipleNegativesRankingLoss(model))
   trainer.train()
   model.save(out)
 
