@@ -227,10 +227,11 @@ def _repo() -> str:
   return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def score(folder: str, beir: str) -> dict[str, float]:
-  """nDCG@10, MRR@10, Recall@100 (and the rest) of the model in `folder`."""
+def score(folder: str, beir: str, max_seq_length: int) -> dict[str, float]:
+  """nDCG@10, MRR@10, Recall@100 (and the rest) of the model in `folder`, its texts cut
+  at `max_seq_length` tokens (the published model's own 256 too: every arm alike)."""
   from bertjax.tasks import embedding, retrieval_eval  # pylint: disable=g-import-not-at-top
-  encoder = embedding.load_encoder(folder)
+  encoder = embedding.load_encoder(folder, max_seq_length)
   split = retrieval_eval.read_beir(beir, "test")
   return retrieval_eval.RetrievalEvaluator(
       split, lambda t: encoder.encode(t, "query", 128, show="queries"),
@@ -274,7 +275,7 @@ def main(argv) -> None:
                          check=True, cwd=_repo())
           run["process_s"] = time.time() - start
         run.update(score(out if arm != "zero_shot" else (f.model or default_model()),
-                         setup["beir"]))
+                         setup["beir"], f.max_seq_length))
         runs[key] = run
         with open(runs_path, "w") as fh:
           json.dump(runs, fh, indent=1)
