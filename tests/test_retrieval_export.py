@@ -118,6 +118,21 @@ def test_folders_bertjax_cannot_compute_are_refused(tmp_path):
   assert "\n" not in str(e.value)
 
 
+def test_a_folder_of_sentence_transformers_6_keeps_its_length(tmp_path):
+  """sentence-transformers 6 saves no max_seq_length in sentence_bert_config.json: the
+  tokenizer's model_max_length is the length it truncates at, and bertjax's (the
+  benchmark's sentence-transformers arm was scored at 128 tokens instead of its 64)."""
+  st.write(str(tmp_path), st.Settings(max_seq_length=256), 8)
+  (tmp_path / "sentence_bert_config.json").write_text('{"module_output_name": "x"}')
+  assert st.read(str(tmp_path)).max_seq_length == st.Settings.max_seq_length
+  (tmp_path / "tokenizer_config.json").write_text('{"model_max_length": 1e30}')
+  assert st.read(str(tmp_path)).max_seq_length == st.Settings.max_seq_length
+  (tmp_path / "tokenizer_config.json").write_text('{"model_max_length": 64}')
+  assert st.read(str(tmp_path)).max_seq_length == 64
+  (tmp_path / "sentence_bert_config.json").write_text('{"max_seq_length": 100}')
+  assert st.read(str(tmp_path)).max_seq_length == 100  # sentence_bert_config.json first
+
+
 def test_a_folder_gives_the_run_its_pooling_and_prompts(tmp_path):
   """Starting from a sentence-transformers folder: the settings the config leaves empty
   are the folder's; what it sets wins."""

@@ -6,7 +6,8 @@ A folder is the transformers model at its root (module 0, `Transformer`, path ''
 `modules.json` listing the modules, `1_Pooling/config.json` (sentence-transformers
 v5's keys: `word_embedding_dimension`, `pooling_mode_<mode>` booleans,
 `include_prompt`; v6 reads them), `2_Normalize` when the embeddings are L2-normalised,
-`sentence_bert_config.json` (`max_seq_length`, `do_lower_case`) and
+`sentence_bert_config.json` (`max_seq_length`, `do_lower_case`; sentence-transformers 6
+writes neither and keeps the length as the tokenizer's `model_max_length`) and
 `config_sentence_transformers.json` (`prompts`, `default_prompt_name`,
 `similarity_fn_name`).
 """
@@ -95,6 +96,15 @@ def _read(path: str) -> Any:
                           "folder is incomplete or corrupt.") from None
 
 
+def _tokenizer_length(directory: str) -> int:
+  """tokenizer_config.json's `model_max_length` where it is a length (transformers
+  writes 1e30 for none), else 0: sentence-transformers 6 keeps a model's
+  max_seq_length there, not in sentence_bert_config.json."""
+  path = os.path.join(directory, "tokenizer_config.json")
+  length = _read(path).get("model_max_length") if os.path.isfile(path) else None
+  return int(length) if isinstance(length, (int, float)) and 0 < length < 1e9 else 0
+
+
 def read(directory: str) -> Settings:
   """The `Settings` of a sentence-transformers folder whose modules bertjax computes
   (a Transformer at the root, a Pooling of one mode, an optional Normalize); a
@@ -123,10 +133,10 @@ def read(directory: str) -> Settings:
                             "(include_prompt false), which bertjax does not do.")
     settings["pooling"] = modes[0]
   bert_config = os.path.join(directory, "sentence_bert_config.json")
-  if os.path.isfile(bert_config):
-    cfg = _read(bert_config)
-    settings["max_seq_length"] = int(cfg.get("max_seq_length") or Settings.max_seq_length)
-    settings["do_lower_case"] = bool(cfg.get("do_lower_case", False))
+  cfg = _read(bert_config) if os.path.isfile(bert_config) else {}
+  settings["max_seq_length"] = int(cfg.get("max_seq_length") or _tokenizer_length(directory)
+                                   or Settings.max_seq_length)
+  settings["do_lower_case"] = bool(cfg.get("do_lower_case", False))
   st_config = os.path.join(directory, "config_sentence_transformers.json")
   if os.path.isfile(st_config):
     cfg = _read(st_config)
