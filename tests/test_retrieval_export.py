@@ -3,7 +3,7 @@
 as it is and encodes as bertjax does (float32, normalised vectors within 1e-5) for
 every family transformers loads; a published folder (all-MiniLM-L6-v2, offline) is
 read with its pooling, normalisation and length, and encoded as sentence-transformers
-encodes it."""
+encodes it; and bertjax's training step is sentence-transformers' training step."""
 
 import os
 
@@ -149,3 +149,84 @@ def test_a_folder_gives_the_run_its_pooling_and_prompts(tmp_path):
   assert (t.pooling, t.query_prompt, t.document_prompt) == ("mean", "query: ", "p: ")
   c.init_from = ""
   assert retrieval.resolve(c).task.document_prompt == ""
+
+
+@pytest.mark.slow
+def test_steps_are_sentence_transformers_training(tiny_hf_bert):
+  """Six steps on the fixture's pairs, dropout off: bertjax's step (`retrieval.objective`,
+  `finetune.make_optimizer`) against sentence-transformers' MultipleNegativesRankingLoss
+  under SentenceTransformerTrainer's optimizer and schedule (transformers' AdamW groups:
+  no decay on biases and LayerNorm; a linear warm-up and decay; clipping at 1.0; the
+  trainer itself equals this loop exactly, checked by hand: it needs `datasets`). The
+  losses agree at every step and the word embeddings after the last."""
+  from sentence_transformers.sentence_transformer import losses  # pylint: disable=g-import-not-at-top
+  import optax  # pylint: disable=g-import-not-at-top
+  import transformers  # pylint: disable=g-import-not-at-top
+  from bertjax.tasks import finetune, pairs as pairs_lib, retrieval  # pylint: disable=g-import-not-at-top
+  from configs.finetune import retrieval as retrieval_config  # pylint: disable=g-import-not-at-top
+  from tests.test_retrieval_run import TRAIN  # pylint: disable=g-import-not-at-top
+  steps, size, length = 6, 8, 32
+  c = retrieval_config.get_config()
+  c.task.mini_batch_size, c.train.batch_size = 0, size
+  c.train.learning_rate, c.train.warmup_fraction = 1e-3, 0.2  # Visible updates, 1 warm-up.
+  source = pairs_lib.read_pairs(TRAIN, c.task)
+  batches = [(source.anchors[i * size:(i + 1) * size],
+              [d[0] for d in source.documents[i * size:(i + 1) * size]])
+             for i in range(steps)]
+
+  theirs = sentence_transformers.SentenceTransformer(tiny_hf_bert, device="cpu")
+  theirs.max_seq_length = length
+  theirs.eval()  # Dropout off on both sides.
+  loss_fn = losses.MultipleNegativesRankingLoss(theirs)
+  decay = set(transformers.Trainer.get_decay_parameter_names(None, theirs))
+  groups = [{"params": [p for n, p in theirs.named_parameters() if n in decay],
+             "weight_decay": c.train.weight_decay},
+            {"params": [p for n, p in theirs.named_parameters() if n not in decay],
+             "weight_decay": 0.0}]
+  opt = torch.optim.AdamW(groups, lr=c.train.learning_rate, betas=(c.train.b1, c.train.b2),
+                          eps=c.train.eps)
+  schedule = transformers.get_linear_schedule_with_warmup(
+      opt, int(c.train.warmup_fraction * steps), steps)
+  their_losses = []
+  for queries, documents in batches:
+    loss = loss_fn([theirs.tokenize(queries), theirs.tokenize(documents)], None)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(theirs.parameters(), c.train.max_grad_norm)
+    opt.step()
+    schedule.step()
+    opt.zero_grad()
+    their_losses.append(float(loss.detach()))
+
+  ours = embedding.load_encoder(tiny_hf_bert, length)
+  tok = ours.tokenizer
+
+  def batch(queries, documents):
+    q_ids, q_mask = embedding.pad(embedding.tokenize(tok, queries, "", length), length,
+                                  tok.pad_id)
+    d_ids, d_mask = embedding.pad(embedding.tokenize(tok, documents, "", length), length,
+                                  tok.pad_id)
+    return {"query_input_ids": q_ids, "query_attention_mask": q_mask,
+            "doc_input_ids": d_ids[:, None], "doc_attention_mask": d_mask[:, None],
+            "example_weights": np.ones(len(queries), np.float32)}
+
+  objective = retrieval.objective(ours.embedder.model, c.task, batch(*batches[0]))
+  tx, _ = finetune.make_optimizer(c, ours.config, steps)
+
+  @jax.jit
+  def step(params, state, b):
+    value, grads = jax.value_and_grad(
+        lambda p: objective.loss(objective.sums(p, b, None), objective.counts(b)))(params)
+    updates, state = tx.update(grads, state, params)
+    return optax.apply_updates(params, updates), state, value
+
+  params = jax.device_get(ours.params)
+  start = np.asarray(params["encoder"]["embeddings"]["word_embeddings"]["embedding"])
+  state, our_losses = tx.init(params), []
+  for queries, documents in batches:
+    params, state, value = step(params, state, batch(queries, documents))
+    our_losses.append(float(value))
+  np.testing.assert_allclose(our_losses, their_losses, rtol=1e-5)
+  words = np.asarray(params["encoder"]["embeddings"]["word_embeddings"]["embedding"])
+  their_words = theirs[0].auto_model.embeddings.word_embeddings.weight.detach().numpy()
+  assert np.abs(words - start).max() > 1e-3  # The steps moved them.
+  np.testing.assert_allclose(words, their_words, atol=2e-5)
