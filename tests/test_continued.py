@@ -22,6 +22,7 @@ from bertjax.errors import BertjaxError, CheckpointError, ConfigError, DataError
 from bertjax.hf import convert, files
 from bertjax.train import continued, pretrain, state as state_lib
 from configs import continued as continued_config
+from configs import electra_tiny as electra_tiny_config
 from tests import faults
 from tests.deberta_helpers import hf_deberta
 from tests.electra_helpers import hf_electra
@@ -312,6 +313,20 @@ def test_a_workdir_of_another_run_is_refused(checkpoints, corpus, tmp_path):
   (workdir / "init_from.json").write_text(json.dumps({"init_from": "/elsewhere"}))
   with pytest.raises(BertjaxError, match="continued from /elsewhere"):
     continued.open_run(cont_config(checkpoints["wordpiece"], corpus), str(workdir))
+
+
+def test_a_checkpoint_holding_none_of_the_trained_networks_is_refused(corpus, tmp_path):
+  """An ELECTRA discriminator continued by replaced-token detection: the run's networks
+  (generator, discriminator) are none of the checkpoint's (encoder, rtd), so nothing
+  would load; it stops in one line instead of training from scratch (issue 48)."""
+  c = cont_config(hf_electra(str(tmp_path / "hf")), corpus)
+  c.data.max_seq_length, c.data.max_predictions_per_seq = 32, 5
+  c.objectives = ("rtd",)
+  c.generator = electra_tiny_config.get_config().generator
+  c.generator.update(hidden_size=16, num_heads=1, intermediate_size=24, num_layers=1)
+  with pytest.raises(CheckpointError, match="holds none of the parameters") as e:
+    pretrain.run(c, str(tmp_path / "run"))
+  assert "\n" not in str(e.value) and "generator" in str(e.value)
 
 
 def _modernbert_config(corpus, directory):

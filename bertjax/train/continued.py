@@ -243,8 +243,17 @@ class Start:
                                                      fresh.sharding)
 
     fresh = setup.init_params(self.config)
-    params = jax.tree_util.tree_map_with_path(merge, fresh)
     ours = _flat(fresh)
+    if not set(theirs) & set(ours):  # Training from scratch under a continued run's name.
+      raise CheckpointError(
+          f"config.init_from={self.config.init_from} ({family.name}) holds none of the "
+          f"parameters this run trains (the checkpoint's modules: "
+          f"{', '.join(sorted({p[0] for p in theirs}))}; the run's: "
+          f"{', '.join(sorted({p[0] for p in ours}))}): continuing it with "
+          f"config.objectives={tuple(self.config.objectives)} is not supported yet; "
+          "continue it with an objective whose networks it holds (('mlm',) for an "
+          "encoder or a discriminator).")
+    params = jax.tree_util.tree_map_with_path(merge, fresh)
     _info("Continued pretraining from %s (%s): %d of %d parameter arrays loaded; "
           "initialised fresh: %s; in the checkpoint but not trained: %s. The optimizer "
           "state, the learning-rate schedule and the step start fresh (step 0).",
