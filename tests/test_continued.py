@@ -329,6 +329,23 @@ def test_a_checkpoint_holding_none_of_the_trained_networks_is_refused(corpus, tm
   assert "\n" not in str(e.value) and "generator" in str(e.value)
 
 
+def test_each_field_the_config_overrides_is_logged(corpus, tmp_path, caplog):
+  """A model section written out (not configs/continued.py's) that sets an ELECTRA
+  checkpoint's dropouts of 0.3 / 0.2 to 0.0: the run trains with its own, and says so
+  in a line each (issue 48); the fields it leaves alone are not mentioned."""
+  c = cont_config(hf_electra(str(tmp_path / "hf"), hidden_dropout_prob=0.3,
+                             attention_probs_dropout_prob=0.2), corpus)
+  c.data.max_seq_length, c.data.max_predictions_per_seq = 32, 5
+  c.model.dropout_rate, c.model.attention_dropout_rate = 0.0, 0.0
+  caplog.set_level("INFO")
+  _, _, setup, _ = _start(c, str(tmp_path / "start"))
+  assert (setup.model.config.dropout_rate, setup.model.config.attention_dropout_rate) == (
+      0.0, 0.0)
+  assert "config.model.dropout_rate=0.0 replaces the 0.3 of config.init_from=" in caplog.text
+  assert "config.model.attention_dropout_rate=0.0 replaces the 0.2 of" in caplog.text
+  assert "replaces the" not in caplog.text.replace("dropout_rate=0.0 replaces the", "")
+
+
 def _modernbert_config(corpus, directory):
   """configs/continued.py:modernbert's model and masking from a Hugging Face ModernBERT,
   tiny."""

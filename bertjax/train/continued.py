@@ -79,8 +79,10 @@ def _same(a, b) -> bool:
 def with_model(config: ml_collections.ConfigDict, checkpoint: Any, rows: int
                ) -> ml_collections.ConfigDict:
   """A copy of `config` whose model section is `checkpoint`'s (its config dataclass)
-  with `rows` vocabulary rows and the config's `TRAINING_FIELDS`, dropouts and heads;
-  a one-line ConfigError for any other field it gives that the checkpoint contradicts."""
+  with `rows` vocabulary rows and the config's `TRAINING_FIELDS`, dropouts and heads
+  (a line logged for each of those it gives that differs from the checkpoint's, the
+  heads aside); a one-line ConfigError for any other field it gives that the checkpoint
+  contradicts."""
   family = model_lib.family_of(checkpoint)
   theirs, given = checkpoint.to_dict(), dict(config.model)
   source = f"config.init_from={config.init_from}"
@@ -99,8 +101,12 @@ def with_model(config: ml_collections.ConfigDict, checkpoint: Any, rows: int
         f"config.model.{k}={v!r} but {source} holds {k}={theirs[k]!r}: set --config.model."
         f"{k}={theirs[k]!r}, or take the model section from the checkpoint "
         "(--config=configs/continued.py).")
+  heads = {h.name for h in family.heads}  # Reported by the parameters' loading line.
+  for k in sorted(k for k in given if k in training and k in theirs and k not in heads
+                  and not _same(given[k], theirs[k])):
+    _info("config.model.%s=%r replaces the %r of %s.", k, given[k], theirs[k], source)
   if "objectives" in config:  # They choose the heads: none rides along unread.
-    theirs = {k: v for k, v in theirs.items() if k not in {h.name for h in family.heads}}
+    theirs = {k: v for k, v in theirs.items() if k not in heads}
   merged = {**theirs, **{k: v for k, v in given.items() if k in training or k not in theirs},
             "vocab_size": rows}
   out = ml_collections.ConfigDict(config.to_dict())
