@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("optimi")
 
-from bertjax.benchmarks import pretrain_fidelity as pf  # pylint: disable=wrong-import-position
+from bertjax.benchmarks import docstrings, pretrain_fidelity as pf  # pylint: disable=wrong-import-position
 from bertjax import model as model_lib  # pylint: disable=wrong-import-position
 from bertjax.data import builders, pipeline, sources  # pylint: disable=wrong-import-position
 from bertjax.data import tokenizer as tok_lib  # pylint: disable=wrong-import-position
@@ -30,8 +30,7 @@ T = 32
 def setup(tmp_path_factory):
   """The corpus, the shared tokenizer and a tiny recipe."""
   directory = str(tmp_path_factory.mktemp("pretrain_fidelity"))
-  documents = pf.docstring_documents([os.path.join(sysconfig.get_paths()["stdlib"],
-                                                   "json")])
+  documents = docstrings.documents([os.path.join(sysconfig.get_paths()["stdlib"], "json")])
   corpus = pf.write_corpus(directory, documents, 0.2)
   c = modernbert_tiny.get_config()
   c.data.tokenizer.vocab_size = 400
@@ -49,8 +48,8 @@ def setup(tmp_path_factory):
 def lines_corpus(setup, tmp_path_factory):
   """The same docstrings as documents of several lines (--layout=lines)."""
   directory = str(tmp_path_factory.mktemp("pretrain_fidelity_lines"))
-  documents = pf.docstring_documents([os.path.join(sysconfig.get_paths()["stdlib"],
-                                                   "json")], "lines")
+  documents = docstrings.documents([os.path.join(sysconfig.get_paths()["stdlib"], "json")],
+                                   "lines")
   return pf.write_corpus(directory, documents, 0.2)
 
 

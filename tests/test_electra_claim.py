@@ -116,17 +116,17 @@ def test_held_out_reads_each_objective():
 
 
 def test_the_docstrings_corpus_is_written_once(tmp_path, monkeypatch):
-  from bertjax.benchmarks import pretrain_fidelity
+  from bertjax.benchmarks import docstrings
   source = tmp_path / "src"
   source.mkdir()
   document = "A module docstring of more than eight words, a document."
   (source / "m.py").write_text(f'"""{document}"""\ndef f():\n  """Too short."""\n')
-  monkeypatch.setattr(pretrain_fidelity, "corpus_roots", lambda packages: [str(source)])
+  monkeypatch.setattr(docstrings, "roots", lambda packages: [str(source)])
   out = tmp_path / "out"
   path = electra_claim.corpus_path("docstrings", str(out))
   assert path == str(out / "docstrings" / "train.txt")
   assert open(path).read() == document + "\n"
-  monkeypatch.setattr(pretrain_fidelity, "corpus_roots", None)  # Not read again.
+  monkeypatch.setattr(docstrings, "roots", None)  # Not read again.
   assert electra_claim.corpus_path("docstrings", str(out)) == path
   assert electra_claim.corpus_path("/data/text.txt", str(out)) == "/data/text.txt"
 

