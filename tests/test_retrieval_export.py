@@ -198,18 +198,10 @@ def test_steps_are_sentence_transformers_training(tiny_hf_bert):
     their_losses.append(float(loss.detach()))
 
   ours = embedding.load_encoder(tiny_hf_bert, length)
-  tok = ours.tokenizer
-
-  def batch(queries, documents):
-    q_ids, q_mask = embedding.pad(embedding.tokenize(tok, queries, "", length), length,
-                                  tok.pad_id)
-    d_ids, d_mask = embedding.pad(embedding.tokenize(tok, documents, "", length), length,
-                                  tok.pad_id)
-    return {"query_input_ids": q_ids, "query_attention_mask": q_mask,
-            "doc_input_ids": d_ids[:, None], "doc_attention_mask": d_mask[:, None],
-            "example_weights": np.ones(len(queries), np.float32)}
-
-  objective = retrieval.objective(ours.embedder.model, c.task, batch(*batches[0]))
+  features = retrieval.featurize([source], ours.tokenizer, ours.settings)[0]
+  batch = lambda i: retrieval.batch_arrays(features, np.arange(i * size, (i + 1) * size),
+                                           length, ours.tokenizer.pad_id, slice(None))
+  objective = retrieval.objective(ours.embedder.model, c.task, batch(0))
   tx, _ = finetune.make_optimizer(c, ours.config, steps)
 
   @jax.jit
@@ -222,8 +214,8 @@ def test_steps_are_sentence_transformers_training(tiny_hf_bert):
   params = jax.device_get(ours.params)
   start = np.asarray(params["encoder"]["embeddings"]["word_embeddings"]["embedding"])
   state, our_losses = tx.init(params), []
-  for queries, documents in batches:
-    params, state, value = step(params, state, batch(queries, documents))
+  for i in range(steps):
+    params, state, value = step(params, state, batch(i))
     our_losses.append(float(value))
   np.testing.assert_allclose(our_losses, their_losses, rtol=1e-5)
   words = np.asarray(params["encoder"]["embeddings"]["word_embeddings"]["embedding"])
