@@ -13,6 +13,8 @@ D head size, M intermediate size (the config's):
   dense      [out, in] <-> [in, out]
   qkv        a query / key / value [N*D, E] <-> [E, N, D]
   qkv_bias   [N*D] <-> [N, D]
+  kv         a grouped-query key / value [K*D, E] <-> [E, K, D] (K key / value heads)
+  kv_bias    [K*D] <-> [K, D]
   attn_out   the attention output [E, N*D] <-> [N, D, E]
   wqkv       the fused query|key|value [3*N*D, E] <-> [E, 3, N, D]
   wqkv_bias  [3*N*D] <-> [3, N, D]
@@ -39,7 +41,9 @@ class Entry(NamedTuple):
 def _shapes(config) -> dict[str, tuple[int, ...]]:
   """The bertjax shape of each kind that splits an axis (their trailing dims)."""
   n, d, m = config.num_heads, config.head_dim, config.intermediate_size
-  return {"qkv": (n, d), "qkv_bias": (n, d), "attn_out": (n, d), "wqkv": (3, n, d),
+  k = config.num_kv_heads
+  return {"qkv": (n, d), "qkv_bias": (n, d), "kv": (k, d), "kv_bias": (k, d),
+          "attn_out": (n, d), "wqkv": (3, n, d),
           "wqkv_bias": (3, n, d), "wi": (2, m), "wi_bias": (2, m)}
 
 
@@ -69,7 +73,7 @@ def to_hf(kind: str, w: np.ndarray) -> np.ndarray:
     return w.reshape(-1)
   if kind == "attn_out":  # [N, D, E] -> [E, N*D]
     return w.reshape(-1, w.shape[-1]).T
-  if kind in ("qkv", "wqkv", "wi"):  # [E, *split] -> [prod(split), E]
+  if kind in ("qkv", "kv", "wqkv", "wi"):  # [E, *split] -> [prod(split), E]
     return w.reshape(w.shape[0], -1).T
   raise ValueError(f"unknown parameter kind {kind!r}")
 

@@ -35,34 +35,15 @@ class ModelConfig(FamilyConfig):
 
   family: ClassVar[str] = "bert"  # config.model.family (bertjax.model.FAMILIES)
 
-  vocab_size: int = 30522
-  hidden_size: int = 768
-  num_layers: int = 12
-  num_heads: int = 12
-  intermediate_size: int = 3072
-  max_position_embeddings: int = 512
   type_vocab_size: int = 2
-  pad_token_id: int = 0
   position_offset: int = 0
   layer_norm_eps: float = 1e-12
   dropout_rate: float = 0.1
   attention_dropout_rate: float = 0.1
-  initializer_range: float = 0.02
-  # The initial weights' normal truncated at +- this many initializer_range (0: untruncated,
-  # as transformers' BertPreTrainedModel): 2, as google-research/bert's
-  # truncated_normal_initializer (docs/pretraining.md measures both).
-  initializer_cutoff_factor: float = 2.0
   pooler: bool = True
   nsp: bool = True
   sbo: bool = False  # SpanBERT's span-boundary objective head (with span masking)
   sbo_max_positions: int = 32  # relative positions inside a span the SBO head embeds
-  # '' (the fastest path allowed: `attention.resolve_impl`), 'xla', 'cudnn' (GPU),
-  # 'pallas_gpu' (GPU), 'splash' (TPU).
-  attention_impl: str = ""
-  scan_layers: bool = False  # nn.scan over the blocks: params under encoder/layers [L, ...]
-  remat_policy: str = "none"  # a key of REMAT_POLICIES: what a block keeps for backward
-  dtype: Any = jnp.float32  # compute dtype of activations
-  param_dtype: Any = jnp.float32  # master weights
 
   def __post_init__(self):
     """Every field in range, or a one-line ConfigError naming it."""
@@ -79,10 +60,6 @@ class ModelConfig(FamilyConfig):
         raise ConfigError(f"config.model.{name}={getattr(self, name)} must be positive.")
     if self.nsp and not self.pooler:
       raise ConfigError("config.model.nsp=True needs config.model.pooler=True.")
-
-  @property
-  def head_dim(self) -> int:
-    return self.hidden_size // self.num_heads
 
   @property
   def classifier_dropout(self) -> float:

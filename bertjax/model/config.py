@@ -56,16 +56,49 @@ REMAT_POLICIES = {
 GENERATOR_SIZES = ("hidden_size", "num_heads", "intermediate_size", "num_layers")
 
 
+@dataclasses.dataclass(frozen=True)
 class FamilyConfig:
-  """What the frozen config dataclass of every model family shares (mixed in): it is
-  built from `config.model` in one place (`from_config`), written back (`to_dict`)
-  and its common fields checked (`check_common`); `family` names it in
-  `bertjax.model.FAMILIES`. The defaults below are the answers of a family that lacks
-  the feature (`bertjax.model.family` lists what every config answers)."""
+  """The fields every family's frozen config dataclass shares, declared once (a
+  family's dataclass subclasses it, restating a field only to change its default):
+  it is built from `config.model` in one place (`from_config`), written back
+  (`to_dict`) and its common fields checked (`check_common`); `family` names it in
+  `bertjax.model.FAMILIES`. The class constants and properties below are the answers of
+  a family that lacks the feature (`bertjax.model.family` lists what every config
+  answers). The defaults are BERT-base's sizes."""
 
   family: ClassVar[str]
   decoder_bias: ClassVar[bool] = True  # the MLM head's vocabulary bias
+  tie_word_embeddings: ClassVar[bool] = True  # the MLM decoder is the token embedding
   classifier_pooling: ClassVar[str] = "cls"  # packed examples' rows: first token
+
+  vocab_size: int = 30522
+  hidden_size: int = 768  # E
+  num_layers: int = 12  # L
+  num_heads: int = 12  # N, attention heads (the head size is hidden_size / N)
+  intermediate_size: int = 3072  # the feed-forward's width
+  max_position_embeddings: int = 512  # a position table's rows, or the context trained for
+  pad_token_id: int = 0
+  initializer_range: float = 0.02  # the initial weights' standard deviation
+  # The initial weights' normal truncated at +- this many initializer_range (0:
+  # untruncated, torch's normal_; 2: google-research/bert's truncated normal).
+  initializer_cutoff_factor: float = 2.0
+  # '' (the fastest path the platform, dtype and attention dropout allow:
+  # `attention.resolve_impl`), 'xla', 'cudnn' (GPU), 'pallas_gpu' (GPU), 'splash' (TPU).
+  attention_impl: str = ""
+  scan_layers: bool = False  # nn.scan over the blocks: params under encoder/layers [L, ...]
+  remat_policy: str = "none"  # a key of REMAT_POLICIES: what a block keeps for backward
+  dtype: Any = jnp.float32  # compute dtype of activations (config.model.dtype '': auto)
+  param_dtype: Any = jnp.float32  # master weights
+
+  @property
+  def head_dim(self) -> int:
+    """D, the size of a head."""
+    return self.hidden_size // self.num_heads
+
+  @property
+  def num_kv_heads(self) -> int:
+    """K, the key / value heads (grouped-query attention when < num_heads)."""
+    return self.num_heads
 
   @property
   def embedding_size(self) -> int:

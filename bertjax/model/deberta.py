@@ -72,13 +72,7 @@ class DebertaConfig(FamilyConfig):
   pooler: ClassVar[bool] = False
 
   vocab_size: int = 128100
-  hidden_size: int = 768
-  num_layers: int = 12
-  num_heads: int = 12
-  intermediate_size: int = 3072
-  max_position_embeddings: int = 512
   type_vocab_size: int = 0
-  pad_token_id: int = 0
   embedding_size: int = 0  # the token embedding's width; 0: hidden_size (set at init)
   position_biased_input: bool = False  # absolute position embeddings added (v2: True)
   relative_attention: bool = True  # the c2p / p2c terms
@@ -94,14 +88,8 @@ class DebertaConfig(FamilyConfig):
   pooler_dropout: float = 0.0  # the ContextPooler's, before its dense
   pooler_hidden_act: str = "gelu"
   cls_dropout: float = 0.1  # the sequence heads' after the pooler (HF: absent = hidden)
-  initializer_range: float = 0.02
   initializer_cutoff_factor: float = 0.0  # untruncated: microsoft/DeBERTa's normal_
   rtd: bool = False  # DeBERTa-v3's replaced-token-detection head ('rtd', the discriminator's)
-  attention_impl: str = ""  # '' or 'xla': only the XLA path takes the score bias
-  scan_layers: bool = False  # nn.scan over the blocks: params under encoder/layers [L, ...]
-  remat_policy: str = "none"  # a key of REMAT_POLICIES
-  dtype: Any = jnp.float32  # compute dtype of activations
-  param_dtype: Any = jnp.float32  # master weights
 
   def __post_init__(self):
     """Every field in range, or a one-line ConfigError naming it; `embedding_size` 0
@@ -136,10 +124,6 @@ class DebertaConfig(FamilyConfig):
       raise ConfigError(f"config.model.attention_impl={self.attention_impl!r} takes no "
                         "attention score bias (DeBERTa's relative-position terms): use '' "
                         "or 'xla'.")
-
-  @property
-  def head_dim(self) -> int:
-    return self.hidden_size // self.num_heads
 
   @property
   def classifier_dropout(self) -> float:

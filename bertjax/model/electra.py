@@ -71,29 +71,18 @@ class ElectraConfig(FamilyConfig):
   sbo: ClassVar[bool] = False
   pooler: ClassVar[bool] = False
 
-  vocab_size: int = 30522
   embedding_size: int = 128  # D: the embedding tables' width (projected to hidden_size)
   hidden_size: int = 256
-  num_layers: int = 12
   num_heads: int = 4
   intermediate_size: int = 1024
-  max_position_embeddings: int = 512
   type_vocab_size: int = 2
-  pad_token_id: int = 0
   layer_norm_eps: float = 1e-12
   dropout_rate: float = 0.1
   attention_dropout_rate: float = 0.1
-  initializer_range: float = 0.02
-  initializer_cutoff_factor: float = 2.0  # google-research/electra's truncated normal
   rtd: bool = False  # the discriminator's replaced-token-detection head ('rtd')
   # The task heads' dropout (Hugging Face's classifier_dropout); None: dropout_rate.
   classifier_dropout_rate: float | None = None
   summary_dropout: float = 0.1  # multiple choice's, after its summary (summary_last_dropout)
-  attention_impl: str = ""  # '' (the fastest allowed) or a path of attention.IMPLS
-  scan_layers: bool = False  # nn.scan over the blocks: params under encoder/layers [L, ...]
-  remat_policy: str = "none"  # a key of REMAT_POLICIES: what a block keeps for backward
-  dtype: Any = jnp.float32  # compute dtype of activations
-  param_dtype: Any = jnp.float32  # master weights
 
   def __post_init__(self):
     """Every field in range, or a one-line ConfigError naming it."""
@@ -108,10 +97,6 @@ class ElectraConfig(FamilyConfig):
     for name in ("layer_norm_eps", "initializer_range"):
       if not getattr(self, name) > 0:
         raise ConfigError(f"config.model.{name}={getattr(self, name)} must be positive.")
-
-  @property
-  def head_dim(self) -> int:
-    return self.hidden_size // self.num_heads
 
   @property
   def classifier_dropout(self) -> float:

@@ -19,7 +19,9 @@ A new family is one file, bertjax/model/<family>.py, listed in
    `position_offset` (0 unless positions start past the padding id),
    `type_vocab_size` (token types it embeds, 0 for none), `nsp`, `sbo`, `pooler`
    (booleans: the heads and slot it has; class constants where it has none),
-   `decoder_bias` (the MLM head's vocabulary bias), `classifier_pooling` ('cls' or
+   `decoder_bias` (the MLM head's vocabulary bias), `tie_word_embeddings` (the MLM
+   decoder is the token embedding, else its own [D, V]), `num_kv_heads` (key / value
+   heads: `num_heads` unless grouped), `classifier_pooling` ('cls' or
    'mean': the packed examples' rows), `classifier_dropout` (the task heads' own
    dropout), `windows` (each block's attention half-width, None global),
    `scan_layers`, `remat_policy`, `attention_impl`, `attention_dropout_rate` (it

@@ -1,5 +1,10 @@
-"""The builders every family composes its parts from: logical-axis constraints,
-initialisers, dense / einsum projections, LayerNorm and embedding tables.
+"""The layer kit every family composes its parts from: logical-axis constraints,
+initialisers, dense / einsum projections, LayerNorm and RMSNorm, embedding tables,
+and the blocks' parts: `SelfAttention` (fused or separate q/k/v projections,
+grouped-query heads, rotary positions, global or windowed layers, on every attention
+path), `GatedMLP` (GeGLU, SwiGLU: fused or separate gate and input), the post-norm
+block (`PostLNBlock`: BERT, ELECTRA, DeBERTa, GTE, NomicBERT) and the pre-norm block
+(`PreNormBlock`: ModernBERT, EuroBERT, UltraBERT).
 
 Every parameter carries logical axis names (`nn.with_logical_partitioning`) and every
 large activation a logical constraint; the rules table in the config maps the names
@@ -16,15 +21,17 @@ from typing import Any, Sequence
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 
-from bertjax.model import attention
+from bertjax.model import attention, rotary
 from bertjax.model.attention import BATCH, HEADS
 
 LENGTH, EMBED = "activation_length", "activation_embed"
 KV, MLP = "activation_kv", "activation_mlp"
-__all__ = ["ACTIVATIONS", "BATCH", "EMBED", "Embed", "HEADS", "KV", "LENGTH", "MLP",
-           "ONE_HOT_ROWS", "PostLNBlock", "attention_impl", "constrain", "dense", "einsum",
-           "embed", "layer_norm", "normal", "zeros_init"]
+__all__ = ["ACTIVATIONS", "BATCH", "EMBED", "Embed", "GatedMLP", "HEADS", "KV", "LENGTH",
+           "MLP", "ONE_HOT_ROWS", "PostLNBlock", "PreNormBlock", "SelfAttention",
+           "attention_impl", "constrain", "dense", "einsum", "embed", "layer_norm", "normal",
+           "rms_norm", "zeros_init"]
 
 # Hugging Face's ACT2FN names -> the function ('gelu' is the exact, erf GELU).
 ACTIVATIONS = {
@@ -108,6 +115,15 @@ def layer_norm(cfg: Any, name: str, eps: float, *, use_bias: bool = True,
       bias_init=zeros_init((axis_name,)), name=name)
 
 
+def rms_norm(cfg: Any, name: str, eps: float, axis_name: str = "embed") -> nn.RMSNorm:
+  """RMSNorm over the last axis (Llama's: x / sqrt(mean(x^2) + eps) * scale, no bias);
+  its statistics are float32 even for bf16 inputs."""
+  return nn.RMSNorm(
+      epsilon=eps, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
+      scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), (axis_name,)),
+      name=name)
+
+
 # A table of at most this many rows is read by a one-hot matmul (`Embed`).
 ONE_HOT_ROWS = 64
 
@@ -139,14 +155,17 @@ def embed(cfg: Any, num: int, names: Sequence[str | None], *, init=None,
 
 
 class PostLNBlock(nn.Module):
-  """The post-LN transformer block of BERT, ELECTRA and DeBERTa: LN(x + Attn(x)), then
-  LN(x + FFN(x)) ('intermediate', the activation, 'output'), dropout on each branch.
+  """The post-LN transformer block of BERT, ELECTRA, DeBERTa, GTE and NomicBERT:
+  LN(x + Attn(x)), then LN(x + FFN(x)), dropout (`dropout_rate`) on each branch.
   A family's block is a subclass naming its self-attention module (`attention`:
   `attention(config, name='attention')(x, context, deterministic)` -> [B, T, E]), its
-  `activation(config, h)` and its `norm(config, name)`."""
+  `norm(config, name)`, and its feed-forward: `feed_forward(config, name='mlp')(x,
+  deterministic)` (a module class, e.g. a `GatedMLP`), or by default BERT's
+  ('intermediate', `activation(config, h)`, 'output')."""
 
   config: Any
   scanned: bool = False
+  feed_forward = None
 
   @nn.compact
   def __call__(self, x: jax.Array, context, layer, deterministic: bool,
@@ -158,9 +177,156 @@ class PostLNBlock(nn.Module):
     h = self.attention(cfg, name="attention")(x, context, deterministic)
     x = self.norm(cfg, "attention_norm")(x + drop(h, deterministic=deterministic))
     x = constrain(x, (BATCH, LENGTH, EMBED))
-    h = dense(cfg, cfg.intermediate_size, ("embed", "mlp"), "intermediate")(x)
-    h = constrain(self.activation(cfg, h), (BATCH, LENGTH, MLP))  # [B, T, M]
-    h = dense(cfg, cfg.hidden_size, ("mlp", "embed"), "output")(h)
+    if self.feed_forward is not None:
+      h = self.feed_forward(cfg, name="mlp")(x, deterministic)
+    else:
+      h = dense(cfg, cfg.intermediate_size, ("embed", "mlp"), "intermediate")(x)
+      h = constrain(self.activation(cfg, h), (BATCH, LENGTH, MLP))  # [B, T, M]
+      h = dense(cfg, cfg.hidden_size, ("mlp", "embed"), "output")(h)
     x = self.norm(cfg, "output_norm")(x + drop(h, deterministic=deterministic))
     x = constrain(x, (BATCH, LENGTH, EMBED))
     return (x, x if keep else None) if self.scanned else x
+
+
+class PreNormBlock(nn.Module):
+  """The pre-norm block of ModernBERT, EuroBERT and UltraBERT: x + Attn(norm(x)), then
+  x + MLP(norm(x)). A family's block is a subclass naming its `attention` module
+  (`attention(config, name=names[0])(h, context, deterministic, layer)`), its `mlp`
+  module (`mlp(config, name=names[2])(h, deterministic)`), its `norm(config, name)`
+  and `names` (attention, its norm, MLP, its norm: the parameters' names);
+  `first_norm=False`: block 0 takes its input as is (ModernBERT's, whose embedding
+  ends in a norm).
+
+  `scanned=True` gives the `nn.scan` signature: it returns (x, x if `keep` else None).
+  """
+
+  config: Any
+  scanned: bool = False
+  names = ("attn", "attn_norm", "mlp", "mlp_norm")
+  first_norm = True
+
+  @nn.compact
+  def __call__(self, x, context, layer, deterministic: bool, keep: bool = False):
+    """x [B, T, E] -> [B, T, E]; `layer` the block's index (an int, or a traced scalar
+    under `scan_layers`)."""
+    cfg = self.config
+    attention, attention_norm, mlp, mlp_norm = self.names
+    skip = not self.first_norm and isinstance(layer, int) and layer == 0
+    h = x if skip else self.norm(cfg, attention_norm)(x)
+    x = x + self.attention(cfg, name=attention)(h, context, deterministic, layer)
+    x = constrain(x, (BATCH, LENGTH, EMBED))
+    x = x + self.mlp(cfg, name=mlp)(self.norm(cfg, mlp_norm)(x), deterministic)
+    x = constrain(x, (BATCH, LENGTH, EMBED))
+    return (x, x if keep else None) if self.scanned else x
+
+
+class SelfAttention(nn.Module):
+  """Self-attention with rotary positions: the projections, rotary q and k (the
+  layer kind's table), global or windowed attention on the path `attention_impl`
+  picks, the output projection and its dropout.
+
+  The config answers `hidden_size`, `num_heads`, `num_kv_heads` (K < N: grouped-query
+  attention, each key / value head shared by N / K query heads, repeated to N before
+  the attention as Hugging Face's `repeat_kv`, so every path takes it), `head_dim`,
+  `windows` (each layer's half-width, None global) and `dtype`. The context is
+  (padding [B, T], segment_ids [B, T] or None, ((cos, sin) global, (cos, sin) local)).
+
+  fused: one [E, 3, N, D] projection `names[0]` (ModernBERT's Wqkv); else q [E, N, D],
+    k and v [E, K, D] named `names[:3]`; the output [N, D, E] is `names[-1]`.
+  bias / out_bias: the input projections' / the output's biases.
+  init / out_init: their kernels' initialisers (None: `dense`'s default).
+  dropout: on the probabilities (training; picks the XLA path); `out_dropout`: on
+    the output (training), default `dropout`.
+  """
+
+  config: Any
+  names: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
+  fused: bool = False
+  bias: bool = False
+  out_bias: bool = False
+  init: Any = None
+  out_init: Any = None
+  dropout: float = 0.0
+  out_dropout: float | None = None
+
+  @nn.compact
+  def __call__(self, x, context, deterministic: bool, layer=None) -> jax.Array:
+    """x [B, T, E] -> [B, T, E]; `layer` the block's index (a traced scalar under
+    `scan_layers`: the layer kind is then chosen by `lax.cond`; None: layer 0)."""
+    cfg = self.config
+    E, N, K, D = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    if self.fused:
+      qkv = einsum(cfg, (E, 3, N, D), ("embed", None, "heads", "kv"), self.names[0],
+                   init=self.init, use_bias=self.bias)(x, "BTE,ESND->BTSND")
+      q, k, v = (qkv[:, :, i] for i in range(3))
+    else:
+      q, k, v = (einsum(cfg, (E, n, D), ("embed", "heads", "kv"), name, init=self.init,
+                        use_bias=self.bias)(x, "BTE,END->BTND")
+                 for n, name in zip((N, K, K), self.names))
+      k, v = (jnp.repeat(t, N // K, axis=2) if K < N else t for t in (k, v))
+    q, k, v = (constrain(t, (BATCH, LENGTH, HEADS, KV)) for t in (q, k, v))
+    dropout = not deterministic and self.dropout > 0
+    rng = self.make_rng("dropout") if dropout else None
+    impl = attention_impl(self, cfg, dropout, x.shape[1])
+    attend = functools.partial(self._attend, impl)
+    windows = cfg.windows
+    if len(set(windows)) == 1 or not isinstance(layer, (int, jax.Array)):
+      out = attend(windows[0], q, k, v, context, rng)
+    elif isinstance(layer, int):
+      out = attend(windows[layer], q, k, v, context, rng)
+    else:
+      is_global = jnp.asarray([w is None for w in windows])[layer]
+      local = next(w for w in windows if w is not None)
+      out = jax.lax.cond(is_global, functools.partial(attend, None),
+                         functools.partial(attend, local), q, k, v, context, rng)
+    out = constrain(out, (BATCH, LENGTH, HEADS, KV))
+    out = einsum(cfg, (N, D, E), ("heads", "kv", "embed"), self.names[-1],
+                 init=self.out_init, use_bias=self.out_bias, bias_names=("embed",))(
+                     out, "BTND,NDE->BTE")
+    rate = self.dropout if self.out_dropout is None else self.out_dropout
+    return nn.Dropout(rate)(out, deterministic=deterministic)
+
+  def _attend(self, impl: str, window: int | None, q, k, v, context, rng):
+    """One layer kind's attention: its rotary table (global or local) and window."""
+    padding, segment_ids, tables = context
+    cos, sin = tables[0 if window is None else 1]
+    q, k = rotary.apply(q, cos, sin), rotary.apply(k, cos, sin)
+    return attention.attention(q, k, v, padding, segment_ids, window=window, impl=impl,
+                               dropout_rate=self.dropout if rng is not None else 0.0,
+                               dropout_rng=rng)
+
+
+class GatedMLP(nn.Module):
+  """A gated feed-forward: act(a) * b [B, T, M], dropout, the output projection.
+
+  fused: one [E, 2, M] projection `names[0]` (ModernBERT's Wi: a the first half, b the
+    gate); else a = `names[0]` (Llama's gate_proj) and b = `names[1]` (up_proj), each
+    [E, M]; the output [M, E] is `names[-1]`.
+  bias / out_bias: the input projections' / the output's biases; `activation` a key of
+  ACTIVATIONS (GeGLU 'gelu', SwiGLU 'silu'); init / out_init as `SelfAttention`'s."""
+
+  config: Any
+  activation: str = "silu"
+  names: tuple[str, ...] = ("gate_proj", "up_proj", "down_proj")
+  fused: bool = False
+  bias: bool = False
+  out_bias: bool = False
+  init: Any = None
+  out_init: Any = None
+  dropout: float = 0.0
+
+  @nn.compact
+  def __call__(self, x: jax.Array, deterministic: bool) -> jax.Array:
+    cfg = self.config
+    E, M = cfg.hidden_size, cfg.intermediate_size
+    if self.fused:
+      h = einsum(cfg, (E, 2, M), ("embed", None, "mlp"), self.names[0], init=self.init,
+                 use_bias=self.bias)(x, "BTE,EKM->BTKM")
+      a, b = h[:, :, 0], h[:, :, 1]
+    else:
+      a, b = (dense(cfg, M, ("embed", "mlp"), name, init=self.init, use_bias=self.bias)(x)
+              for name in self.names[:2])
+    h = constrain(ACTIVATIONS[self.activation](a) * b, (BATCH, LENGTH, MLP))
+    h = nn.Dropout(self.dropout)(h, deterministic=deterministic)
+    return dense(cfg, E, ("mlp", "embed"), self.names[-1], init=self.out_init,
+                 use_bias=self.out_bias)(h)

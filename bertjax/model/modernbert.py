@@ -46,21 +46,18 @@ B batch, T length, E hidden, N heads, D head size, M intermediate size, V vocabu
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from typing import Any, ClassVar, Sequence
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from bertjax.errors import ConfigError
-from bertjax.model import attention as attention_lib, layers, stack
+from bertjax.model import layers, rotary, stack
 from bertjax.model.config import FamilyConfig
 from bertjax.model.family import Family
-from bertjax.model.layers import (ACTIVATIONS, BATCH, EMBED, HEADS, KV, LENGTH, MLP,
-                                  constrain)
+from bertjax.model.layers import ACTIVATIONS, BATCH, EMBED, LENGTH, constrain
 
 POOLINGS = ("cls", "mean")
 
@@ -80,9 +77,7 @@ class ModernBertConfig(FamilyConfig):
   pooler: ClassVar[bool] = False
 
   vocab_size: int = 50368
-  hidden_size: int = 768
   num_layers: int = 22
-  num_heads: int = 12
   intermediate_size: int = 1152
   max_position_embeddings: int = 8192  # The context trained for (no position table).
   pad_token_id: int = 50283
@@ -111,13 +106,6 @@ class ModernBertConfig(FamilyConfig):
   hidden_activation: str = "gelu"  # a key of ACTIVATIONS (GeGLU's)
   classifier_activation: str = "gelu"  # the heads' `transform` activation
   classifier_pooling: str = "cls"  # 'cls' or 'mean' (sequence-level task heads)
-  initializer_range: float = 0.02
-  initializer_cutoff_factor: float = 2.0  # truncation, in standard deviations (0: none)
-  attention_impl: str = ""  # '' (the fastest allowed) or a path of attention.IMPLS
-  scan_layers: bool = False  # nn.scan over blocks 1..L-1 (params encoder/layers [L-1])
-  remat_policy: str = "none"  # a key of REMAT_POLICIES
-  dtype: Any = jnp.float32  # compute dtype of activations
-  param_dtype: Any = jnp.float32  # master weights
 
   def __post_init__(self):
     """Every field in range, or a one-line ConfigError naming it."""
@@ -154,10 +142,6 @@ class ModernBertConfig(FamilyConfig):
     if self.classifier_pooling not in POOLINGS:
       raise ConfigError(f"config.model.classifier_pooling={self.classifier_pooling!r}: "
                         f"use one of {list(POOLINGS)}.")
-
-  @property
-  def head_dim(self) -> int:
-    return self.hidden_size // self.num_heads
 
   @property
   def attention_dropout_rate(self) -> float:
@@ -237,46 +221,6 @@ def layer_norm(cfg: ModernBertConfig, name: str) -> nn.LayerNorm:
                            fast_variance=False)
 
 
-# ---- Rotary positions -------------------------------------------------------------
-
-def rotary_tables(position_ids: jax.Array, head_dim: int, theta, dtype
-                  ) -> tuple[jax.Array, jax.Array]:
-  """[B, T] positions -> (cos, sin), each [B, T, D] in `dtype` (angles in float32).
-  `theta`: a float (the config's: Hugging Face's numerics), or [B] per row (a length
-  phase's `global_rope_theta` in pretraining)."""
-  exponents = np.arange(0, head_dim, 2, dtype=np.float32) / head_dim
-  if isinstance(theta, (int, float)):
-    inv_freq = jnp.asarray(1.0 / (theta ** exponents), jnp.float32)  # [D/2]
-  else:
-    inv_freq = 1.0 / jnp.power(jnp.asarray(theta, jnp.float32)[:, None, None],
-                               exponents)  # [B, 1, D/2]
-  angles = position_ids.astype(jnp.float32)[..., None] * inv_freq
-  angles = jnp.concatenate([angles, angles], axis=-1)
-  return jnp.cos(angles).astype(dtype), jnp.sin(angles).astype(dtype)
-
-
-def apply_rotary(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
-  """x [B, T, N, D] rotated by (cos, sin) [B, T, D] (rotate-half), in float32."""
-  f = x.astype(jnp.float32)
-  x1, x2 = jnp.split(f, 2, axis=-1)
-  rotated = jnp.concatenate([-x2, x1], axis=-1)
-  cos, sin = cos[:, :, None, :], sin[:, :, None, :]
-  return (f * cos + rotated * sin).astype(x.dtype)
-
-
-def _attend(cfg: ModernBertConfig, impl: str, is_global: bool, q, k, v, context,
-            dropout_rng):
-  """One layer type's attention on path `impl`: its rotary table and window. q, k, v
-  [B, T, N, D]; dropout on the probabilities when `dropout_rng` is given."""
-  padding, segment_ids, tables = context
-  cos, sin = tables[0 if is_global else 1]
-  q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-  return attention_lib.attention(
-      q, k, v, padding, segment_ids, window=None if is_global else cfg.window, impl=impl,
-      dropout_rate=cfg.attention_dropout if dropout_rng is not None else 0.0,
-      dropout_rng=dropout_rng)
-
-
 # ---- Modules ----------------------------------------------------------------------
 
 class Embeddings(nn.Module):
@@ -305,9 +249,9 @@ class Embeddings(nn.Module):
     if position_ids is None:
       position_ids = (jnp.broadcast_to(jnp.arange(input_ids.shape[1]), input_ids.shape)
                       if segment_ids is None else stack.document_positions(segment_ids))
-    tables = tuple(rotary_tables(position_ids, cfg.head_dim, theta, cfg.dtype)
-                   for theta in (cfg.global_rope_theta if global_rope_theta is None
-                                 else global_rope_theta, cfg.local_rope_theta))
+    tables = rotary.tables(position_ids, cfg.head_dim,
+                           (cfg.global_rope_theta if global_rope_theta is None
+                            else global_rope_theta, cfg.local_rope_theta), cfg.dtype)
     x = self.drop(self.norm(self.tok_embeddings(input_ids)), deterministic=deterministic)
     return constrain(x, (BATCH, LENGTH, EMBED)), (attention_mask, segment_ids, tables)
 
@@ -316,80 +260,24 @@ class Embeddings(nn.Module):
     return self.tok_embeddings.attend(x)
 
 
-class Attention(nn.Module):
-  """Wqkv, rotary q and k, global or windowed attention, Wo, dropout."""
+class Block(layers.PreNormBlock):
+  """Pre-LN block: x + Attn(LN(x)) (block 0: x + Attn(x), `first_norm=False`), then
+  x + GeGLU(LN(x)). Attn: the fused Wqkv [E, 3, N, D], rotary q and k, global or
+  windowed attention by layer, Wo [N, D, E], dropout (probabilities and output:
+  `attention_dropout`; the output only: `attention_output_dropout`). GeGLU: Wi [E, 2, M]
+  (the input half, then the gate), act(input) * gate, dropout, Wo [M, E]."""
 
-  config: ModernBertConfig
-
-  @nn.compact
-  def __call__(self, x, context, layer, deterministic: bool) -> jax.Array:
-    """x [B, T, E]; context: (padding [B, T], segment_ids [B, T] or None, rotary tables
-    (global, local)); layer: the block's index (an int, or a traced scalar under
-    `scan_layers`, where the layer type is chosen by `lax.cond`). -> [B, T, E]."""
-    cfg = self.config
-    shape = (cfg.hidden_size, 3, cfg.num_heads, cfg.head_dim)
-    qkv = layers.einsum(cfg, shape, ("embed", None, "heads", "kv"), "Wqkv",
-                        init=_init(cfg, "in"), use_bias=cfg.attention_bias)(
-                            x, "BTE,ESND->BTSND")
-    q, k, v = (constrain(qkv[:, :, i], (BATCH, LENGTH, HEADS, KV)) for i in range(3))
-    dropout = not deterministic and cfg.attention_dropout > 0
-    rng = self.make_rng("dropout") if dropout else None
-    impl = layers.attention_impl(self, cfg, dropout, x.shape[1])
-    if isinstance(layer, int):
-      out = _attend(cfg, impl, cfg.is_global(layer), q, k, v, context, rng)
-    else:
-      out = jax.lax.cond(layer % cfg.global_attn_every_n_layers == 0,
-                         functools.partial(_attend, cfg, impl, True),
-                         functools.partial(_attend, cfg, impl, False), q, k, v, context,
-                         rng)
-    out = constrain(out, (BATCH, LENGTH, HEADS, KV))
-    shape = (cfg.num_heads, cfg.head_dim, cfg.hidden_size)
-    out = layers.einsum(cfg, shape, ("heads", "kv", "embed"), "Wo", init=_init(cfg, "out"),
-                        use_bias=cfg.attention_bias, bias_names=("embed",))(
-                            out, "BTND,NDE->BTE")
-    rate = cfg.attention_output_dropout or cfg.attention_dropout
-    return nn.Dropout(rate)(out, deterministic=deterministic)
-
-
-class GeGLU(nn.Module):
-  """[B, T, E] -> Wi [E, 2, M] -> act(input) * gate [B, T, M] -> dropout -> Wo -> [B, T, E]."""
-
-  config: ModernBertConfig
-
-  @nn.compact
-  def __call__(self, x: jax.Array, deterministic: bool) -> jax.Array:
-    cfg = self.config
-    shape = (cfg.hidden_size, 2, cfg.intermediate_size)
-    h = layers.einsum(cfg, shape, ("embed", None, "mlp"), "Wi", init=_init(cfg, "in"),
-                      use_bias=cfg.mlp_bias)(x, "BTE,EKM->BTKM")
-    h = ACTIVATIONS[cfg.hidden_activation](h[:, :, 0]) * h[:, :, 1]
-    h = constrain(h, (BATCH, LENGTH, MLP))
-    h = nn.Dropout(cfg.mlp_dropout)(h, deterministic=deterministic)
-    return layers.dense(cfg, cfg.hidden_size, ("mlp", "embed"), "Wo", init=_init(cfg, "out"),
-                        use_bias=cfg.mlp_bias)(h)
-
-
-class Block(nn.Module):
-  """Pre-LN block: x + Attn(LN(x)) (block 0: x + Attn(x)), then x + GeGLU(LN(x)).
-
-  `scanned=True` gives the `nn.scan` signature: it returns (x, x if `keep` else None).
-  """
-
-  config: ModernBertConfig
-  scanned: bool = False
-
-  @nn.compact
-  def __call__(self, x, context, layer, deterministic: bool, keep: bool = False):
-    """x [B, T, E] -> [B, T, E]; `context` and `layer` as `Attention` takes them
-    (block 0, never scanned: `unscanned_layers`, has no attention norm)."""
-    cfg = self.config
-    first = isinstance(layer, int) and layer == 0
-    h = x if first else layer_norm(cfg, "attn_norm")(x)
-    x = x + Attention(cfg, name="attn")(h, context, layer, deterministic)
-    x = constrain(x, (BATCH, LENGTH, EMBED))
-    x = x + GeGLU(cfg, name="mlp")(layer_norm(cfg, "mlp_norm")(x), deterministic)
-    x = constrain(x, (BATCH, LENGTH, EMBED))
-    return (x, x if keep else None) if self.scanned else x
+  first_norm = False
+  norm = staticmethod(lambda cfg, name: layer_norm(cfg, name))
+  attention = staticmethod(lambda cfg, name: layers.SelfAttention(
+      cfg, names=("Wqkv", "Wo"), fused=True, bias=cfg.attention_bias,
+      out_bias=cfg.attention_bias, init=_init(cfg, "in"), out_init=_init(cfg, "out"),
+      dropout=cfg.attention_dropout,
+      out_dropout=cfg.attention_output_dropout or cfg.attention_dropout, name=name))
+  mlp = staticmethod(lambda cfg, name: layers.GatedMLP(
+      cfg, cfg.hidden_activation, names=("Wi", "Wo"), fused=True, bias=cfg.mlp_bias,
+      out_bias=cfg.mlp_bias, init=_init(cfg, "in"), out_init=_init(cfg, "out"),
+      dropout=cfg.mlp_dropout, name=name))
 
 
 class PredictionHead(nn.Module):

@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 
 from bertjax.model.config import REMAT_POLICIES
-from bertjax.model.layers import BATCH, EMBED, constrain, zeros_init
+from bertjax.model.layers import BATCH, EMBED, constrain, dense, zeros_init
 
 # What every encoder reads: input_ids [B, T] int; attention_mask [B, T] (1 real, 0
 # pad; default: ids != pad_token_id); token_type_ids [B, T] (segment A/B; default 0);
@@ -184,7 +184,9 @@ def tied_logits(module: nn.Module, cfg: Any, x: jax.Array, encoder: Encoder,
 
 class MLMHead(nn.Module):
   """The family's `transform` (dense + activation + norm, built in this module's
-  scope), then `tied_logits` (with a bias iff the config's `decoder_bias`)."""
+  scope), then `tied_logits` (with a bias iff the config's `decoder_bias`), or, for a
+  config whose `tie_word_embeddings` is False (EuroBERT, UltraBERT), its own
+  'decoder' [D, V] (with a bias iff `decoder_bias`)."""
 
   config: Any
   transform: Callable[[Any, jax.Array], jax.Array]  # Family.mlm_transform
@@ -193,11 +195,16 @@ class MLMHead(nn.Module):
   def __call__(self, out: dict, encoder: Encoder, masked_lm_positions=None) -> jax.Array:
     """The encoder's output, at `masked_lm_positions` [B, P] (None: at every position,
     P = T) -> [B, P, V] logits."""
+    cfg = self.config
     x = out["last_hidden_state"]
     if masked_lm_positions is not None:
       x = gather(x, masked_lm_positions)
-    return tied_logits(self, self.config, self.transform(self.config, x), encoder,
-                       self.config.decoder_bias)
+    x = self.transform(cfg, x)
+    if cfg.tie_word_embeddings:
+      return tied_logits(self, cfg, x, encoder, cfg.decoder_bias)
+    logits = dense(cfg, cfg.vocab_size, ("embed", "vocab"), "decoder",
+                   use_bias=cfg.decoder_bias)(x)
+    return constrain(logits, (BATCH, None, "activation_vocab"))
 
 
 class PreTraining(nn.Module):
