@@ -17,6 +17,8 @@ Launch (the corpus: text files, one sentence a line, a blank line between docume
 
 import ml_collections
 
+from configs import model_section
+
 # Logical axis name -> mesh axis ('data', 'fsdp', 'tensor'), in order of precedence.
 # Parameters: FSDP shards the hidden ('embed') dimension of every matrix over 'fsdp';
 # Megatron-style tensor parallelism splits heads, MLP and vocabulary over 'tensor'.
@@ -76,34 +78,10 @@ def get_config(arg=None):
   # tiles GPUs and TPUs like); padding rows are never predicted. 0: no padding.
   c.vocab_extension.pad_to_multiple = 64
 
-  c.model = ml_collections.ConfigDict()
-  c.model.family = "bert"  # Model family: 'bert' (BERT, RoBERTa, XLM-R, SpanBERT) here.
-  c.model.vocab_size = 30522  # Must equal the tokenizer's size (checked at start).
-  c.model.hidden_size = 768  # H.
-  c.model.num_layers = 12  # L, post-LN transformer blocks.
-  c.model.num_heads = 12  # A; hidden_size must be divisible by it.
-  c.model.intermediate_size = 3072  # Feed-forward size, 4H.
-  c.model.max_position_embeddings = 512  # Learned absolute positions.
-  c.model.type_vocab_size = 2  # Segment A/B embeddings; 1 for RoBERTa-style models.
-  c.model.pad_token_id = 0  # Padding id ([PAD] in BERT's vocab.txt).
-  c.model.position_offset = 0  # RoBERTa/XLM-R: pad_token_id + 1 (fairseq positions).
-  c.model.layer_norm_eps = 1e-12  # BERT 1e-12, RoBERTa/XLM-R 1e-5.
-  c.model.dropout_rate = 0.1  # Dropout on embeddings and every residual branch.
-  c.model.attention_dropout_rate = 0.1  # Dropout on attention probabilities.
-  c.model.initializer_range = 0.02  # The initial normal's scale for every weight matrix,
-  c.model.initializer_cutoff_factor = 2.0  # cut at +-2 scales (google-research/bert).
-  c.model.pooler = True  # dense+tanh on [CLS] (needed by NSP and classifiers).
-  c.model.sbo_max_positions = 32  # SBO: relative positions embedded (longer spans clip).
-  # '' = the fastest path the platform, dtype and attention dropout allow (logged at
-  # start-up; with dropout > 0 in training: 'xla'); or 'xla', 'cudnn' (GPU, bf16/fp16),
-  # 'pallas_gpu' (GPU) or 'splash' (TPU). See bertjax/model/attention.py.
-  c.model.attention_impl = ""
-  c.model.scan_layers = False  # nn.scan over blocks: compile time independent of depth.
-  c.model.remat_policy = "none"  # Recompute in backward: 'none', 'full', 'dots', 'dots_no_batch'.
-  # Activation dtype: '' = bfloat16 on GPUs and TPUs, float32 on the CPU; or 'float32',
-  # 'bfloat16', 'float16'. Softmax / LayerNorm statistics and the loss are float32.
-  c.model.dtype = ""
-  c.model.param_dtype = "float32"  # Master-weight dtype (keep float32).
+  # BERT-base (H=768, L=12, A=12, learned positions, segment A/B embeddings, dropout 0.1,
+  # the truncated normal of google-research/bert): the family's defaults, documented in
+  # bertjax/model/bert.py and bertjax/model/config.py (every field can be overridden).
+  c.model = model_section("bert")
 
   c.data = ml_collections.ConfigDict()
   # 'embedded' (ships with Python), or a path / glob / directory, local or gs://, of

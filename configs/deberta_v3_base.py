@@ -55,48 +55,13 @@ below cites the file it comes from):
 
 import ml_collections
 
-from configs import bert_base
+from configs import bert_base, model_section
 
 
 def model_config() -> ml_collections.ConfigDict:
-  """DeBERTa-v3-base's `config.model` (microsoft/deberta-v3-base config.json)."""
-  m = ml_collections.ConfigDict()
-  m.family = "deberta"  # Post-LN blocks with disentangled (relative) attention.
-  m.vocab_size = 128100  # 128,000 SentencePiece pieces + [MASK], padded.
-  m.hidden_size = 768  # H.
-  m.num_layers = 12  # L.
-  m.num_heads = 12  # A (64 each).
-  m.intermediate_size = 3072  # Feed-forward size, 4H.
-  m.max_position_embeddings = 512  # The relative span's default (no absolute table).
-  m.type_vocab_size = 0  # No token-type embeddings.
-  m.pad_token_id = 0  # [PAD] in DeBERTa's spm.model.
-  m.embedding_size = 0  # The token embedding's width; 0: hidden_size.
-  m.position_biased_input = False  # No absolute position embeddings (v2: True).
-  m.relative_attention = True  # The c2p and p2c terms.
-  m.max_relative_positions = -1  # < 1: max_position_embeddings (512).
-  m.position_buckets = 256  # Log buckets of relative positions (span S = 256).
-  m.pos_att_type = ("p2c", "c2p")  # Position-to-content and content-to-position.
-  m.share_att_key = True  # Positions through the content key / query projections.
-  m.norm_rel_ebd = "layer_norm"  # The relative embeddings layer-normed.
-  m.layer_norm_eps = 1e-7  # LayerNorm epsilon.
-  m.hidden_act = "gelu"  # The feed-forward and MLM-head activation (exact GELU).
-  m.dropout_rate = 0.1  # hidden_dropout_prob: embeddings, residual branches, positions.
-  m.attention_dropout_rate = 0.1  # attention_probs_dropout_prob.
-  m.pooler_dropout = 0.0  # The sequence heads' ContextPooler: dropout before its dense.
-  m.pooler_hidden_act = "gelu"  # ... and its activation.
-  m.cls_dropout = 0.1  # The sequence heads' dropout after the pooler.
-  m.initializer_range = 0.02  # The initial normal's std for every weight matrix,
-  m.initializer_cutoff_factor = 0.0  # untruncated (microsoft/DeBERTa's normal_).
-  # '' = the XLA path (the only one that takes the relative-position score bias; logged
-  # at start-up), or 'xla'. The fused kernels (cudnn, pallas_gpu, splash) take no bias.
-  m.attention_impl = ""
-  m.scan_layers = False  # nn.scan over blocks: compile time independent of depth.
-  m.remat_policy = "none"  # Recompute in backward: 'none', 'full', 'dots', 'dots_no_batch'.
-  # Activation dtype: '' = bfloat16 on GPUs and TPUs, float32 on the CPU; or 'float32',
-  # 'bfloat16', 'float16'. Softmax / LayerNorm statistics and the loss are float32.
-  m.dtype = ""
-  m.param_dtype = "float32"  # Master-weight dtype (keep float32).
-  return m
+  """DeBERTa-v3-base's `config.model`: the family's defaults (bertjax/model/deberta.py:
+  Hugging Face's DebertaV2Config for microsoft/deberta-v3-base)."""
+  return model_section("deberta")
 
 
 def get_config(arg=None):

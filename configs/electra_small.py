@@ -42,7 +42,7 @@ uses the generator.
 
 import ml_collections
 
-from configs import bert_base
+from configs import bert_base, model_section
 
 
 def get_config(arg=None):
@@ -54,33 +54,9 @@ def get_config(arg=None):
   # How the two networks share embeddings: '' the family's (ELECTRA: 'tied', one array;
   # DeBERTa: 'gdes', the generator's table + a residual only the discriminator trains).
   c.rtd.embedding_sharing = ""
-  m = c.model = ml_collections.ConfigDict()
-  m.family = "electra"  # ELECTRA's discriminators and generators (bertjax/model/electra.py).
-  m.vocab_size = 30522  # BERT's uncased WordPiece vocabulary, as every released ELECTRA.
-  m.embedding_size = 128  # D: the embedding tables' width, projected to hidden_size.
-  m.hidden_size = 256  # H.
-  m.num_layers = 12  # L, post-LN transformer blocks (BERT's).
-  m.num_heads = 4  # A; hidden_size must be divisible by it.
-  m.intermediate_size = 1024  # Feed-forward size, 4H.
-  m.max_position_embeddings = 512  # Learned absolute positions.
-  m.type_vocab_size = 2  # Segment A/B embeddings.
-  m.pad_token_id = 0  # [PAD] in vocab.txt.
-  m.layer_norm_eps = 1e-12  # BERT's.
-  m.dropout_rate = 0.1  # Dropout on embeddings and every residual branch.
-  m.attention_dropout_rate = 0.1  # Dropout on attention probabilities.
-  m.initializer_range = 0.02  # The initial normal's scale for every weight matrix,
-  m.initializer_cutoff_factor = 2.0  # cut at +-2 scales (google-research/electra).
-  m.rtd = True  # The discriminator's replaced-token-detection head.
-  # Fine-tuning heads' dropout (Hugging Face's classifier_dropout); None: dropout_rate.
-  m.classifier_dropout_rate = None
-  m.summary_dropout = 0.1  # Multiple choice: dropout after its summary dense + GELU.
-  # '' = the fastest path the platform, dtype and attention dropout allow; or 'xla',
-  # 'cudnn', 'pallas_gpu', 'splash' (bertjax/model/attention.py).
-  m.attention_impl = ""
-  m.scan_layers = False  # nn.scan over blocks: compile time independent of depth.
-  m.remat_policy = "none"  # Recompute in backward: 'none', 'full', 'dots', 'dots_no_batch'.
-  m.dtype = ""  # Activations: '' = bfloat16 on GPUs and TPUs, float32 on the CPU.
-  m.param_dtype = "float32"  # Master weights.
+  # ELECTRA-Small's discriminator (E=128 projected to H=256, L=12, A=4, BERT's uncased
+  # WordPiece vocabulary): the family's defaults (bertjax/model/electra.py).
+  c.model = model_section("electra", rtd=True)  # With its replaced-token-detection head.
 
   # The generator: these sizes replace config.model's (1/4 of the hidden size, FFN size
   # and heads, Table 6); every other field, the embedding width included, is the

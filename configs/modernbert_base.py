@@ -81,7 +81,7 @@ Other schedules of the same family, as overrides: mmBERT's masking 30% -> 15% ->
 
 import ml_collections
 
-from configs import bert_base
+from configs import bert_base, model_section
 
 # Steps of each phase (see the docstring): pretraining (its batch-size warm-up of 5 x
 # 4,239 steps included), context extension, decay.
@@ -90,49 +90,14 @@ STEPS = PRETRAIN + CONTEXT + DECAY
 
 
 def model_config() -> ml_collections.ConfigDict:
-  """ModernBERT-base's `config.model` (Hugging Face's ModernBertConfig defaults)."""
-  m = ml_collections.ConfigDict()
-  m.family = "modernbert"  # Pre-LN, GeGLU, rotary, alternating global / local attention.
-  m.vocab_size = 50368  # ModernBERT's BPE vocabulary (50,280 tokens, padded to 64).
-  m.hidden_size = 768  # H.
-  m.num_layers = 22  # L, pre-LN blocks.
-  m.num_heads = 12  # A; the head size (H / A) must be even (rotary pairs its halves).
-  m.intermediate_size = 1152  # GeGLU's width: Wi maps H -> 2 x this.
-  m.max_position_embeddings = 8192  # The context trained for (no position table).
-  m.pad_token_id = 50283  # [PAD] in ModernBERT's vocabulary.
-  m.norm_eps = 1e-5  # LayerNorm epsilon.
-  m.norm_bias = False  # LayerNorms without a bias.
-  m.attention_bias = False  # Wqkv and Wo without biases.
-  m.mlp_bias = False  # Wi and Wo without biases.
-  m.classifier_bias = False  # The heads' dense layer without a bias.
-  m.decoder_bias = True  # The MLM vocabulary bias.
-  m.global_attn_every_n_layers = 3  # Blocks 0, 3, 6, ... attend globally.
-  m.local_attention = 128  # The others: a window of 128 tokens (64 each side).
-  m.global_rope_theta = 160_000.0  # Rotary base of the global layers (the final one).
-  m.local_rope_theta = 10_000.0  # Rotary base of the local layers.
-  # The global layers' theta in each length phase: 10k at 1,024 tokens, then 160k for
-  # the context extension and the decay (pt / ce / lrd `rotary_emb_base`).
-  m.global_rope_theta_phases = (10_000.0, 160_000.0, 160_000.0)
-  m.embedding_dropout = 0.0  # Dropout after the embedding norm.
-  m.attention_dropout = 0.0  # Dropout on attention probabilities and Wo's output (HF).
-  m.attention_output_dropout = 0.1  # Dropout on Wo's output only (the authors').
-  m.mlp_dropout = 0.0  # Dropout inside GeGLU.
-  m.classifier_dropout = 0.0  # Dropout in the task heads.
-  m.hidden_activation = "gelu"  # GeGLU's activation (exact GELU).
-  m.classifier_activation = "gelu"  # The heads' dense activation.
-  m.classifier_pooling = "cls"  # Sequence heads pool 'cls' (first token) or 'mean'.
-  m.initializer_range = 0.02  # Truncated-normal std of the input projections.
-  m.initializer_cutoff_factor = 2.0  # Truncation, in standard deviations.
-  # '' = the fastest path the platform, dtype and attention dropout allow (logged at
-  # start-up); or 'xla', 'cudnn' (GPU), 'pallas_gpu' (GPU) or 'splash' (TPU).
-  m.attention_impl = ""
-  m.scan_layers = False  # nn.scan over blocks 1..L-1: compile time independent of depth.
-  m.remat_policy = "none"  # Recompute in backward: 'none', 'full', 'dots', 'dots_no_batch'.
-  # Activation dtype: '' = bfloat16 on GPUs and TPUs, float32 on the CPU; or 'float32',
-  # 'bfloat16', 'float16'. Softmax / LayerNorm statistics and the loss are float32.
-  m.dtype = ""
-  m.param_dtype = "float32"  # Master-weight dtype (keep float32).
-  return m
+  """ModernBERT-base's `config.model`: the family's defaults (bertjax/model/modernbert.py:
+  Hugging Face's ModernBertConfig), with the authors' pretraining choices."""
+  return model_section(
+      "modernbert",
+      # The global layers' theta in each length phase: 10k at 1,024 tokens, then 160k
+      # for the context extension and the decay (pt / ce / lrd `rotary_emb_base`).
+      global_rope_theta_phases=(10_000.0, 160_000.0, 160_000.0),
+      attention_output_dropout=0.1)  # Wo's output only (the authors' attn_out_dropout_prob).
 
 
 def get_config(arg=None):
