@@ -172,15 +172,15 @@ def train_tokenizer(config, train_path: str, directory: str) -> dict[str, str]:
   """The shared tokenizer, trained by bertjax on the training documents (as text), in
   bertjax's format and as Hugging Face reads it: {'bertjax': dir, 'hf': dir}."""
   from bertjax.data import tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
-  from bertjax.hf import files  # pylint: disable=g-import-not-at-top
+  from bertjax.hf import convert, files  # pylint: disable=g-import-not-at-top
   t = config.data.tokenizer
   tok = tok_lib.train_tokenizer(read_documents(train_path), kind=t.kind,
                                 vocab_size=t.vocab_size, lowercase=t.lowercase)
   out = {"bertjax": os.path.join(directory, "tokenizer"),
          "hf": os.path.join(directory, "tokenizer_hf")}
   tok.save(out["bertjax"])
-  files.save_hf_tokenizer(out["hf"], tok,
-                          tokenizer_json=config.model.family == "modernbert")
+  files.save_hf_tokenizer(out["hf"], tok, tokenizer_json=convert.family_table(
+      config.model.family).TOKENIZER_JSON)
   return out
 
 
