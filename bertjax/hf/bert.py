@@ -42,6 +42,18 @@ def check_supported(hf_config: dict[str, Any]) -> None:
                           f"{hf_config['position_embedding_type']!r}.")
 
 
+# bertjax field -> config.json key, both ways (absent keys: transformers' BertConfig
+# defaults, which are ModelConfig's).
+KEYS = {"vocab_size": "vocab_size", "hidden_size": "hidden_size",
+        "num_layers": "num_hidden_layers", "num_heads": "num_attention_heads",
+        "intermediate_size": "intermediate_size",
+        "max_position_embeddings": "max_position_embeddings",
+        "type_vocab_size": "type_vocab_size", "layer_norm_eps": "layer_norm_eps",
+        "dropout_rate": "hidden_dropout_prob",
+        "attention_dropout_rate": "attention_probs_dropout_prob",
+        "initializer_range": "initializer_range"}
+
+
 def model_config_from_hf(hf_config: dict[str, Any], state_dict: dict | None = None
                          ) -> ModelConfig:
   """ModelConfig of a Hugging Face config.json (a dict). With the checkpoint's
@@ -55,21 +67,9 @@ def model_config_from_hf(hf_config: dict[str, Any], state_dict: dict | None = No
     prefix = encoder_prefix(state_dict)
     pooler = f"{prefix}pooler.dense.weight" in state_dict
     nsp = "cls.seq_relationship.weight" in state_dict
-  return ModelConfig(
-      vocab_size=hf_config["vocab_size"],
-      hidden_size=hf_config["hidden_size"],
-      num_layers=hf_config["num_hidden_layers"],
-      num_heads=hf_config["num_attention_heads"],
-      intermediate_size=hf_config["intermediate_size"],
-      max_position_embeddings=hf_config["max_position_embeddings"],
-      type_vocab_size=hf_config.get("type_vocab_size", 2),
-      pad_token_id=pad,
-      position_offset=0 if model_type == "bert" else pad + 1,
-      layer_norm_eps=hf_config.get("layer_norm_eps", 1e-12),
-      dropout_rate=hf_config.get("hidden_dropout_prob", 0.1),
-      attention_dropout_rate=hf_config.get("attention_probs_dropout_prob", 0.1),
-      initializer_range=hf_config.get("initializer_range", 0.02),
-      pooler=pooler, nsp=nsp)
+  return ModelConfig(**engine.read_fields(hf_config, KEYS, ModelConfig), pad_token_id=pad,
+                     position_offset=0 if model_type == "bert" else pad + 1,
+                     pooler=pooler, nsp=nsp)
 
 
 def encoder_prefix(state_dict: dict) -> str:
@@ -168,16 +168,8 @@ def hf_config(config: ModelConfig, model_type: str, has_mlm: bool) -> dict[str, 
   stem = {"bert": "Bert", "roberta": "Roberta", "xlm-roberta": "XLMRoberta"}[model_type]
   arch = ("BertForPreTraining" if model_type == "bert" and config.nsp and has_mlm
           else f"{stem}ForMaskedLM" if has_mlm else f"{stem}Model")
-  return {"architectures": [arch], "model_type": model_type,
-          "vocab_size": config.vocab_size, "hidden_size": config.hidden_size,
-          "num_hidden_layers": config.num_layers, "num_attention_heads": config.num_heads,
-          "intermediate_size": config.intermediate_size, "hidden_act": "gelu",
-          "max_position_embeddings": config.max_position_embeddings,
-          "type_vocab_size": config.type_vocab_size, "pad_token_id": config.pad_token_id,
-          "layer_norm_eps": config.layer_norm_eps,
-          "hidden_dropout_prob": config.dropout_rate,
-          "attention_probs_dropout_prob": config.attention_dropout_rate,
-          "initializer_range": config.initializer_range,
+  return {"architectures": [arch], "model_type": model_type, "hidden_act": "gelu",
+          **engine.write_fields(config, KEYS), "pad_token_id": config.pad_token_id,
           "position_embedding_type": "absolute", "tie_word_embeddings": True}
 
 

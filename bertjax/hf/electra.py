@@ -74,44 +74,35 @@ def check_supported(hf: dict[str, Any]) -> None:
                             f"ELECTRA has {key}={value!r}.")
 
 
+# bertjax field -> config.json key, both ways (absent keys: transformers' ElectraConfig
+# defaults, which are ElectraConfig's).
+KEYS = {"vocab_size": "vocab_size", "embedding_size": "embedding_size",
+        "hidden_size": "hidden_size", "num_layers": "num_hidden_layers",
+        "num_heads": "num_attention_heads", "intermediate_size": "intermediate_size",
+        "max_position_embeddings": "max_position_embeddings",
+        "type_vocab_size": "type_vocab_size", "pad_token_id": "pad_token_id",
+        "layer_norm_eps": "layer_norm_eps", "dropout_rate": "hidden_dropout_prob",
+        "attention_dropout_rate": "attention_probs_dropout_prob",
+        "initializer_range": "initializer_range",
+        "classifier_dropout_rate": "classifier_dropout",
+        "summary_dropout": "summary_last_dropout"}
+
+
 def model_config_from_hf(hf: dict[str, Any], rtd: bool = False) -> ElectraConfig:
   """ElectraConfig of a Hugging Face config.json (a dict; absent keys at transformers'
   ElectraConfig defaults); `rtd`: the network has the discriminator's head."""
   check_supported(hf)
-  return ElectraConfig(
-      vocab_size=hf.get("vocab_size", 30522), embedding_size=hf.get("embedding_size", 128),
-      hidden_size=hf.get("hidden_size", 256), num_layers=hf.get("num_hidden_layers", 12),
-      num_heads=hf.get("num_attention_heads", 4),
-      intermediate_size=hf.get("intermediate_size", 1024),
-      max_position_embeddings=hf.get("max_position_embeddings", 512),
-      type_vocab_size=hf.get("type_vocab_size", 2), pad_token_id=hf.get("pad_token_id") or 0,
-      layer_norm_eps=hf.get("layer_norm_eps", 1e-12),
-      dropout_rate=hf.get("hidden_dropout_prob", 0.1),
-      attention_dropout_rate=hf.get("attention_probs_dropout_prob", 0.1),
-      initializer_range=hf.get("initializer_range", 0.02), rtd=rtd,
-      classifier_dropout_rate=hf.get("classifier_dropout"),
-      summary_dropout=hf.get("summary_last_dropout", 0.1))
+  return ElectraConfig(**engine.read_fields(hf, KEYS, ElectraConfig), rtd=rtd)
 
 
 def hf_config(config: ElectraConfig, architecture: str, extra: dict | None = None
               ) -> dict[str, Any]:
   """config.json of the Hugging Face `architecture` holding `config` (`extra` adds
   keys: labels, problem_type)."""
-  out = {"architectures": [architecture], "model_type": "electra",
-         "vocab_size": config.vocab_size, "embedding_size": config.embedding_size,
-         "hidden_size": config.hidden_size, "num_hidden_layers": config.num_layers,
-         "num_attention_heads": config.num_heads,
-         "intermediate_size": config.intermediate_size, "hidden_act": "gelu",
-         "hidden_dropout_prob": config.dropout_rate,
-         "attention_probs_dropout_prob": config.attention_dropout_rate,
-         "max_position_embeddings": config.max_position_embeddings,
-         "type_vocab_size": config.type_vocab_size,
-         "initializer_range": config.initializer_range,
-         "layer_norm_eps": config.layer_norm_eps, "pad_token_id": config.pad_token_id,
-         "position_embedding_type": "absolute",
-         "classifier_dropout": config.classifier_dropout_rate,
+  out = {"architectures": [architecture], "model_type": "electra", "hidden_act": "gelu",
+         **engine.write_fields(config, KEYS), "position_embedding_type": "absolute",
          "summary_type": "first", "summary_use_proj": True, "summary_activation": "gelu",
-         "summary_last_dropout": config.summary_dropout, "tie_word_embeddings": True}
+         "tie_word_embeddings": True}
   out.update(extra or {})
   return out
 

@@ -95,6 +95,22 @@ def _thetas(hf: dict) -> tuple[float, float]:
   return out[0], out[1]
 
 
+# bertjax field -> config.json key, both ways (absent keys: transformers'
+# ModernBertConfig defaults, which are ModernBertConfig's).
+KEYS = {"vocab_size": "vocab_size", "hidden_size": "hidden_size",
+        "num_layers": "num_hidden_layers", "num_heads": "num_attention_heads",
+        "intermediate_size": "intermediate_size",
+        "max_position_embeddings": "max_position_embeddings",
+        "pad_token_id": "pad_token_id", "norm_eps": "norm_eps", "norm_bias": "norm_bias",
+        "attention_bias": "attention_bias", "mlp_bias": "mlp_bias",
+        "classifier_bias": "classifier_bias", "decoder_bias": "decoder_bias",
+        "embedding_dropout": "embedding_dropout", "attention_dropout": "attention_dropout",
+        "mlp_dropout": "mlp_dropout", "classifier_dropout": "classifier_dropout",
+        "hidden_activation": "hidden_activation",
+        "classifier_activation": "classifier_activation",
+        "classifier_pooling": "classifier_pooling", "initializer_range": "initializer_range"}
+
+
 def model_config_from_hf(hf: dict[str, Any], **overrides) -> ModernBertConfig:
   """ModernBertConfig of a Hugging Face config.json (a dict); `overrides` set bertjax's
   own fields (attention_impl, scan_layers, remat_policy, dtype, param_dtype)."""
@@ -105,29 +121,14 @@ def model_config_from_hf(hf: dict[str, Any], **overrides) -> ModernBertConfig:
     if hf.get(key, "gelu") not in ACTIVATIONS:
       raise CheckpointError(f"config.json {key}={hf[key]!r} is not supported; bertjax "
                             f"has {sorted(ACTIVATIONS)}.")
-  num_layers = hf.get("num_hidden_layers", 22)
+  num_layers = hf.get("num_hidden_layers", ModernBertConfig.num_layers)
   window = (2 * hf["sliding_window"] if hf.get("sliding_window") is not None
-            else hf.get("local_attention", 128))
+            else hf.get("local_attention", ModernBertConfig.local_attention))
   global_theta, local_theta = _thetas(hf)
   fields = dict(
-      vocab_size=hf.get("vocab_size", 50368), hidden_size=hf.get("hidden_size", 768),
-      num_layers=num_layers, num_heads=hf.get("num_attention_heads", 12),
-      intermediate_size=hf.get("intermediate_size", 1152),
-      max_position_embeddings=hf.get("max_position_embeddings", 8192),
-      pad_token_id=hf.get("pad_token_id", 50283), norm_eps=hf.get("norm_eps", 1e-5),
-      norm_bias=hf.get("norm_bias", False), attention_bias=hf.get("attention_bias", False),
-      mlp_bias=hf.get("mlp_bias", False), classifier_bias=hf.get("classifier_bias", False),
-      decoder_bias=hf.get("decoder_bias", True),
+      engine.read_fields(hf, KEYS, ModernBertConfig),
       global_attn_every_n_layers=_every_n(hf, num_layers), local_attention=window,
       global_rope_theta=global_theta, local_rope_theta=local_theta,
-      embedding_dropout=hf.get("embedding_dropout", 0.0),
-      attention_dropout=hf.get("attention_dropout", 0.0),
-      mlp_dropout=hf.get("mlp_dropout", 0.0),
-      classifier_dropout=hf.get("classifier_dropout", 0.0),
-      hidden_activation=hf.get("hidden_activation", "gelu"),
-      classifier_activation=hf.get("classifier_activation", "gelu"),
-      classifier_pooling=hf.get("classifier_pooling", "cls"),
-      initializer_range=hf.get("initializer_range", 0.02),
       # transformers cuts at 3 std when the key is null, at its default 2 when absent.
       initializer_cutoff_factor=hf.get("initializer_cutoff_factor", 2.0) or 3.0)
   return ModernBertConfig(**{**fields, **overrides})
@@ -149,18 +150,10 @@ def hf_config(config: ModernBertConfig, architecture: str = "ModernBertForMasked
   rope = lambda theta: {"rope_type": "default", "rope_theta": theta}
   out = {
       "architectures": [architecture], "model_type": MODEL_TYPE,
-      "vocab_size": config.vocab_size, "hidden_size": config.hidden_size,
-      "intermediate_size": config.intermediate_size,
-      "num_hidden_layers": config.num_layers, "num_attention_heads": config.num_heads,
-      "hidden_activation": config.hidden_activation,
-      "max_position_embeddings": config.max_position_embeddings,
-      "initializer_range": config.initializer_range,
+      **engine.write_fields(config, KEYS),
       "initializer_cutoff_factor": config.initializer_cutoff_factor,
-      "norm_eps": config.norm_eps, "norm_bias": config.norm_bias,
-      "pad_token_id": config.pad_token_id, "bos_token_id": None, "eos_token_id": None,
-      "cls_token_id": None, "sep_token_id": None,
-      "attention_bias": config.attention_bias,
-      "attention_dropout": config.attention_dropout,
+      "bos_token_id": None, "eos_token_id": None, "cls_token_id": None,
+      "sep_token_id": None,
       "layer_types": list(config.layer_types),
       "rope_parameters": {"full_attention": rope(config.global_rope_theta),
                           "sliding_attention": rope(config.local_rope_theta)},
@@ -168,12 +161,6 @@ def hf_config(config: ModernBertConfig, architecture: str = "ModernBertForMasked
       "global_rope_theta": config.global_rope_theta,
       "local_rope_theta": config.local_rope_theta,
       "local_attention": config.local_attention,
-      "embedding_dropout": config.embedding_dropout, "mlp_bias": config.mlp_bias,
-      "mlp_dropout": config.mlp_dropout, "decoder_bias": config.decoder_bias,
-      "classifier_pooling": config.classifier_pooling,
-      "classifier_dropout": config.classifier_dropout,
-      "classifier_bias": config.classifier_bias,
-      "classifier_activation": config.classifier_activation,
       "tie_word_embeddings": True,
   }
   out.update(extra or {})

@@ -78,6 +78,21 @@ def to_hf(kind: str, w: np.ndarray) -> np.ndarray:
   raise ValueError(f"unknown parameter kind {kind!r}")
 
 
+def read_fields(hf: dict[str, Any], keys: dict[str, str], defaults: Any) -> dict[str, Any]:
+  """{bertjax field: its config.json value} for `keys` (bertjax field -> config.json
+  key, a family's one list of the fields both directions share); a key absent or null
+  takes `defaults`' attribute of the field: the family's config dataclass where its
+  defaults are its Hugging Face class's (so each default is written once), else an
+  object holding the Hugging Face class's."""
+  return {field: getattr(defaults, field) if hf.get(key) is None else hf[key]
+          for field, key in keys.items()}
+
+
+def write_fields(config: Any, keys: dict[str, str]) -> dict[str, Any]:
+  """The config.json entries of `config`'s fields `keys` (as `read_fields`)."""
+  return {key: getattr(config, field) for field, key in keys.items()}
+
+
 def encoder_prefix(state_dict: dict, embedding_key: str, what: str) -> str:
   """What precedes the encoder's keys ('bert.', 'model.', '' for a bare encoder): the
   prefix of the key ending in `embedding_key`; `what` names the encoder in the error."""
