@@ -234,7 +234,7 @@ class SelfAttention(nn.Module):
   fused: one [E, 3, N, D] projection `names[0]` (ModernBERT's Wqkv); else q [E, N, D],
     k and v [E, K, D] named `names[:3]`; the output [N, D, E] is `names[-1]`.
   bias / out_bias: the input projections' / the output's biases.
-  init / out_init: their kernels' initialisers (None: `dense`'s default).
+  kernel_init / out_kernel_init: their kernels' initialisers (None: `dense`'s default).
   dropout: on the probabilities (training; picks the XLA path); `out_dropout`: on
     the output (training), default `dropout`.
   """
@@ -244,8 +244,8 @@ class SelfAttention(nn.Module):
   fused: bool = False
   bias: bool = False
   out_bias: bool = False
-  init: Any = None
-  out_init: Any = None
+  kernel_init: Any = None
+  out_kernel_init: Any = None
   dropout: float = 0.0
   out_dropout: float | None = None
 
@@ -257,11 +257,11 @@ class SelfAttention(nn.Module):
     E, N, K, D = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     if self.fused:
       qkv = einsum(cfg, (E, 3, N, D), ("embed", None, "heads", "kv"), self.names[0],
-                   init=self.init, use_bias=self.bias)(x, "BTE,ESND->BTSND")
+                   init=self.kernel_init, use_bias=self.bias)(x, "BTE,ESND->BTSND")
       q, k, v = (qkv[:, :, i] for i in range(3))
     else:
-      q, k, v = (einsum(cfg, (E, n, D), ("embed", "heads", "kv"), name, init=self.init,
-                        use_bias=self.bias)(x, "BTE,END->BTND")
+      q, k, v = (einsum(cfg, (E, n, D), ("embed", "heads", "kv"), name,
+                        init=self.kernel_init, use_bias=self.bias)(x, "BTE,END->BTND")
                  for n, name in zip((N, K, K), self.names))
       k, v = (jnp.repeat(t, N // K, axis=2) if K < N else t for t in (k, v))
     q, k, v = (constrain(t, (BATCH, LENGTH, HEADS, KV)) for t in (q, k, v))
@@ -281,7 +281,7 @@ class SelfAttention(nn.Module):
                          functools.partial(attend, local), q, k, v, context, rng)
     out = constrain(out, (BATCH, LENGTH, HEADS, KV))
     out = einsum(cfg, (N, D, E), ("heads", "kv", "embed"), self.names[-1],
-                 init=self.out_init, use_bias=self.out_bias, bias_names=("embed",))(
+                 init=self.out_kernel_init, use_bias=self.out_bias, bias_names=("embed",))(
                      out, "BTND,NDE->BTE")
     rate = self.dropout if self.out_dropout is None else self.out_dropout
     return nn.Dropout(rate)(out, deterministic=deterministic)
@@ -303,7 +303,8 @@ class GatedMLP(nn.Module):
     gate); else a = `names[0]` (Llama's gate_proj) and b = `names[1]` (up_proj), each
     [E, M]; the output [M, E] is `names[-1]`.
   bias / out_bias: the input projections' / the output's biases; `activation` a key of
-  ACTIVATIONS (GeGLU 'gelu', SwiGLU 'silu'); init / out_init as `SelfAttention`'s."""
+  ACTIVATIONS (GeGLU 'gelu', SwiGLU 'silu'); kernel_init / out_kernel_init as
+  `SelfAttention`'s."""
 
   config: Any
   activation: str = "silu"
@@ -311,8 +312,8 @@ class GatedMLP(nn.Module):
   fused: bool = False
   bias: bool = False
   out_bias: bool = False
-  init: Any = None
-  out_init: Any = None
+  kernel_init: Any = None
+  out_kernel_init: Any = None
   dropout: float = 0.0
 
   @nn.compact
@@ -320,13 +321,13 @@ class GatedMLP(nn.Module):
     cfg = self.config
     E, M = cfg.hidden_size, cfg.intermediate_size
     if self.fused:
-      h = einsum(cfg, (E, 2, M), ("embed", None, "mlp"), self.names[0], init=self.init,
-                 use_bias=self.bias)(x, "BTE,EKM->BTKM")
+      h = einsum(cfg, (E, 2, M), ("embed", None, "mlp"), self.names[0],
+                 init=self.kernel_init, use_bias=self.bias)(x, "BTE,EKM->BTKM")
       a, b = h[:, :, 0], h[:, :, 1]
     else:
-      a, b = (dense(cfg, M, ("embed", "mlp"), name, init=self.init, use_bias=self.bias)(x)
-              for name in self.names[:2])
+      a, b = (dense(cfg, M, ("embed", "mlp"), name, init=self.kernel_init,
+                    use_bias=self.bias)(x) for name in self.names[:2])
     h = constrain(ACTIVATIONS[self.activation](a) * b, (BATCH, LENGTH, MLP))
     h = nn.Dropout(self.dropout)(h, deterministic=deterministic)
-    return dense(cfg, E, ("mlp", "embed"), self.names[-1], init=self.out_init,
+    return dense(cfg, E, ("mlp", "embed"), self.names[-1], init=self.out_kernel_init,
                  use_bias=self.out_bias)(h)

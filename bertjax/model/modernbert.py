@@ -271,12 +271,14 @@ class Block(layers.PreNormBlock):
   norm = staticmethod(lambda cfg, name: layer_norm(cfg, name))
   attention = staticmethod(lambda cfg, name: layers.SelfAttention(
       cfg, names=("Wqkv", "Wo"), fused=True, bias=cfg.attention_bias,
-      out_bias=cfg.attention_bias, init=_init(cfg, "in"), out_init=_init(cfg, "out"),
+      out_bias=cfg.attention_bias, kernel_init=_init(cfg, "in"),
+      out_kernel_init=_init(cfg, "out"),
       dropout=cfg.attention_dropout,
       out_dropout=cfg.attention_output_dropout or cfg.attention_dropout, name=name))
   mlp = staticmethod(lambda cfg, name: layers.GatedMLP(
       cfg, cfg.hidden_activation, names=("Wi", "Wo"), fused=True, bias=cfg.mlp_bias,
-      out_bias=cfg.mlp_bias, init=_init(cfg, "in"), out_init=_init(cfg, "out"),
+      out_bias=cfg.mlp_bias, kernel_init=_init(cfg, "in"),
+      out_kernel_init=_init(cfg, "out"),
       dropout=cfg.mlp_dropout, name=name))
 
 
