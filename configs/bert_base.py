@@ -213,6 +213,10 @@ def get_config(arg=None):
   # (first, last): a jax.profiler trace of steps first..last into WORKDIR/tensorboard
   # (TensorBoard's profile tab; process 0); () traces nothing.
   c.train.profile_steps = ()
+  # The PRNG implementation of the train step's dropout key: '' (threefry2x32, JAX's
+  # default), 'rbg' or 'unsafe_rbg' (XLA's RngBitGenerator: cheaper masks on a GPU; other
+  # masks for a seed, parameters' initialisation unchanged). See docs/gpu/2026-11-28-trace.md.
+  c.train.prng_impl = ""
 
   # Evaluations by name (bertjax/train/evaluators.py), each logged as NAME/metric.
   # 'held_out': the held-out documents (each source too, NAME/SOURCE/...) scored by

@@ -29,6 +29,11 @@ first four parts; a second call (`--parts=`) the next ones:
                    4 documents a row (the Pallas kernel)
   bert_base_128_dropout
                    the recipe as is: attention dropout 0.1 (the XLA path)
+  levers           `benchmark levers` at bert_base_128's sizes (issue 46; one process,
+                   one compile a variant): the PRNG implementation, GELU recomputed in
+                   the backward pass, one-hot position embeddings, XLA flags (no CUDA
+                   graphs, no Triton GEMM, cuDNN LayerNorm): each variant's step with
+                   and without a host sync between steps, its bytes accessed
   max_batch        BERT-large at 512: the largest batch each framework fits (--max_batch)
 
 Writes DIR/gpu.json (every part: status, seconds, command, results), DIR/gpu.txt (the
@@ -157,6 +162,12 @@ def plan(dry: bool, tests: list[str]) -> list[Part]:
            200, 100),
       Part("bert_base_128_dropout", "train", train("bert_base", "bert_tiny", 128, 256),
            200, 100),
+      Part("levers", "levers", _bench("levers", *sized(
+          "--config=configs/bert_base.py --seq=128 --batch=256 --steps=10 "
+          "--variants=base,unsafe_rbg,rbg,gelu_recompute,position_one_hot,"
+          "no_command_buffer,no_triton_gemm,cudnn_layer_norm",
+          "--config=configs/bert_tiny.py --seq=32 --batch=2 --steps=2 --warmup=0 "
+          "--variants=base,unsafe_rbg"), dtype, no_dropout), 420, 150),
       Part("max_batch", "train", train("bert_large", "bert_tiny", 512, 32, no_dropout,
                                        "--compare=hf", "--max_batch",
                                        "--batch_tolerance=0.25"), 600, 90,

@@ -105,6 +105,9 @@ def _short(record: dict) -> str:
     failed = sum("error" in row for row in r["rows"])
     return "; ".join(f"worst {d} error {e:.1e} ({where})" for d, (e, where) in
                      worst.items()) + (f"; {failed} failed" if failed else "")
+  if kind == "levers":  # `benchmark levers`: each variant's pipelined step.
+    return "; ".join(f"{n} " + (f"{v['step_ms_pipelined']:.1f} ms" if "skipped" not in v
+                                else "skipped") for n, v in r["variants"].items())
   if kind == "memory":
     return "; ".join(f"T={row['seq']} {row['layer']} {row['impl']} "
                      + (f"{row['total_mib']:.0f} MiB" if "total_mib" in row else "failed")
@@ -151,6 +154,14 @@ def table(result: dict) -> str:
     lines.append("")
     if record["kind"] in ("kernels", "memory"):
       lines.append(kernels.format_table(r))
+    elif record["kind"] == "levers":
+      lines.append(f"levers ({r['device']}, batch {r['batch']} x {r['seq']}):")
+      lines += [f"  {n}: " + ("skipped: " + v["skipped"] if "skipped" in v else
+                              f"{v['step_ms_pipelined']:.2f} ms/step pipelined, "
+                              f"{v['step_ms_synced']:.2f} synced; "
+                              f"{v['bytes_accessed'] / 1e9:.2f} GB accessed; "
+                              f"{v['fusion']} fusions; compile {v['compile_s']:.0f} s")
+                for n, v in r["variants"].items()]
     elif record["kind"] == "tests":
       lines.append(f"tests: {r['summary']}")
       lines += [f"  {f['test']}: {f['reason']}" for f in r["failures"][:20]]

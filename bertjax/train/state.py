@@ -13,10 +13,11 @@ import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from bertjax.errors import ConfigError
+from bertjax.errors import ConfigError, one_of
 from bertjax import objectives as objectives_lib
 from bertjax.parallel import mesh as mesh_lib
 from bertjax.train import optimizer, objective
+from bertjax.train import step as step_lib
 from bertjax.train.step import Objective, TrainState, make_train_step, new_window
 
 
@@ -127,11 +128,14 @@ def setup(config: ml_collections.ConfigDict, model: nn.Module, objective: Object
         f"{dp} data-parallel devices x {accum} grad_accum_steps; use a multiple of "
         f"{dp * accum}.")
 
+  prng_impl = config.train.get("prng_impl", "")
+  one_of("train.prng_impl", prng_impl, step_lib.PRNG_IMPLS)
   boxed = jax.eval_shape(_initial_state(objective, tx, config.seed))
   shardings = mesh_lib.logical_shardings(boxed, mesh, rules)
   batch_sharding = mesh_lib.batch_sharding(mesh, rules)
   step = SeededStep(jax.jit(
-      make_train_step(objective, tx, schedule, accum, config.train.log_every),
+      make_train_step(objective, tx, schedule, accum, config.train.log_every,
+                      prng_impl),
       in_shardings=(shardings, batch_sharding, NamedSharding(mesh, P())),
       out_shardings=(shardings, None), donate_argnums=0), seed_scalar(config.seed))
   return Setup(mesh, rules, model, tx, schedule, nn.unbox(boxed), shardings,

@@ -20,6 +20,9 @@ import optax
 
 from bertjax.train import spikes
 
+# config.train.prng_impl: the train step key's PRNG implementation ('' = JAX's default).
+PRNG_IMPLS = ("", "threefry2x32", "rbg", "unsafe_rbg")
+
 # Metrics of every step besides the objective's own (`Objective.metric_names`).
 STEP_METRICS = ("loss", "grad_norm", "param_norm", "learning_rate")
 
@@ -69,7 +72,7 @@ def new_window(objective: Objective) -> dict[str, Any]:
 
 def make_train_step(objective: Objective, tx: optax.GradientTransformation,
                     schedule: optax.Schedule, grad_accum_steps: int = 1,
-                    log_every: int = 1
+                    log_every: int = 1, prng_impl: str = ""
                     ) -> Callable[[TrainState, dict, jax.Array], tuple[TrainState, dict]]:
   """The train step `(state, batch, seed) -> (state, metrics)`: the run's seed (an
   int32 scalar) an argument, so that one compiled program serves every seed (a sweep,
@@ -77,7 +80,10 @@ def make_train_step(objective: Objective, tx: optax.GradientTransformation,
   bits as with the seed a constant. With gradient accumulation the batch is split into
   `grad_accum_steps` micro-batches whose summed gradients equal the full batch's
   (losses are normalised by whole-batch counts). A log window starts at every step
-  that is a multiple of `log_every` (counted before the step).
+  that is a multiple of `log_every` (counted before the step). `prng_impl` names the
+  PRNG implementation of the step's key (`jax.random.key`'s impl: 'threefry2x32',
+  'rbg', 'unsafe_rbg'; '' the default, threefry): it draws the dropout masks, so another
+  one changes every mask of a seed's run.
 
   Returns metrics: this step's (`STEP_METRICS`, the objective's; with spike skipping
   `skipped` and `skipped_steps`), and `window`: the means over the window's accepted
@@ -87,7 +93,7 @@ def make_train_step(objective: Objective, tx: optax.GradientTransformation,
 
   def train_step(state: TrainState, batch: dict, seed: jax.Array
                  ) -> tuple[TrainState, dict]:
-    rng = jax.random.fold_in(jax.random.key(seed), state.step)
+    rng = jax.random.fold_in(jax.random.key(seed, impl=prng_impl or None), state.step)
     counts = objective.counts(batch)
 
     def grads_of(micro, micro_rng):
