@@ -68,6 +68,10 @@ def get_config(arg=None):
   # data.tokenizer.path is given). The model section must agree
   # with it: configs/continued.py takes it from the checkpoint. '' = random weights.
   c.init_from = ""
+  # With init_from and ('rtd',): the generator's checkpoint (ELECTRA and DeBERTa-v3
+  # publish one beside the discriminator); '' = init_from's own generator when it is a
+  # bertjax workdir that trained one, else a fresh generator.
+  c.init_generator_from = ""
   c.vocab_extension = ml_collections.ConfigDict()  # New tokens (with init_from only).
   c.vocab_extension.tokens_file = ""  # A file of words to add, one a line; or ...
   c.vocab_extension.num_new_tokens = 0  # ... the N most useful, learned from a corpus:
@@ -153,6 +157,12 @@ def get_config(arg=None):
   c.data.tokenizer.path = ""  # vocab.txt / .model / directory; '' trains one.
   c.data.tokenizer.lowercase = True  # Uncased WordPiece (bert-base-uncased).
   c.data.tokenizer.vocab_size = 30522  # Size when training a tokenizer.
+  # What a tokenizer trains on (and vocab_extension.num_new_tokens learns words from),
+  # each source streamed: this many of its sentences kept, drawn uniformly from those
+  # read (a million: ~150 MB; 0 keeps all), reading at most read_sentences of it (0:
+  # all of it). The log says how many were sampled of how many read.
+  c.data.tokenizer.sample_sentences = 1_000_000
+  c.data.tokenizer.read_sentences = 0
 
   c.train = ml_collections.ConfigDict()
   c.train.batch_size = 256  # Global batch (examples per optimizer step).

@@ -3,7 +3,8 @@ pretraining: BioBERT and SciBERT from BERT, clinical or legal ModernBERTs): the 
 section is the checkpoint's (`config.init_from`), so it lists only what a run chooses
 (the dtype, the attention path, scan and remat); every other field, dropouts included,
 comes from the checkpoint (bertjax/train/continued.py); the heads trained are
-`config.objectives`'. `arg` picks the family's recipe: 'bert' (BERT, RoBERTa, XLM-R,
+`config.objectives`' (('rtd',) continues a discriminator with its generator: config.generator,
+config.init_generator_from). `arg` picks the family's recipe: 'bert' (BERT, RoBERTa, XLM-R,
 ELECTRA, DeBERTa: MLM at 15% on packed rows) or 'modernbert' (MLM at 30%, packed rows, StableAdamW, as
 ModernBERT's authors pretrain). The numbers are a starting point (a short run at a learning rate below the
 checkpoint's peak, decayed linearly), not a paper's recipe. docs/continued_pretraining.md
@@ -32,6 +33,19 @@ def get_config(arg=None):
   c.model = ml_collections.ConfigDict()  # The rest is the checkpoint's.
   for field in ("dtype", "param_dtype", "attention_impl", "scan_layers", "remat_policy"):
     c.model[field] = model[field]  # As commented in configs/bert_base.py.
+  # Replaced-token detection (--config.objectives="('rtd',)", an ELECTRA or DeBERTa-v3
+  # checkpoint): the discriminator is the checkpoint's; the generator
+  # config.init_generator_from's, else fresh at these sizes. 0: the generator
+  # checkpoint's, or for a fresh one the family's fraction of the discriminator's
+  # (ELECTRA: 1/4 of the width, heads and FFN; DeBERTa-v3: half the depth).
+  c.generator = ml_collections.ConfigDict()
+  c.generator.hidden_size = 0
+  c.generator.num_heads = 0
+  c.generator.intermediate_size = 0
+  c.generator.num_layers = 0
+  c.rtd = ml_collections.ConfigDict()
+  c.rtd.discriminator_weight = 50.0  # lambda: ELECTRA's 50 (DeBERTa-v3's rtd.sh: 10).
+  c.rtd.embedding_sharing = ""  # '': the family's (ELECTRA 'tied', DeBERTa 'gdes').
   c.data.max_seq_length = 128  # Tokens per row (the checkpoint's positions allow more).
   c.data.max_predictions_per_seq = 20  # At 15% of 128 (twice that at modernbert's 30%).
   c.data.length_phases = ()  # One length throughout.

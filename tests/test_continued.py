@@ -4,6 +4,7 @@ Hugging Face checkpoints of each tokenizer kind: what is loaded and what starts 
 the model section from the checkpoint, one-line errors, new rows from their pieces,
 padding rows, the export transformers reads back, and a SIGTERM resume."""
 
+import dataclasses
 import json
 import os
 import signal
@@ -11,6 +12,8 @@ import signal
 import jax
 import numpy as np
 import pytest
+from absl import flags
+from ml_collections import config_flags
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -19,15 +22,17 @@ from bertjax.checkpoint import pretrained as pretrained_lib  # pylint: disable=w
 from bertjax.checkpoint import vocab_rows
 from bertjax.data import manifest, pipeline, prepare, sources, tokenizer as tok_lib, vocab_extension
 from bertjax.errors import BertjaxError, CheckpointError, ConfigError, DataError
+from bertjax import model as model_lib, objectives as objectives_lib
 from bertjax.hf import convert, files
-from bertjax.train import continued, pretrain, state as state_lib
+from bertjax.objectives import rtd
+from bertjax.train import continued, evaluators, pretrain, state as state_lib
 from configs import continued as continued_config
-from configs import electra_tiny as electra_tiny_config
 from tests import faults
 from tests.deberta_helpers import hf_deberta
 from tests.electra_helpers import hf_electra
 from tests.helpers import perturb
 from tests.modernbert_helpers import hf_modernbert
+from tests.tasks_helpers import fixture
 
 CORPUS = ["The package manager dpkg installs packages and debhelper builds them.",
           "A daemon started by systemd logs to the journal through journald.",
@@ -80,6 +85,39 @@ def checkpoints(tmp_path_factory):
   return _Checkpoints(tmp_path_factory)
 
 
+def _workdir_checkpoint(directory: str, family: str) -> str:
+  """A bertjax workdir of a tiny random model of `family` (2 blocks of 32, sliding
+  windows of 8 where it has them, every pretraining head of its recipe) on the
+  fixtures' 400-id WordPiece tokenizer."""
+  tokenizer = tok_lib.load_tokenizer(fixture("tokenizer"))
+  fields = {f.name for f in dataclasses.fields(model_lib.FAMILIES[family].config)}
+  config = model_lib.config_from(dict(
+      family=family, vocab_size=tokenizer.vocab_size, hidden_size=32, num_layers=2,
+      num_heads=2, intermediate_size=64, max_position_embeddings=64,
+      pad_token_id=tokenizer.pad_id, dtype="float32",
+      **{k: 8 for k in ("sliding_window",) if k in fields}))
+  pretrained_lib.save_workdir(directory, {}, config, tokenizer)
+  return directory
+
+
+@pytest.fixture(scope="module")
+def family_checkpoints(checkpoints, tmp_path_factory):
+  """family -> a tiny checkpoint of it, made when first asked for: Hugging Face's
+  BERT MLM, ModernBERT MLM, ELECTRA discriminator and DeBERTa-v3 MLM; for every other
+  family of `bertjax.model.FAMILIES` a bertjax workdir (`_workdir_checkpoint`)."""
+  hf = {"bert": lambda d: checkpoints["wordpiece"], "modernbert": hf_modernbert,
+        "electra": hf_electra, "deberta": hf_deberta}
+
+  class Made(dict):
+    def __missing__(self, family):
+      directory = str(tmp_path_factory.mktemp(family))
+      self[family] = (hf[family](directory) if family in hf
+                      else _workdir_checkpoint(directory, family))
+      return self[family]
+
+  return Made()
+
+
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
   path = tmp_path_factory.mktemp("corpus") / "domain.txt"
@@ -87,9 +125,10 @@ def corpus(tmp_path_factory):
   return str(path)
 
 
-def cont_config(init_from: str, corpus: str, **train):
-  """configs/continued.py, tiny: 16-token rows of the corpus, batch 8."""
-  c = continued_config.get_config()
+def cont_config(init_from: str, corpus: str, config=None, **train):
+  """configs/continued.py (or `config`, one of it), tiny: 16-token rows of the corpus,
+  batch 8."""
+  c = config or continued_config.get_config()
   c.init_from = init_from
   c.model.dtype = "float32"
   c.data.corpus = corpus
@@ -103,8 +142,10 @@ def cont_config(init_from: str, corpus: str, **train):
 
 
 def _start(config, workdir):
-  """A new run's start as `pretrain.run` makes it, up to the initial parameters."""
+  """A new run's start as `pretrain.run` makes it (its checks included), up to the
+  initial parameters."""
   start = continued.open_run(config, workdir)
+  pretrain.check_config(start.config)
   os.makedirs(workdir, exist_ok=True)
   tokenizer = start.new_tokenizer()
   config = start.finish(tokenizer, workdir)
@@ -315,18 +356,136 @@ def test_a_workdir_of_another_run_is_refused(checkpoints, corpus, tmp_path):
     continued.open_run(cont_config(checkpoints["wordpiece"], corpus), str(workdir))
 
 
-def test_a_checkpoint_holding_none_of_the_trained_networks_is_refused(corpus, tmp_path):
-  """An ELECTRA discriminator continued by replaced-token detection: the run's networks
-  (generator, discriminator) are none of the checkpoint's (encoder, rtd), so nothing
-  would load; it stops in one line instead of training from scratch (issue 48)."""
-  c = cont_config(hf_electra(str(tmp_path / "hf")), corpus)
-  c.data.max_seq_length, c.data.max_predictions_per_seq = 32, 5
-  c.objectives = ("rtd",)
-  c.generator = electra_tiny_config.get_config().generator
-  c.generator.update(hidden_size=16, num_heads=1, intermediate_size=24, num_layers=1)
+def test_a_checkpoint_holding_none_of_the_trained_networks_is_refused(checkpoints, corpus,
+                                                                      tmp_path, monkeypatch):
+  """Were nothing of the checkpoint placed in the run's networks, the run would train
+  from scratch under a continued run's name: it stops in one line instead (issue 48)."""
+  monkeypatch.setattr(objectives_lib.Networks, "placed", lambda self, loaded: {})
   with pytest.raises(CheckpointError, match="holds none of the parameters") as e:
-    pretrain.run(c, str(tmp_path / "run"))
-  assert "\n" not in str(e.value) and "generator" in str(e.value)
+    _start(cont_config(checkpoints["wordpiece"], corpus), str(tmp_path / "run"))
+  assert "\n" not in str(e.value) and "encoder, mlm" in str(e.value)
+
+
+def _flat(tree) -> dict:
+  return {tuple(k.key for k in p): np.asarray(v)
+          for p, v in jax.tree_util.tree_leaves_with_path(tree)}
+
+
+def _rtd_config(directory, corpus, **generator):
+  """configs/continued.py continuing `directory` by replaced-token detection (rows of
+  32), as the command line gives it: --config.objectives="('rtd',)" and `generator`'s
+  sizes as --config.generator.* (the flags parsed as bertjax.main parses them)."""
+  argv = ["main", f"--config={continued_config.__file__}", "--config.objectives=('rtd',)",
+          *(f"--config.generator.{k}={v}" for k, v in generator.items())]
+  values = flags.FlagValues()
+  config_flags.DEFINE_config_file("config", None, "", flag_values=values, lock_config=True,
+                                  sys_argv=argv)
+  values(argv)
+  c = cont_config(directory, corpus, values.config)
+  c.data.max_seq_length, c.data.max_predictions_per_seq = 32, 5
+  return c
+
+
+def _hf_rtd_loss(directory, params, networks, data) -> float:
+  """The held-out loss of the discriminator `directory` as transformers computes it
+  (ElectraForPreTraining's logits, ELECTRA's BCE over the real tokens) on the rows the
+  run's evaluation corrupts at step 0 (its generator's samples from `params`)."""
+  hf = transformers.ElectraForPreTraining.from_pretrained(directory).eval()
+  forward = jax.jit(lambda p, b: networks.forward(p, b, None)["mlm_logits"])
+  total = count = 0.0
+  for batch in data.eval_batches[:1]:  # config.train.eval_batches
+    corrupted, labels = rtd.corrupt(batch, forward(params, batch),
+                                    jax.random.key(rtd.EVAL_SEED))
+    inputs = {k: torch.from_numpy(np.asarray(v).astype(np.int64)) for k, v in dict(
+        input_ids=corrupted, attention_mask=batch["attention_mask"],
+        token_type_ids=batch["token_type_ids"]).items()}
+    with torch.no_grad():
+      logits = hf(**inputs).logits.numpy()
+    real = np.asarray(rtd.real_tokens(batch))
+    bce = torch.nn.functional.binary_cross_entropy_with_logits(
+        torch.from_numpy(logits), torch.from_numpy(np.asarray(labels, np.float32)),
+        reduction="none").numpy()
+    total, count = total + float((bce * real).sum()), count + float(real.sum())
+  return total / count
+
+
+@pytest.mark.slow
+def test_a_discriminator_continues_with_replaced_token_detection(family_checkpoints, corpus,
+                                                                 tmp_path, caplog):
+  """transformers' ElectraForPreTraining continued by ('rtd',), the generator's width
+  set as --config.generator.* set it: every array of the checkpoint is the
+  discriminator's (its 'rtd' head included), the generator starts fresh at those sizes
+  and reads the discriminator's tied embeddings, and the discriminator's held-out loss
+  at step 0 is the checkpoint's own (transformers' on the same corrupted rows)."""
+  directory = family_checkpoints["electra"]  # transformers' ElectraForPreTraining
+  c = _rtd_config(directory, corpus, hidden_size=16, num_heads=2, intermediate_size=24)
+  caplog.set_level("INFO")
+  start, tokenizer, setup, params = _start(c, str(tmp_path / "run"))
+  objectives = objectives_lib.from_config(start.config)
+  networks = objectives.networks
+  theirs = _flat(pretrained_lib.load_pretrained(directory).params)
+  disc = _flat(networks.member("discriminator").params(params))
+  assert set(disc) == set(theirs)
+  for k, v in theirs.items():
+    np.testing.assert_array_equal(disc[k], v, err_msg="/".join(k))
+  gen = networks.member("generator").config
+  assert (gen.hidden_size, gen.num_heads, gen.intermediate_size, gen.num_layers) == (
+      16, 2, 24, 2)
+  assert "initialised fresh: generator; in the checkpoint but not trained: nothing." in (
+      caplog.text)
+  data = pipeline.build_pretraining_data(
+      start.config.data, tokenizer, batch_size=start.config.train.batch_size,
+      seed=start.config.seed, nsp=False, num_steps=start.config.train.num_steps)
+  (held_out,) = evaluators.from_config(start.config, setup, data, objectives)
+  ours = held_out.run(params, 0)["rtd_loss"]
+  np.testing.assert_allclose(ours, _hf_rtd_loss(directory, params, networks, data),
+                             rtol=1e-5)
+
+
+# family -> its generator checkpoint (transformers' MLM class and sizes) beside the
+# discriminator checkpoint FAMILY_CHECKPOINTS makes.
+GENERATORS = {
+    "electra": lambda d: hf_electra(d, "ElectraForMaskedLM", hidden_size=16,
+                                    num_attention_heads=2, intermediate_size=24,
+                                    initializer_range=0.03),  # tables unlike the pair's
+    "deberta": lambda d: hf_deberta(d, num_hidden_layers=1, initializer_range=0.03),
+}
+
+
+@pytest.mark.parametrize("family", list(GENERATORS))
+def test_the_generator_starts_from_its_own_checkpoint(family, family_checkpoints, corpus,
+                                                      tmp_path, caplog):
+  """config.init_generator_from (ELECTRA and DeBERTa-v3 publish a generator beside the
+  discriminator): the generator's sizes are its checkpoint's (config.generator's 0s),
+  its arrays its checkpoint's but for the embeddings the two share: ELECTRA's tied
+  tables are the discriminator's; DeBERTa-v3's word table is the generator's and the
+  discriminator still reads its own (the residual the difference). A size given that
+  the checkpoint contradicts is a one-line error."""
+  directory = family_checkpoints[family]
+  generator = GENERATORS[family](str(tmp_path / "generator"))
+  c = _rtd_config(directory, corpus)
+  c.init_generator_from = generator
+  caplog.set_level("INFO")
+  start, _, _, params = _start(c, str(tmp_path / "run"))
+  networks = objectives_lib.from_config(start.config).networks
+  theirs = _flat(pretrained_lib.load_pretrained(generator).params)
+  ours = _flat(networks.member("generator").params(params))
+  assert set(ours) == set(theirs)
+  disc = _flat(pretrained_lib.load_pretrained(directory).params)
+  shared = {k for k in ours if k[:2] == ("encoder", "embeddings") and k[2] in (
+      rtd.TIED if family == "electra" else ())}
+  for k in ours:
+    np.testing.assert_array_equal(ours[k], (disc if k in shared else theirs)[k])
+  assert start.config.generator.num_layers == (2 if family == "electra" else 1)
+  assert f"the generator from {generator}:" in caplog.text
+  for k, v in _flat(networks.member("discriminator").params(params)).items():
+    if k in disc:  # DeBERTa: the 'rtd' head its Hugging Face class lacks is fresh
+      np.testing.assert_allclose(v, disc[k], rtol=1e-6, atol=1e-6, err_msg="/".join(k))
+  c.generator.num_heads = 1
+  with pytest.raises(ConfigError, match="config.generator.num_heads=1 but the generator "
+                     f"of {generator} has num_heads=") as e:
+    continued.open_run(c, str(tmp_path / "run2"))
+  assert "\n" not in str(e.value)
 
 
 def test_each_field_the_config_overrides_is_logged(corpus, tmp_path, caplog):
@@ -346,10 +505,51 @@ def test_each_field_the_config_overrides_is_logged(corpus, tmp_path, caplog):
   assert "replaces the" not in caplog.text.replace("dropout_rate=0.0 replaces the", "")
 
 
+@pytest.mark.parametrize("objective", list(objectives_lib.REGISTRY))
+@pytest.mark.parametrize("family", list(model_lib.FAMILIES))
+def test_every_family_continues_with_every_objective_it_has(family, objective,
+                                                            family_checkpoints, corpus,
+                                                            tmp_path):
+  """The family registry by the objectives registry, each family's tiny checkpoint
+  (`family_checkpoints`) continued with (objective,): either every array the checkpoint
+  holds for the network it exports is that network's, with its value (what it leaves
+  untrained is only heads the objective does not read), or, where the objective reads
+  a head of its own the family does not have (BERT's NSP and SBO, ELECTRA's and
+  DeBERTa's RTD), the run stops in one line naming the objective, the head and the
+  family."""
+  directory = family_checkpoints[family]
+  if family == "modernbert":
+    c = _modernbert_config(corpus, directory)
+  else:
+    c = cont_config(directory, corpus)
+    c.data.max_seq_length, c.data.max_predictions_per_seq = 32, 5
+  c.objectives = (objective,)
+  if objective == "nsp":  # its head reads the pooler (BertForMaskedLM has none: fresh)
+    c.model.pooler = True
+  if objective == "sbo":  # its head reads the spans span masking draws
+    c.data.masking = "span"
+  heads = {"mlm", *(h.name for h in model_lib.FAMILIES[family].heads)}
+  if not set(objectives_lib.REGISTRY[objective].heads) <= heads:  # e.g. 'rtd' of BERT
+    with pytest.raises(ConfigError, match=f"the '{objective}' objective .* reads the "
+                       f"'{objective}' head, which the '{family}' family does not have") as e:
+      _start(c, str(tmp_path / "run"))
+    assert "\n" not in str(e.value)
+    return
+  start, _, _, params = _start(c, str(tmp_path / "run"))
+  theirs = _flat(start.loaded()[0].params)
+  ours = _flat(objectives_lib.from_config(start.config).networks.member().params(params))
+  for k in set(theirs) & set(ours):
+    np.testing.assert_array_equal(ours[k], theirs[k], err_msg="/".join(k))
+  untrained = {k[0] for k in theirs if k not in ours}
+  assert untrained <= {"mlm", "nsp", "rtd"} - {objective}, untrained
+
+
 def _modernbert_config(corpus, directory):
-  """configs/continued.py:modernbert's model and masking from a Hugging Face ModernBERT,
-  tiny."""
-  c = cont_config(hf_modernbert(directory), corpus, num_steps=2, eval_every=2)
+  """configs/continued.py:modernbert's model and masking from a Hugging Face ModernBERT
+  (`directory`, made there unless it holds one), tiny."""
+  if not os.path.exists(os.path.join(directory, "config.json")):
+    hf_modernbert(directory)
+  c = cont_config(directory, corpus, num_steps=2, eval_every=2)
   c_mb = continued_config.get_config("modernbert")
   c.model, c.data.masked_lm_prob_phases = c_mb.model, c_mb.data.masked_lm_prob_phases
   c.model.dtype = "float32"
@@ -357,24 +557,24 @@ def _modernbert_config(corpus, directory):
   return c
 
 
-# family -> (a tiny Hugging Face checkpoint of it in a directory, the modules a run of
-# ('mlm',) initialises fresh, those of the checkpoint it leaves untrained).
+# family -> (the modules a run of ('mlm',) initialises fresh, those of the checkpoint it
+# leaves untrained).
 FAMILIES = {
-    "modernbert": (hf_modernbert, "nothing", "nothing"),
-    "deberta": (hf_deberta, "nothing", "nothing"),
-    "electra": (hf_electra, "mlm", "rtd"),  # a discriminator: no MLM head
+    "modernbert": ("nothing", "nothing"),
+    "deberta": ("nothing", "nothing"),
+    "electra": ("mlm", "rtd"),  # a discriminator: no MLM head
 }
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
-def test_every_family_continues_from_its_hugging_face_checkpoint(family, corpus, tmp_path,
-                                                                 caplog):
+def test_every_family_continues_from_its_hugging_face_checkpoint(family, family_checkpoints,
+                                                                 corpus, tmp_path, caplog):
   """ModernBERT (configs/continued.py:modernbert: the authors' attention output dropout
   on), DeBERTa-v3 (its checkpoint's 7 unused vocabulary rows kept) and an ELECTRA
   discriminator: the model section is the checkpoint's, its encoder and the MLM head
   where it has one are its weights; what starts fresh and what is left is logged."""
-  make, fresh, left = FAMILIES[family]
-  directory = make(str(tmp_path / "hf"))
+  fresh, left = FAMILIES[family]
+  directory = family_checkpoints[family]
   if family == "modernbert":
     c = _modernbert_config(corpus, directory)
   else:
@@ -386,13 +586,42 @@ def test_every_family_continues_from_its_hugging_face_checkpoint(family, corpus,
   model = setup.model.config
   assert model.family == family and model.hidden_size == theirs.config.hidden_size
   assert model.vocab_size == theirs.config.vocab_size >= tokenizer.vocab_size
-  for name in theirs.params:
-    if name in params:
-      jax.tree.map(np.testing.assert_array_equal, theirs.params[name], params[name])
+  untrained = set(theirs.params) - set(params)
+  assert untrained == ({left} if left != "nothing" else set())
+  for name in set(theirs.params) - untrained:
+    jax.tree.map(np.testing.assert_array_equal, theirs.params[name], params[name])
   assert f"initialised fresh: {fresh}; in the checkpoint but not trained: {left}." in (
       caplog.text)
   if family == "modernbert":
     assert model.attention_output_dropout == 0.1
+
+
+@pytest.mark.slow
+def test_a_replaced_token_detection_workdir_continues_both_networks(family_checkpoints,
+                                                                    corpus, tmp_path, caplog):
+  """A bertjax RTD run (two steps continuing the DeBERTa-v3 checkpoint) continued in
+  turn by ('rtd',) from its workdir: the discriminator and the generator both start
+  from the run's trained networks (the generator without config.init_generator_from,
+  at its sizes), the GDES residual up to float rounding (ELECTRA's placement:
+  test_the_generator_starts_from_its_own_checkpoint)."""
+  c = _rtd_config(family_checkpoints["deberta"], corpus, num_layers=1)
+  c.train.update(num_steps=2, eval_every=2)
+  c.evals.eval.at_start = False
+  first = str(tmp_path / "first")
+  pretrain.run(c, first)
+  trained = faults.saved_state(first)["params"]
+  c = _rtd_config(first, corpus)
+  caplog.set_level("INFO")
+  start, _, _, params = _start(c, str(tmp_path / "second"))
+  assert start.generator_from == first and start.config.generator.num_layers == 1
+  networks = objectives_lib.from_config(start.config).networks
+  for name, member in networks.members.items():
+    ours, theirs = _flat(member.params(params)), _flat(member.params(trained))
+    assert set(ours) == set(theirs)
+    for k, v in theirs.items():
+      np.testing.assert_allclose(ours[k], v, rtol=0, atol=1e-6, err_msg=f"{name}/{k}")
+  assert "initialised fresh: nothing; in the checkpoint but not trained: nothing." in (
+      caplog.text)
 
 
 @pytest.mark.slow

@@ -5,6 +5,7 @@ sources, and held out and evaluated per source (and per length phase)."""
 
 import json
 import os
+import signal
 
 import numpy as np
 import pyarrow as pa
@@ -15,7 +16,10 @@ import zstandard
 from bertjax.data import mixture, pipeline, prepare
 from bertjax.data.tokenizer import train_tokenizer
 from bertjax.errors import ConfigError
+from bertjax.train import pretrain
 from configs import bert_tiny
+from tests import faults
+from tests.helpers import tiny_config
 
 WORDS = {"general": "alpha", "domain": "zulu"}
 
@@ -194,3 +198,59 @@ def test_a_trained_tokenizer_sees_the_mixture_by_weight(corpora):
   sentences = mixture.tokenizer_sentences(_cfg(corpus=spec), seed=0)
   assert sum("alpha" in s for s in sentences) == round(0.3 * 65)
   assert sum("zulu" in s for s in sentences) == round(0.7 * 65)
+
+
+def test_tokenizer_sentences_are_a_bounded_sample_streamed(monkeypatch, caplog):
+  """A corpus too large to hold, streamed by a generator that fails when read past
+  config.data.tokenizer.read_sentences: the tokenizer (and a vocabulary extension)
+  gets sample_sentences of them, drawn from all that were read (not the first ones),
+  and the log says how many of how many; a mixture's sample keeps its weights."""
+  read = {}
+
+  def documents(spec, text_field="text", data_dir=None, line_breaks="space"):
+    del text_field, data_dir, line_breaks
+    read[spec] = 0
+    while True:
+      if read[spec] == 1_000:
+        pytest.fail(f"{spec} read past config.data.tokenizer.read_sentences")
+      read[spec] += 1
+      yield [f"{spec} number {read[spec]}."]
+
+  monkeypatch.setattr(mixture.sources_lib, "iter_documents", documents)
+  caplog.set_level("INFO")
+  cfg = _cfg(corpus="/big")
+  cfg.tokenizer.update(sample_sentences=50, read_sentences=1_000)
+  sentences = mixture.tokenizer_sentences(cfg, seed=0)
+  numbers = [int(s.split()[-1].rstrip(".")) for s in sentences]
+  assert len(set(numbers)) == 50 and read == {"/big": 1_000}
+  assert max(numbers) > 500 and sorted(numbers) != list(range(1, 51))
+  assert "Tokenizer sentences: 50 sampled of 1,000 read (at most" in caplog.text
+  sentences = mixture.tokenizer_sentences(_cfg(corpus="general:0.3=/g,domain:0.7=/d",
+                                               tokenizer=cfg.tokenizer), seed=0)
+  assert (sum(s.startswith("/g") for s in sentences),
+          sum(s.startswith("/d") for s in sentences)) == (15, 35)
+  assert "50 sampled of 2,000 read (general 1,000, domain 1,000)" in caplog.text
+
+
+@pytest.mark.slow
+def test_a_mixture_run_stopped_by_sigterm_resumes_exactly(corpora, on_train_batch, tmp_path):
+  """A pretraining run on the 0.3 : 0.7 mixture stopped by SIGTERM before step 3 and
+  rerun ends with the uninterrupted run's metrics (each source's held-out ones too) and
+  state, bit for bit: the mixed stream resumes where it stopped."""
+  root, spec, tok = corpora
+  c = tiny_config(num_steps=6, eval_every=6, checkpoint_every=2, log_every=1,
+                  eval_batches=1)
+  c.objectives = ("mlm",)
+  c.data.update(corpus=spec, packing="full_sentences", max_predictions_per_seq=3)
+  c.data.tokenizer.path, c.model.vocab_size = str(root / "tok"), tok.vocab_size
+  reference, stopped = str(tmp_path / "reference"), str(tmp_path / "stopped")
+  pretrain.run(c, reference)
+  on_train_batch(lambda n, _: n == 3 and os.kill(os.getpid(), signal.SIGTERM))
+  pretrain.run(c, stopped)
+  assert int(faults.saved_state(stopped)["step"]) == 3
+  on_train_batch(lambda n, _: None)
+  pretrain.run(c, stopped)
+  faults.assert_same_metrics(stopped, reference)
+  assert {"eval/general/mlm_loss", "eval/domain/mlm_loss"} <= {
+      f"{r['split']}/{k}" for r in faults.metrics(reference) for k in r}
+  faults.assert_same_arrays(faults.saved_state(stopped), faults.saved_state(reference))

@@ -22,12 +22,15 @@ from __future__ import annotations
 
 import dataclasses
 import fractions
+import itertools
 import math
+import random
 import re
-from typing import Sequence
+from typing import Iterable, Sequence
 
 import grain
 import numpy as np
+from absl import logging
 
 from bertjax.data import manifest, multilingual, sources as sources_lib
 from bertjax.data import tokenizer as tok_lib
@@ -37,6 +40,11 @@ from bertjax.errors import ConfigError, DataError
 _WEIGHTED = re.compile(r"^\s*([\w.-]+):([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)=(.*)$",
                        re.S)
 _NAMED = re.compile(r"^\s*([\w.-]+)=(.*)$", re.S)
+# What a tokenizer trains on (and a vocabulary extension learns words from) where
+# config.data.tokenizer does not say: a million sentences per source held (~150 MB of
+# Python strings), drawn from all of each source read, streamed.
+SAMPLE_SENTENCES = 1_000_000
+READ_SENTENCES = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,10 +116,31 @@ def weights(sources: Sequence[Source], sizes: Sequence[float], alpha: float
   return multilingual.sampling_probabilities(sizes, alpha)
 
 
+def sample(texts: Iterable[str], size: int, limit: int, seed: int
+           ) -> tuple[list[str], int]:
+  """(up to `size` of `texts` drawn uniformly at random, all of them in order when they
+  are fewer (0: all), how many were read): streamed, reading at most `limit` (0: all),
+  holding at most `size` (a reservoir, Vitter's algorithm R)."""
+  rng = random.Random(seed)
+  out: list[str] = []
+  read = 0
+  for text in itertools.islice(texts, limit or None):
+    read += 1
+    if not size or len(out) < size:
+      out.append(text)
+    elif (j := rng.randrange(read)) < size:
+      out[j] = text
+  return out, read
+
+
 def tokenizer_sentences(data_cfg, seed: int) -> list[str]:
-  """The sentences to train a tokenizer on: the corpus's, or with several sources as
-  many sentences as they hold together, drawn with their sampling probabilities (the
-  languages' q of their `language_counts`, a mixture's weights)."""
+  """The sentences to train a tokenizer on (and to learn a vocabulary extension's words
+  from): each source streamed, at most `tokenizer.read_sentences` of its units read
+  (0: all) and `tokenizer.sample_sentences` of them kept, drawn uniformly (0: all; the
+  defaults `READ_SENTENCES`, `SAMPLE_SENTENCES` where the section lacks them); with
+  several sources as many as they hold together up to that sample, drawn with their
+  sampling probabilities (the languages' q of their `language_counts`, a mixture's
+  weights). Logs how many it sampled of how many it read."""
   field = data_cfg.text_field
   sources = sources_of(data_cfg)
   for source in sources:
@@ -119,16 +148,36 @@ def tokenizer_sentences(data_cfg, seed: int) -> list[str]:
       raise DataError(f"corpus {source.spec!r} is prepared (tokenized): give the "
                       "tokenizer it was prepared with, "
                       f"--config.data.tokenizer.path={source.spec}/tokenizer")
-  per_source = [[s for d in sources_lib.load_documents(
-      source.spec, field, line_breaks=data_cfg.line_breaks)
-                 for s in tok_lib.unit_texts(d, data_cfg.line_breaks)] for source in sources]
+  settings = data_cfg.get("tokenizer") or {}
+  size = settings.get("sample_sentences", SAMPLE_SENTENCES)
+  limit = settings.get("read_sentences", READ_SENTENCES)
+  per_source, read = [], []
+  for i, source in enumerate(sources):
+    if not source.spec:
+      raise sources_lib.no_text(source.spec, field)
+    texts = (t for d in sources_lib.iter_documents(source.spec, field,
+                                                   line_breaks=data_cfg.line_breaks)
+             for t in tok_lib.unit_texts(d, data_cfg.line_breaks))
+    kept, n = sample(texts, size, limit, seed + i)
+    if not n:
+      raise sources_lib.no_text(source.spec, field)
+    per_source.append(kept)
+    read.append(n)
   if len(per_source) == 1:
-    return per_source[0]
-  counts = multilingual.language_counts(data_cfg)
-  q = weights(sources, [multilingual.text_size(s, counts) for s in per_source],
-              data_cfg.language_alpha)
-  return multilingual.sample_sentences(per_source, q, sum(map(len, per_source)),
-                                       np.random.default_rng(seed))
+    out = per_source[0]
+  else:
+    counts = multilingual.language_counts(data_cfg)
+    # Each source's size is its sample's scaled to what was read of it.
+    sizes = [multilingual.text_size(s, counts) * n / len(s) for s, n in zip(per_source, read)]
+    q = weights(sources, sizes, data_cfg.language_alpha)
+    total = min(sum(read), size or sum(read))
+    out = multilingual.sample_sentences(per_source, q, total, np.random.default_rng(seed))
+  logging.info("Tokenizer sentences: %s sampled of %s read%s (at most "
+               "config.data.tokenizer.sample_sentences=%d kept, read_sentences=%d read "
+               "per source; 0: all).", f"{len(out):,}", f"{sum(read):,}",
+               "" if len(read) == 1 else " (" + ", ".join(
+                   f"{s.name} {n:,}" for s, n in zip(sources, read)) + ")", size, limit)
+  return out
 
 
 def spec_of(sources: Sequence[Source]) -> str:

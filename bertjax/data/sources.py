@@ -224,8 +224,7 @@ def load_documents(spec: str, text_field: str = "text", limit_chars: int | None 
   the corpus is empty, or it holds more than `limit_chars` characters (None: no limit).
   """
   if not spec:
-    raise DataError("config.data.corpus is empty: set it to 'embedded' or to a text "
-                    "file, glob or directory (e.g. --config.data.corpus='/data/*.txt')")
+    raise no_text(spec, text_field)
   documents, characters = [], 0
   for document in iter_documents(spec, text_field, line_breaks=line_breaks):
     documents.append(document)
@@ -233,11 +232,19 @@ def load_documents(spec: str, text_field: str = "text", limit_chars: int | None 
     if limit_chars is not None and characters > limit_chars:
       raise too_large(spec, characters, limit_chars, "over")
   if not documents:
-    raise DataError(f"corpus {spec!r} contains no text: give text files with one "
-                    "sentence a line and a blank line between documents, or records "
-                    f"whose {text_field!r} field / column holds text "
-                    "(config.data.text_field)")
+    raise no_text(spec, text_field)
   return documents
+
+
+def no_text(spec: str, text_field: str = "text") -> DataError:
+  """The one line of a corpus spec that is empty or whose files hold no text."""
+  if not spec:
+    return DataError("config.data.corpus is empty: set it to 'embedded' or to a text "
+                     "file, glob or directory (e.g. --config.data.corpus='/data/*.txt')")
+  return DataError(f"corpus {spec!r} contains no text: give text files with one "
+                   "sentence a line and a blank line between documents, or records "
+                   f"whose {text_field!r} field / column holds text "
+                   "(config.data.text_field)")
 
 
 def too_large(spec: str, size: int, limit: int, how: str = "") -> DataError:

@@ -34,14 +34,18 @@ from bertjax.data import tokenizer as tok_lib
 def train(input_spec: str, languages: str, output: str, *, kind: str, vocab_size: int,
           lowercase: bool, model_type: str, character_coverage: float, alpha: float,
           language_counts: str, seed: int, text_field: str,
-          line_breaks: str = "space") -> dict:
-  """Trains and saves the tokenizer; returns a summary (sentences, vocab, ids, seconds)."""
+          line_breaks: str = "space", sample_sentences: int = mixture.SAMPLE_SENTENCES,
+          read_sentences: int = mixture.READ_SENTENCES) -> dict:
+  """Trains and saves the tokenizer on a sample of the corpus
+  (`mixture.tokenizer_sentences`); returns a summary (sentences, vocab, ids, seconds)."""
   start = time.perf_counter()
   data_cfg = ml_collections.ConfigDict({"corpus": input_spec, "languages": languages,
                                         "language_alpha": alpha,
                                         "language_counts": language_counts,
                                         "text_field": text_field,
-                                        "line_breaks": line_breaks})
+                                        "line_breaks": line_breaks,
+                                        "tokenizer": {"sample_sentences": sample_sentences,
+                                                      "read_sentences": read_sentences}})
   sentences = mixture.tokenizer_sentences(data_cfg, seed)
   counted = progress.Progress("tokenizer", len(sentences), "sentences").wrap(sentences)
   tok = tok_lib.train_tokenizer(counted, kind=kind, vocab_size=vocab_size,
@@ -60,7 +64,8 @@ def main(argv):
                   vocab_size=f.vocab_size, lowercase=f.lowercase, model_type=f.model_type,
                   character_coverage=f.character_coverage, alpha=f.alpha,
                   language_counts=f.language_counts, seed=f.seed, text_field=f.text_field,
-                  line_breaks=f.line_breaks)
+                  line_breaks=f.line_breaks, sample_sentences=f.sample_sentences,
+                  read_sentences=f.read_sentences)
   print(" | ".join(f"{k} {v}" for k, v in summary.items()))
 
 
@@ -85,6 +90,10 @@ if __name__ == "__main__":
   flags.DEFINE_enum("line_breaks", "space", list(sources.LINE_BREAKS), "A line break "
                     "inside a document: a space (lines as running text) or 'apart' "
                     "(each line tokenized alone; config.data.line_breaks).")
+  flags.DEFINE_integer("sample_sentences", mixture.SAMPLE_SENTENCES, "Sentences trained on "
+                       "per source, drawn uniformly from those read (0: all).")
+  flags.DEFINE_integer("read_sentences", mixture.READ_SENTENCES, "Sentences read per source "
+                       "at most, streamed (0: all).")
   flags.DEFINE_string("output", None, "Directory to write the tokenizer to.")
   flags.mark_flags_as_required(["output"])
   cli.run(main)

@@ -16,7 +16,9 @@ embedding row starts from (`row_sources`).
 Words come from a file (`read_tokens_file`) or are learned from a corpus
 (`learn_words`): a tokenizer of the same kind trained on the domain by
 `tokenizer.train_tokenizer` proposes its word-start tokens, ranked by the tokens they
-save (occurrences in the domain times the old tokenizer's extra pieces).
+save (occurrences in the domain times the old tokenizer's extra pieces), on a sample
+of the domain streamed (`mixture.tokenizer_sentences`: config.data.tokenizer's
+`sample_sentences` per source held, `read_sentences` read; logged).
 
 `run_tokenizer(config, given)` is what a continued run's config (`config.init_from`,
 `config.vocab_extension`) tokenizes with: the continued run

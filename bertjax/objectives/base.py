@@ -100,6 +100,11 @@ class Networks:
   members: {name: `Network`}: each pretrained model in the tree.
   exported: the name of the member that export (`convert --to=hf`), fine-tuning's
     `init_from`, `load_pretrained`, embed and fill_mask take by default.
+  place: where members' checkpoints go in the tree (continued pretraining:
+    `bertjax.train.continued`): {member name: its parameters from a checkpoint, flat
+    {path in its own pretraining tree: array}} -> {path in the whole tree: array}.
+    None: each member's at its `path`; networks that share parameters say where the
+    shared ones come from (`placed`).
   """
 
   init: Callable[[jax.Array], Any]
@@ -107,6 +112,7 @@ class Networks:
   flops: Callable[[int, int, int], dict[str, float]]
   members: dict[str, Network]
   exported: str
+  place: Callable[[dict[str, dict]], dict] | None = None
 
   def member(self, name: str | None = None) -> Network:
     """The member `name` (default: the exported one)."""
@@ -115,6 +121,15 @@ class Networks:
       raise CheckpointError(f"no network {name!r} among the trained ones "
                             f"({', '.join(self.members)}).")
     return self.members[name]
+
+  def placed(self, loaded: dict[str, dict]) -> dict:
+    """The whole tree's parameters that `loaded` gives ({member name: {path in its
+    pretraining tree: array}}, the members that have a checkpoint), flat by path in
+    the tree (`place`)."""
+    if self.place is not None:
+      return self.place(loaded)
+    return {self.members[name].path + p: v for name, params in loaded.items()
+            for p, v in params.items()}
 
 
 def example_weights(batch: dict) -> jax.Array:

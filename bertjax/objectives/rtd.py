@@ -30,7 +30,10 @@ embeddings as each paper does (`config.rtd.embedding_sharing`, default the famil
   alone trains the shared table, the discriminator only its residual. Folded together
   for export and fine-tuning.
 The generator is `config.model` at `config.generator`'s sizes (`FamilyConfig.generator`:
-ELECTRA 1/4 to 1/2 the width, DeBERTa-v3 half the depth). Export takes the
+ELECTRA 1/4 to 1/2 the width, DeBERTa-v3 half the depth; a size of 0 the family's
+fraction, `GENERATOR_FRACTIONS`). Continued pretraining (`bertjax.train.continued`)
+puts a discriminator's and a generator's checkpoints in the tree as the sharing says
+(`Networks.place`). Export takes the
 discriminator (`Networks.exported`); the generator (`load_pretrained(...,
 network='generator')`, fill_mask) is assembled with what it shares.
 
@@ -61,6 +64,13 @@ TIED = ("word_embeddings", "position_embeddings", "token_type_embeddings", "Laye
 # 'gdes': the tables the discriminator reads as the generator's plus its residual.
 GDES = ("word_embeddings", "position_embeddings")
 DISCRIMINATOR_WEIGHT = 50.0  # lambda where a config has no config.rtd (ELECTRA's).
+# A size config.generator sets to 0: this fraction of the discriminator's (at least 1;
+# 1 for a size not listed). ELECTRA: a quarter of the width, heads and FFN at every
+# layer (Table 6; configure_pretraining.py generator_hidden_size 0.25); DeBERTa-v3: half
+# the depth at the same width (rtd_base.json `generator`).
+GENERATOR_FRACTIONS = {"electra": {"hidden_size": 0.25, "num_heads": 0.25,
+                                   "intermediate_size": 0.25},
+                       "deberta": {"num_layers": 0.5}}
 EVAL_SEED = 0  # the sampling key of held-out batches (no rng in evaluation)
 
 
@@ -84,14 +94,17 @@ def embedding_sharing(config, family: str) -> str:
 
 def generator_config(config, model) -> Any:
   """The generator's model config: `model` (the discriminator) at `config.generator`'s
-  sizes; one-line ConfigErrors without config.generator, or for a generator larger
-  than the discriminator."""
+  sizes, a size of 0 the family's fraction of the discriminator's
+  (`GENERATOR_FRACTIONS`); one-line ConfigErrors without config.generator, or for a
+  generator larger than the discriminator."""
   sizes = config.get("generator")
   if not sizes:
     raise ConfigError("the 'rtd' objective needs config.generator (the generator's "
                       "hidden_size, num_heads, intermediate_size, num_layers; "
                       "configs/electra_small.py).")
-  return model.generator(dict(sizes))
+  fractions = GENERATOR_FRACTIONS.get(model_lib.family_of(model).name, {})
+  return model.generator({k: v or max(1, int(getattr(model, k) * fractions.get(k, 1)))
+                          for k, v in dict(sizes).items()})
 
 
 def _embeddings(tree: dict) -> dict:
@@ -158,6 +171,31 @@ def corrupt(batch: dict, logits: jax.Array, key: jax.Array) -> tuple[jax.Array, 
   return corrupted, ((corrupted != original) & (real_tokens(batch) > 0)).astype(jnp.int32)
 
 
+def _place(gdes: bool):
+  """`Networks.place`: the discriminator's checkpoint at its path, the generator's at
+  its own, but for what the two share. 'tied': the discriminator's tables (a generator
+  checkpoint's copies of them are left). 'gdes': the generator's tables are its
+  checkpoint's, else the discriminator's; the discriminator's residual is its
+  checkpoint's table less the generator's, so that what it reads is its checkpoint's."""
+
+  def place(loaded: dict[str, dict]) -> dict:
+    disc, gen = loaded.get("discriminator", {}), loaded.get("generator", {})
+    out = {("discriminator", *p): v for p, v in disc.items()}
+    for p, v in gen.items():
+      if not gdes and p[:2] == ("encoder", "embeddings") and p[2] in TIED:
+        out.setdefault(("discriminator", *p), v)
+      else:
+        out[("generator", *p)] = v
+    if gdes:
+      for p, v in disc.items():
+        if p[:2] == ("encoder", "embeddings") and p[2] in GDES:
+          shared = out.setdefault(("generator", *p), v)
+          out[("discriminator", *p)] = v - shared
+    return out
+
+  return place
+
+
 def networks(config, model) -> Networks:
   """The generator and the discriminator (module docstring)."""
   family = model_lib.family_of(model)
@@ -206,7 +244,7 @@ def networks(config, model) -> Networks:
     return terms
 
   return Networks(
-      init=init, forward=forward, flops=flops, exported="discriminator",
+      init=init, forward=forward, flops=flops, exported="discriminator", place=_place(gdes),
       members={"discriminator": Network(("discriminator",), model, disc,
                                         assemble=discriminator_params if gdes else None),
                "generator": Network(("generator",), gen_config, gen,
