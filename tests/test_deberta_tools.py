@@ -9,6 +9,7 @@ that transformers loads and that predicts as bertjax does; a converted workdir g
 pretraining (MLM, packed rows)."""
 
 import json
+import math
 import os
 import shutil
 
@@ -31,7 +32,8 @@ from configs import deberta_tiny  # pylint: disable=wrong-import-position
 from configs.finetune import glue, ner, squad, swag  # pylint: disable=wrong-import-position
 from tests.helpers import hf_outputs, load_hf  # pylint: disable=wrong-import-position
 from tests.deberta_helpers import (CLS, MASK, PAD, SEP, TEXTS, UNK, VOCAB,  # pylint: disable=wrong-import-position
-                                   deberta_tokenizer, hf_deberta, pretrain_config)
+                                   config_json, deberta_tokenizer, hf_deberta, hf_model,
+                                   pretrain_config, state as hf_state)
 from tests.tasks_helpers import export_matches, fine_tune_and_predict, fixture, shorten  # pylint: disable=wrong-import-position
 
 # Every test here converts, fine-tunes or pretrains (tens of seconds to minutes).
@@ -214,3 +216,42 @@ def test_fine_tunes_predicts_and_exports(case, request, tmp_path):
   assert isinstance(load_finetuned(workdir).model, db.DebertaConfig)
   export_matches(workdir, str(tmp_path / "hf"), fixture(dev), hf_deberta_table.TASK_CLASSES)
 
+
+
+def test_a_released_discriminators_detector_is_read_and_written_back():
+  """A released DeBERTa-v3 holds its replaced-token detector as `mask_predictions.*`
+  (microsoft/DeBERTa's LMMaskPredictionHead, unused by transformers): it loads as the
+  'rtd' head (`config.rtd`), whose logits are that head's computed from the state dict
+  by hand (LayerNorm of each token plus [CLS], dense, GELU, classifier), and an export
+  writes the same keys back."""
+  model = hf_model()
+  state = hf_state(model)
+  rng = np.random.default_rng(0)
+  E = model.config.hidden_size
+  head = {"LayerNorm.weight": 1 + 0.1 * rng.standard_normal(E),
+          "LayerNorm.bias": 0.1 * rng.standard_normal(E),
+          "dense.weight": 0.2 * rng.standard_normal((E, E)),
+          "dense.bias": 0.1 * rng.standard_normal(E),
+          "classifier.weight": 0.2 * rng.standard_normal((1, E)),
+          "classifier.bias": 0.1 * rng.standard_normal(1)}
+  state.update({f"mask_predictions.{k}": v.astype(np.float32) for k, v in head.items()})
+  config, params, task = hf_deberta_table.load(config_json(model), state)
+  assert config.rtd and task is None
+  ids = np.asarray([[CLS, 5, 17, 40, SEP, PAD]], np.int32)
+  family = db.FAMILY
+  out = family.pretraining(config, ("rtd",)).apply({"params": params}, ids)["rtd_logits"]
+  with torch.no_grad():
+    h = model.deberta(torch.as_tensor(ids), attention_mask=torch.as_tensor(ids != PAD)
+                      ).last_hidden_state.numpy()[0]
+  x = h[:1] + h
+  x = (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True)
+                                                + model.config.layer_norm_eps)
+  x = x * head["LayerNorm.weight"] + head["LayerNorm.bias"]
+  x = x @ head["dense.weight"].T + head["dense.bias"]
+  x = 0.5 * x * (1 + np.vectorize(math.erf)(x / math.sqrt(2)))
+  want = (x @ head["classifier.weight"].T + head["classifier.bias"])[:, 0]
+  real = ids[0] != PAD
+  np.testing.assert_allclose(np.asarray(out)[0][real], want[real], atol=1e-4)
+  back = hf_deberta_table.params_to_hf(params, config)
+  for k, v in head.items():
+    np.testing.assert_array_equal(back[f"mask_predictions.{k}"], v.astype(np.float32))

@@ -6,9 +6,12 @@ DeBERTa's `lm_predictions.lm_head.*`, config.json `legacy: false`, and transform
 legacy `cls.predictions.*`, the only one that serves an `embedding_size` below the
 hidden size) and the fine-tuned `DebertaV2ForSequenceClassification /
 ForTokenClassification / ForQuestionAnswering / ForMultipleChoice`. DeBERTa-v3's
-released checkpoints hold the replaced-token-detection discriminator: no MLM head (its
-`mask_predictions.*` RTD head is not read). Importing one logs that the MLM head is
-missing; a workdir converted from it gets a fresh one (`checkpoint.pretrained`).
+released checkpoints hold the replaced-token-detection discriminator: its
+`mask_predictions.*` RTD head (microsoft/DeBERTa's LMMaskPredictionHead, which
+transformers' classes lack and leave unused) is read as the 'rtd' head (`config.rtd`),
+so continuing one with ('rtd',) starts from its detector; there is no MLM head, which
+importing logs (a workdir converted from it gets a fresh one, `checkpoint.pretrained`).
+An export writes the 'rtd' head back under the same keys.
 Refused in one line: DeBERTa-v2-xlarge's convolution (`conv_kernel_size` > 0), a
 pooler or head size other than the hidden size's, DeBERTa v1 (model_type 'deberta').
 
@@ -28,6 +31,7 @@ legacy decoder's bias as a copy of `cls.predictions.bias`).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Sequence
 
 from absl import logging
@@ -187,12 +191,17 @@ def _block(config: DebertaConfig, ours: tuple[str, ...], hf: str) -> list[Entry]
   return table + _norm(ours + ("output_norm",), f"{hf}.output.LayerNorm")
 
 
+# The released discriminators' replaced-token-detection head: bertjax's 'rtd' module.
+RTD_HEAD = "mask_predictions"
+
+
 def param_table(config: DebertaConfig, prefix: str = "deberta.", mlm: str | None = None,
-                task: str | None = None) -> list[Entry]:
+                task: str | None = None, rtd: bool = False) -> list[Entry]:
   """Every bertjax parameter of `config` (unscanned layout) with its Hugging Face key:
   the encoder under `prefix` ('deberta.' in every DebertaV2For*, '' in a bare
   DebertaV2Model), the MLM head of style `mlm` (a key of MLM_HEADS; None: none), the
-  `task` head (a key of TASK_CLASSES)."""
+  replaced-token detector when `rtd` (`RTD_HEAD`.*), the `task` head (a key of
+  TASK_CLASSES)."""
   p, emb = prefix, ("encoder", "embeddings")
   table = [Entry(emb + ("word_embeddings", "embedding"), p + _EMBEDDINGS, "copy")]
   if config.position_biased_input:
@@ -215,6 +224,10 @@ def param_table(config: DebertaConfig, prefix: str = "deberta.", mlm: str | None
     dense, norm, bias = MLM_HEADS[mlm]
     table += _linear(("mlm", "transform"), dense) + _norm(("mlm", "transform_norm"), norm)
     table.append(Entry(("mlm", "bias"), bias, "copy"))
+  if rtd:
+    table += (_norm(("rtd", "LayerNorm"), f"{RTD_HEAD}.LayerNorm")
+              + _linear(("rtd", "dense"), f"{RTD_HEAD}.dense")
+              + _linear(("rtd", "classifier"), f"{RTD_HEAD}.classifier"))
   if task is not None:
     if task not in TASK_CLASSES:
       raise CheckpointError(f"a {task!r} model has no Hugging Face DeBERTa class; "
@@ -266,7 +279,20 @@ def params_from_hf(state_dict: dict[str, np.ndarray], config: DebertaConfig,
                  "from it starts a fresh MLM head ('mlm').",
                  " / ".join(f"{d}.*" for d, _, _ in MLM_HEADS.values()))
   engine.check_tied(state_dict, ("cls.predictions.decoder.weight",), prefix + _EMBEDDINGS)
-  return engine.read(state_dict, param_table(config, prefix, mlm, task), config)
+  return engine.read(state_dict, param_table(config, prefix, mlm, task, config.rtd),
+                     config)
+
+
+def load(hf: dict[str, Any], state_dict: dict[str, np.ndarray], **overrides
+         ) -> tuple[DebertaConfig, dict, str | None]:
+  """(config, params, task) of a config.json and its weights (`engine.readers`' load):
+  a checkpoint holding the released `RTD_HEAD` is a discriminator (`config.rtd`, its
+  head in params['rtd'])."""
+  config = model_config_from_hf(hf, **overrides)
+  task = task_of(hf)
+  if task is None and f"{RTD_HEAD}.dense.weight" in state_dict:
+    config = dataclasses.replace(config, rtd=True)
+  return config, params_from_hf(state_dict, config, task), task
 
 
 def params_to_hf(params: dict, config: DebertaConfig, task: str | None = None
@@ -276,8 +302,9 @@ def params_to_hf(params: dict, config: DebertaConfig, task: str | None = None
   `task`, else a bare DebertaV2Model's."""
   params = engine.unscanned(params, config)
   mlm = mlm_head_style(config) if task is None and "mlm" in params else None
-  prefix = "deberta." if mlm or task else ""
-  state = engine.write(params, param_table(config, prefix, mlm, task))
+  rtd = task is None and "rtd" in params
+  prefix = "deberta." if mlm or task or rtd else ""
+  state = engine.write(params, param_table(config, prefix, mlm, task, rtd))
   if mlm == "cls":
     state["cls.predictions.decoder.weight"] = state[prefix + _EMBEDDINGS].copy()
     state["cls.predictions.decoder.bias"] = state["cls.predictions.bias"].copy()
@@ -306,7 +333,7 @@ def _token_ids(tokenizer) -> dict[str, int]:
           "pad_token_id": tokenizer.pad_id}
 
 
-check_supported, load = engine.readers(model_config_from_hf, task_of, params_from_hf)
+check_supported, _ = engine.readers(model_config_from_hf, task_of, params_from_hf)
 export_pretrained, export_finetuned = engine.exporters(export, _token_ids)
 
 
