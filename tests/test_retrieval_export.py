@@ -21,7 +21,7 @@ from bertjax.data import tokenizer as tok_lib  # pylint: disable=wrong-import-po
 from bertjax.errors import CheckpointError  # pylint: disable=wrong-import-position
 from bertjax.hf import sentence_transformers as st  # pylint: disable=wrong-import-position
 from bertjax.tasks import embedding  # pylint: disable=wrong-import-position
-from tests import deberta_helpers, modernbert_helpers  # pylint: disable=wrong-import-position
+from tests import deberta_helpers, eurobert_helpers, modernbert_helpers  # pylint: disable=wrong-import-position
 
 CORPUS = ["The quick brown fox jumps over the lazy dog.",
           "Please turn your homework in on Monday, or else!",
@@ -52,6 +52,16 @@ def _family(name: str, directory: str):
     return (_bert_family(tok, position_offset=2, pad_token_id=1, type_vocab_size=1,
                          max_position_embeddings=66),
             tok, "cls", {"query": "query: ", "document": "passage: "})
+  if name in ("gte", "nomic_bert"):  # gte-multilingual-base: XLM-R pieces, [CLS]
+    kind = "sentencepiece" if name == "gte" else "wordpiece"
+    tok = tok_lib.train_tokenizer(CORPUS, kind, vocab_size=300, lowercase=name != "gte")
+    return ({"family": name, "vocab_size": tok.vocab_size, "pad_token_id": tok.pad_id,
+             "max_position_embeddings": 64, **SIZES}, tok, "cls" if name == "gte" else "mean",
+            {} if name == "gte" else {"query": "search_query: ", "document": "search_document: "})
+  if name in ("eurobert", "ultrabert"):  # a [CLS]-style BPE (Llama-3's: test_eurobert_train)
+    tok = tok_lib.load_tokenizer(modernbert_helpers.modernbert_tokenizer(directory))
+    return (eurobert_helpers.model_section(name).to_dict(), tok,
+            "mean" if name == "eurobert" else "cls", {"query": "query: "})
   if name == "modernbert":
     tok = tok_lib.load_tokenizer(modernbert_helpers.modernbert_tokenizer(directory))
     return (modernbert_helpers.model_section().to_dict(), tok, "mean",
@@ -62,7 +72,8 @@ def _family(name: str, directory: str):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("family", ["bert", "roberta", "xlmr", "modernbert", "electra",
-                                    "deberta"])
+                                    "deberta", "gte", "nomic_bert", "eurobert",
+                                    "ultrabert"])
 def test_exported_folder_encodes_as_bertjax(family, tmp_path):
   """A random encoder of each family, exported: `SentenceTransformer(folder)` with its
   pooling, normalisation and prompts encodes queries and documents as bertjax does."""

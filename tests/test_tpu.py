@@ -250,3 +250,25 @@ def test_modernbert_scanned_splash_compiles_for_tpu(v5e_4):
   assert text.count(" conditional(") == 2  # The scanned body's forward and backward.
   assert text.count('custom_call_target="tpu_custom_call"') == 3 + 2 * 3
   assert not re.search(r"\b512,512\]", text)
+
+
+@pytest.mark.slow
+@needs_libtpu
+@splash_here
+@pytest.mark.parametrize("family", ["gte", "nomic_bert"])
+def test_post_ln_rotary_families_compile_for_tpu(v5e_4, family):
+  """GTE's and NomicBERT's tiny recipes (post-LN blocks, rotary q / k, gated MLPs),
+  scanned, with splash attention: the scanned body's forward, dq and dkv kernels, and
+  no [T, T] buffer at 512 tokens (GTE's rows packed with documents isolated)."""
+  import importlib  # pylint: disable=g-import-not-at-top
+  config = importlib.import_module(f"configs.{family}_tiny").get_config()
+  config.model.update(hidden_size=128, num_heads=2, intermediate_size=192, vocab_size=512,
+                      num_layers=2, max_position_embeddings=512, dtype="bfloat16",
+                      attention_impl="splash", scan_layers=True)
+  config.data.max_seq_length, config.data.max_predictions_per_seq = 512, 64
+  config.mesh.data, config.mesh.fsdp, config.mesh.tensor = -1, 1, 1
+  assert ("segment_ids" in plan_lib.batch_spec(config, 4)) == (family == "gte")
+  _, compiled, _ = plan_lib.compile_step(config, v5e_4.devices, 4)
+  text = compiled.as_text()
+  assert text.count('custom_call_target="tpu_custom_call"') == 3
+  assert not re.search(r"\b512,512\]", text)

@@ -25,8 +25,10 @@ from typing import Any
 
 from bertjax.errors import CheckpointError
 from bertjax.hf import bert, deberta, electra, files, modernbert
+from bertjax.hf import eurobert, ultrabert
+from bertjax.hf import gte, nomic_bert
 
-TABLES = (bert, modernbert, electra, deberta)
+TABLES = (bert, modernbert, electra, deberta, eurobert, ultrabert, gte, nomic_bert)
 
 
 def table_of(hf_config: dict[str, Any]):

@@ -13,12 +13,15 @@ from typing import Any
 
 from bertjax.errors import ConfigError
 from bertjax.model import bert, deberta, electra, modernbert
+from bertjax.model import eurobert, ultrabert
+from bertjax.model import gte, nomic_bert
 from bertjax.model.bert import ModelConfig
 from bertjax.model.family import Family
 
 # config.model.family -> its Family.
 FAMILIES = {f.name: f for f in (bert.FAMILY, modernbert.FAMILY, electra.FAMILY,
-                                    deberta.FAMILY)}
+                                    deberta.FAMILY, eurobert.FAMILY,
+                                    ultrabert.FAMILY, gte.FAMILY, nomic_bert.FAMILY)}
 
 
 def family_of(model: Any) -> Family:

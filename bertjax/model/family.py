@@ -96,6 +96,9 @@ class Family:
   heads: its own pretraining heads (`Head`); every family has the stack's 'mlm'.
   head_flops: (config, batch) -> {term: FLOPs of one training step} of its own heads
     and pooler (`stack.train_flops` adds them).
+  mlm_weights: config -> the weights the MLM head multiplies each prediction by before
+    its decoder (its transform; default E D, one dense: `stack.train_flops`), e.g. 0
+    for EuroBERT's decoder alone, UltraBERT's two-layer head.
   token_weights: config -> the weights every token is multiplied by outside the blocks
     and the MLM head (ELECTRA's embedding projection, its replaced-token detector at
     every position; `stack.train_flops` counts 6 B T of them). None: none.
@@ -121,6 +124,7 @@ class Family:
   pooler: Callable[[Any], nn.Module] | None = None
   heads: tuple[Head, ...] = ()
   head_flops: Callable[[Any, int], dict[str, float]] | None = None
+  mlm_weights: Callable[[Any], int] | None = None
   token_weights: Callable[[Any], int] | None = None
   pretraining_heads: Callable[[Any], Any] = lambda config: config
   phase_inputs: Callable[[Any, Sequence[int]], list[dict[str, float]]] = _no_phase_inputs

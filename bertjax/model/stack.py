@@ -31,6 +31,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from bertjax.errors import ConfigError
 from bertjax.model.config import REMAT_POLICIES
 from bertjax.model.layers import BATCH, EMBED, constrain, dense, zeros_init
 
@@ -40,6 +41,8 @@ from bertjax.model.layers import BATCH, EMBED, constrain, dense, zeros_init
 # packed row: no attention across them; default None, one document).
 ENCODER_INPUTS = ("input_ids", "attention_mask", "token_type_ids", "position_ids",
                   "segment_ids")
+# The `classifier_pooling`s a packed row's examples can be pooled by (`Encoder.slots`).
+SLOT_POOLINGS = ("cls", "mean")
 
 
 def _block_class(cfg: Any, block: type, scanned: bool):
@@ -131,6 +134,11 @@ class Encoder(nn.Module):
     example's; 'attention_mask' [B*K, 1]; 'pooled' [B*K, E] with a pooler}."""
     hidden = out["last_hidden_state"]
     B, K = batch["cls_positions"].shape
+    if self.config.classifier_pooling not in SLOT_POOLINGS:  # EuroBERT's 'late'
+      raise ConfigError(
+          f"config.model.classifier_pooling={self.config.classifier_pooling!r} pools "
+          "after the head's own layers, which packed rows' slots cannot give: set "
+          "config.task.batching='bucket' (or pool 'cls' / 'mean').")
     if self.config.classifier_pooling == "cls":
       x = jnp.take_along_axis(hidden, batch["cls_positions"][..., None], axis=1)
     else:
@@ -303,10 +311,13 @@ def train_flops(family: Any, cfg: Any, batch: int, seq: int, predictions: int
                                        a block multiplies each token by
                                        (`Family.block_weights`: no embeddings, biases,
                                        norms)
-    + 12 * B * E * sum_l pairs_l       attention Q K^T and P V over the pairs each
+    + 12 * B * N Dh * sum_l pairs_l    attention Q K^T and P V over the pairs each
                                        layer scores (`attention_pairs` of the config's
-                                       `windows`: T^2 for a global layer)
-    + 6 * B * P * (E D + D V)          the MLM head at the P masked positions only
+                                       `windows`: T^2 for a global layer), N heads of
+                                       size Dh (N Dh = E unless a family sets Dh)
+    + 6 * B * P * (W_mlm + D V)        the MLM head at the P masked positions only: its
+                                       transform (`Family.mlm_weights`, default E D)
+                                       and decoder
     + 6 * B * T * W_tok                the weights outside the blocks every token is
                                        multiplied by (`Family.token_weights`, e.g.
                                        ELECTRA's embedding projection)
@@ -320,10 +331,11 @@ def train_flops(family: Any, cfg: Any, batch: int, seq: int, predictions: int
   `train_flops(..., predictions=T)`."""
   E, D, V = cfg.hidden_size, cfg.embedding_size, cfg.vocab_size
   pairs = sum(attention_pairs(seq, w) for w in cfg.windows)
+  mlm = E * D if family.mlm_weights is None else family.mlm_weights(cfg)
   terms = {
       "encoder_matmuls": 6.0 * (cfg.num_layers * family.block_weights(cfg)) * batch * seq,
-      "attention": 12.0 * batch * E * pairs,
-      "mlm_head": 6.0 * batch * predictions * (E * D + D * V),
+      "attention": 12.0 * batch * cfg.num_heads * cfg.head_dim * pairs,
+      "mlm_head": 6.0 * batch * predictions * (mlm + D * V),
   }
   if family.token_weights is not None:
     terms["token_weights"] = 6.0 * family.token_weights(cfg) * batch * seq

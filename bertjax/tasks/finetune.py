@@ -194,17 +194,22 @@ def rows(features: base.Features, idx: np.ndarray, valid: np.ndarray) -> dict:
 def batcher(task: base.Task, features: base.Features, model: Any, groups: int = 1,
             row_multiple: int = 1) -> batching.Batcher:
   """The batches of `features` as `config.task.batching` says ('auto': 'pack' where the
-  task packs, else 'bucket'; for packing, `groups`: the data-parallel size,
-  `row_multiple`: grad_accum_steps)."""
+  task packs and the model can pool a packed example, else 'bucket'; for packing,
+  `groups`: the data-parallel size, `row_multiple`: grad_accum_steps)."""
   mode = task.cfg.batching
+  poolable = task.packing != "cls" or model.classifier_pooling in stack.SLOT_POOLINGS
   if mode == "auto":
-    mode = "pack" if task.packing else "bucket"
+    mode = "pack" if task.packing and poolable else "bucket"
   if mode not in batching.BATCHING:
     raise ConfigError(f"config.task.batching={mode!r}: use 'auto' or one of "
                       f"{batching.BATCHING}.")
   if mode == "pack" and not task.packing:
     raise ConfigError(f"config.task.batching='pack' does not apply to task {task.name!r} "
                       "(only classification and fine-tuned tagging); use 'bucket'.")
+  if mode == "pack" and not poolable:
+    raise ConfigError(f"config.task.batching='pack' with config.model.classifier_pooling="
+                      f"{model.classifier_pooling!r}, which pools after the head's own "
+                      "layers: a packed row's examples cannot be; use 'bucket' or 'auto'.")
   return batching.Batcher(
       features.arrays, mode, batching.bucket_lengths(task.cfg.bucket_lengths,
                                                      task.max_seq_length),
