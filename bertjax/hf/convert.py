@@ -1,7 +1,7 @@
 """Hugging Face checkpoints <-> bertjax, for every family: a directory's config.json
-names its `model_type`, which picks the family's table (`TABLES`: `bert.py`,
-`modernbert.py`, `electra.py`, `deberta.py`, each a mapping run by the one engine
-`table.py`); this module reads and writes the directories (`load_hf`, `save_hf`,
+names its `model_type`, which picks the family's table (`TABLES`: bertjax/hf/<name>.py
+of each family of `bertjax.model.MODULES` that has one, each a mapping run by the one
+engine `table.py`); this module reads and writes the directories (`load_hf`, `save_hf`,
 `save_hf_finetuned`) through `files.py`.
 
 A family's table module holds its `param_table` (`table.Entry` rows), FAMILY (its `bertjax.model.FAMILIES` name), MODEL_TYPES,
@@ -19,16 +19,20 @@ alone (`hf_dropouts`).
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import importlib.util
 import json
 import os
 from typing import Any
 
+from bertjax import model as model_lib
 from bertjax.errors import CheckpointError
-from bertjax.hf import bert, deberta, electra, files, modernbert
-from bertjax.hf import eurobert, ultrabert
-from bertjax.hf import gte, nomic_bert
+from bertjax.hf import files
 
-TABLES = (bert, modernbert, electra, deberta, eurobert, ultrabert, gte, nomic_bert)
+# The conversion table of each registered family that has one (bertjax/hf/<name>.py of
+# `bertjax.model.MODULES`).
+TABLES = tuple(importlib.import_module(f"bertjax.hf.{m}") for m in model_lib.MODULES
+               if importlib.util.find_spec(f"bertjax.hf.{m}") is not None)
 
 
 def table_of(hf_config: dict[str, Any]):

@@ -1,27 +1,35 @@
 """Flax Linen encoders: one shared stack (`stack.py`: embedding dispatch, blocks,
-scan / remat, final norm and pooler slots, the tied MLM head, layouts, FLOPs) and a
-file of parts per family (`bert.py`: BERT, RoBERTa, XLM-R, SpanBERT; `modernbert.py`:
-ModernBERT, Ettin, mmBERT; `electra.py`: ELECTRA's discriminators and generators;
-`deberta.py`: DeBERTa-v2 / v3); and the one place a model is chosen:
-`family_of(config.model)` gives the `Family` (`family.py`) every other package builds
-models through; `config_from(config.model)` its hyperparameter dataclass."""
+scan / remat, final norm and pooler slots, the MLM head, layouts, FLOPs) on one layer
+kit (`layers.py`, `rotary.py`), and a file of parts per family (`bert.py`: BERT,
+RoBERTa, XLM-R, SpanBERT; `modernbert.py`: ModernBERT, Ettin, mmBERT; `electra.py`:
+ELECTRA's discriminators and generators; `deberta.py`: DeBERTa-v2 / v3;
+`eurobert.py`, `ultrabert.py`, `gte.py`, `nomic_bert.py`); and the one place a model
+is chosen: `family_of(config.model)` gives the `Family` (`family.py`) every other
+package builds models through; `config_from(config.model)` its hyperparameter
+dataclass.
+
+The registry is `MODULES`: a family is its module bertjax/model/<name>.py (whose
+`FAMILY` it lists) and, where it converts to Hugging Face, bertjax/hf/<name>.py
+(`bertjax.hf.convert.TABLES` takes each that exists); adding a family is adding its
+name here."""
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from typing import Any
 
 from bertjax.errors import ConfigError
-from bertjax.model import bert, deberta, electra, modernbert
-from bertjax.model import eurobert, ultrabert
-from bertjax.model import gte, nomic_bert
+from bertjax.model import bert
 from bertjax.model.bert import ModelConfig
 from bertjax.model.family import Family
 
+# The family modules, in the order their families are listed.
+MODULES = ("bert", "modernbert", "electra", "deberta", "eurobert", "ultrabert", "gte",
+           "nomic_bert")
 # config.model.family -> its Family.
-FAMILIES = {f.name: f for f in (bert.FAMILY, modernbert.FAMILY, electra.FAMILY,
-                                    deberta.FAMILY, eurobert.FAMILY,
-                                    ultrabert.FAMILY, gte.FAMILY, nomic_bert.FAMILY)}
+FAMILIES = {f.name: f for f in (importlib.import_module(f"bertjax.model.{m}").FAMILY
+                                for m in MODULES)}
 
 
 def family_of(model: Any) -> Family:

@@ -7,9 +7,10 @@ final-norm and pooler slots, the tied MLM head and its gather, `encode`,
 `init_params`, the parameter layouts, the FLOPs every family shares, the packed
 examples' rows and what fine-tuning freezes.
 
-A new family is one file, bertjax/model/<family>.py, listed in
-`bertjax.model.FAMILIES`, and its Hugging Face table bertjax/hf/<family>.py listed in
-`bertjax.hf.convert.TABLES`. The file supplies exactly:
+A new family is one file, bertjax/model/<family>.py, its Hugging Face table
+bertjax/hf/<family>.py, its recipes in configs/, and its name in
+`bertjax.model.MODULES` (which `FAMILIES` and `bertjax.hf.convert.TABLES` are read
+from); tests/test_family_conformance.py then tests it. The file supplies exactly:
 
 1. `config`: its frozen hyperparameter dataclass (mixing in `config.FamilyConfig`),
    whose instances answer what the data, the trainer and the stack ask of any model:
