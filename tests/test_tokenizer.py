@@ -52,9 +52,9 @@ def spm_path(tmp_path_factory):
   return str(d / tokenizer_lib.SENTENCEPIECE_FILE)
 
 
-def _hf_batch(hf, texts, pairs=None, max_length=512):
+def _hf_batch(hf, texts, pairs=None, max_length=512, **kwargs):
   enc = hf(texts, pairs, truncation=True, max_length=max_length, padding="longest",
-           return_tensors="np")
+           return_tensors="np", **kwargs)
   return {k: np.asarray(v) for k, v in enc.items()}
 
 
@@ -174,3 +174,28 @@ def test_errors_are_one_line(tmp_path):
   with pytest.raises(DataError) as e:
     tokenizer_lib.load_tokenizer(str(bad))
   assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("kind", ["xlmr", "wordpiece"])
+def test_transformers_saved_folders_load_with_pairs(wordpiece_dir, spm_path, tmp_path, kind):
+  """GTE's and NomicBERT's kinds of tokenizer folder as transformers saves them
+  (mGTE: XLM-R's SentencePiece pieces, <s> / </s>, the 'roberta' layout; gte-*-en-v1.5
+  and NomicBERT: BERT's WordPiece, the 'bert' layout; each with its tokenizer.json,
+  which bertjax reads first): bertjax's ids, token types and masks are AutoTokenizer's
+  for single texts and pairs, cut or not."""
+  from transformers import AutoTokenizer, BertTokenizer, XLMRobertaTokenizer
+  source = (XLMRobertaTokenizer.from_pretrained(os.path.dirname(spm_path)) if kind == "xlmr"
+            else BertTokenizer.from_pretrained(wordpiece_dir))
+  source.save_pretrained(str(tmp_path))
+  assert os.path.isfile(tmp_path / "tokenizer.json")
+  hf = AutoTokenizer.from_pretrained(str(tmp_path))
+  ours = tokenizer_lib.load_tokenizer(str(tmp_path))
+  assert ours.style == ("roberta" if kind == "xlmr" else "bert")
+  assert (ours.cls_id, ours.sep_id, ours.pad_id, ours.mask_id, ours.unk_id) == (
+      hf.cls_token_id, hf.sep_token_id, hf.pad_token_id, hf.mask_token_id, hf.unk_token_id)
+  keys = ("input_ids", "attention_mask", "token_type_ids")
+  _assert_same(ours(SAMPLES), _hf_batch(hf, SAMPLES, return_token_type_ids=True), keys)
+  a, b = (list(x) for x in zip(*PAIRS))
+  for max_length in (9, 12, 64):
+    _assert_same(ours(a, b, max_length=max_length),
+                 _hf_batch(hf, a, b, max_length=max_length, return_token_type_ids=True), keys)

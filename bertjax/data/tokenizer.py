@@ -9,11 +9,16 @@ are the pieces', [MASK] the piece of that name or the id after the last piece, a
 transformers' DebertaV2Tokenizer adds it). Inputs are built the way Hugging Face's
 tokenizers build them: BERT (and DeBERTa) `[CLS] a [SEP] b [SEP]` with token types
 0/1, RoBERTa / XLM-R `<s> a </s></s> b </s>` with token types all 0, longest-first
-truncation and right padding to the longest row of the batch.
+truncation and right padding to the longest row of the batch. A tokenizer.json with
+neither [CLS] nor <s> (EuroBERT's Llama-3 BPE: <|begin_of_text|> <|end_of_text|>
+<|mask|>, no unk) has the 'template' style: its inputs as its post-processor's template
+(TemplateProcessing) lays them out, its pad / mask / unk named by tokenizer_config.json
+(`Layout`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import itertools
 import json
@@ -35,6 +40,8 @@ from bertjax.errors import ConfigError, DataError
 _BERT_SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")  # pad unk cls sep mask
 _ROBERTA_SPECIALS = ("<pad>", "<unk>", "<s>", "</s>", "<mask>")
 _FAIRSEQ_ORDER = ("<s>", "<pad>", "</s>", "<unk>")  # ids 0..3 of RoBERTa and XLM-R
+TEMPLATE = "template"  # the style of a tokenizer placing its own names (`Layout`)
+_MASK_NAMES = ("<|mask|>", "<mask>", "[MASK]")  # a mask token no config names
 
 
 # Characters Python's str.split() splits at but BERT's normalizer deletes (control
@@ -108,17 +115,66 @@ class _HFBackend:
     self.tok.save(os.path.join(directory, "tokenizer.json"))
 
 
+# A template's part: ('A' | 'B', (), type id) for a text's ids, ('special', ids, type
+# id) for special tokens.
+Part = tuple[str, tuple[int, ...], int]
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+  """A 'template' tokenizer's special tokens: where its tokenizer.json's post-processor
+  (TemplateProcessing, alone or in a Sequence) places them in a single text's and a
+  pair's inputs, with their token type ids (EuroBERT's `<|begin_of_text|> $A
+  <|end_of_text|>`), and which tokens pad, mask and stand for unknown text.
+
+  The template's first and last special token of a single text are the row's [CLS] and
+  [SEP] (bos / eos); a pair's template must begin and end with one special token each,
+  A before B (what packing, pooling and SQuAD's spans rely on), or hold none at all
+  (`$A $B`: the library's default when a tokenizer names no pair template; then pairs
+  are refused, single texts work). pad, mask and unk are
+  tokenizer_config.json's (special_tokens_map.json's); without one: pad the eos
+  (EuroBERT's), mask the vocabulary's <|mask|> / <mask> / [MASK], unk the model's
+  unk_token or none (byte-level BPE needs none: `Tokenizer.unk_id` None).
+  """
+
+  single: tuple[Part, ...]
+  pair: tuple[Part, ...] | None  # None: the template gives pairs no special tokens
+  pad_id: int
+  mask_id: int
+  unk_id: int | None
+  special_ids: frozenset[int]  # every special token of the vocabulary (never masked)
+
+  @property
+  def cls_id(self) -> int:
+    return self.single[0][1][0]
+
+  @property
+  def sep_id(self) -> int:
+    return self.single[-1][1][0]
+
+
 class Tokenizer:
   """Text -> model inputs, with the special-token layout of `style`.
 
-  style: 'bert' ([CLS] a [SEP] b [SEP], token types 0/1) or 'roberta'
-  (<s> a </s></s> b </s>, token types all 0).
+  style: 'bert' ([CLS] a [SEP] b [SEP], token types 0/1), 'roberta'
+  (<s> a </s></s> b </s>, token types all 0) or 'template' (as `layout`, read from a
+  tokenizer.json's post-processor: `Layout`).
   """
 
-  def __init__(self, backend: _HFBackend | sentencepiece_layouts.SentencePieceBackend, style: str):
+  def __init__(self, backend: _HFBackend | sentencepiece_layouts.SentencePieceBackend,
+               style: str, layout: Layout | None = None):
     self._backend = backend
     self.style = style
     self.vocab_size = backend.vocab_size
+    self.layout = layout
+    if style == TEMPLATE:
+      if layout is None:
+        raise DataError("a 'template' tokenizer needs its Layout.")
+      self.pad_id, self.unk_id, self.mask_id = layout.pad_id, layout.unk_id, layout.mask_id
+      self.cls_id, self.sep_id = layout.cls_id, layout.sep_id
+      self.special_ids = layout.special_ids
+      self.mask_token = backend.id_to_token(self.mask_id)
+      return
     names = _BERT_SPECIALS if style == "bert" else _ROBERTA_SPECIALS
     ids = [backend.token_to_id(t) for t in names]
     missing = [t for t, i in zip(names, ids) if i is None]
@@ -146,6 +202,8 @@ class Tokenizer:
 
   def num_special(self, pair: bool) -> int:
     """How many special tokens `build_inputs` adds to a single text or a pair."""
+    if self.style == TEMPLATE:
+      return sum(len(ids) for _, ids, _ in self._template(pair))
     if not pair:
       return 2
     return 3 if self.style == "bert" else 4
@@ -153,6 +211,13 @@ class Tokenizer:
   def build_inputs(self, ids_a: Sequence[int], ids_b: Sequence[int] | None = None
                    ) -> tuple[list[int], list[int]]:
     """Adds the special tokens; returns (input ids, token type ids)."""
+    if self.style == TEMPLATE:
+      ids, types = [], []
+      for part, special, type_id in self._template(ids_b is not None):
+        piece = ids_a if part == "A" else ids_b if part == "B" else special
+        ids.extend(piece)
+        types.extend([type_id] * len(piece))
+      return ids, types
     a = [self.cls_id, *ids_a, self.sep_id]
     if ids_b is None:
       return a, [0] * len(a)
@@ -161,6 +226,17 @@ class Tokenizer:
       return a + b, [0] * len(a) + [1] * len(b)
     ids = a + [self.sep_id, *ids_b, self.sep_id]
     return ids, [0] * len(ids)
+
+  def _template(self, pair: bool) -> tuple[Part, ...]:
+    if not pair:
+      return self.layout.single
+    if self.layout.pair is None:
+      raise DataError(
+          "the tokenizer's post-processor template gives text pairs no special tokens "
+          "($A $B), so bertjax cannot lay out pairs as transformers does: give its "
+          "tokenizer.json's TemplateProcessing a pair template (e.g. "
+          "'<|begin_of_text|> $A <|end_of_text|> $B:1 <|end_of_text|>:1').")
+    return self.layout.pair
 
   def __call__(self, texts: str | Sequence[str],
                text_pairs: str | Sequence[str] | None = None,
@@ -209,7 +285,8 @@ class Tokenizer:
       raise DataError(f"token id {i} is outside the vocabulary (size {self.vocab_size}).")
     return t
 
-  def token_to_id(self, t: str) -> int:
+  def token_to_id(self, t: str) -> int | None:
+    """The id of token `t`; unk's when it is not one (None for a tokenizer without)."""
     i = self._backend.token_to_id(t)
     return self.unk_id if i is None else i
 
@@ -238,11 +315,21 @@ class Tokenizer:
     remote path (gs://...), written through a local copy."""
     if is_remote(directory):
       with tempfile.TemporaryDirectory() as local:
-        self._backend.save(local)
+        self._save_local(local)
         _copy_files(epath.Path(local), epath.Path(directory))
       return
     os.makedirs(directory, exist_ok=True)
+    self._save_local(directory)
+
+  def _save_local(self, directory: str) -> None:
     self._backend.save(directory)
+    if self.style == TEMPLATE:  # the parts its tokenizer.json does not name
+      name = self._backend.id_to_token
+      roles = {"bos_token": self.cls_id, "eos_token": self.sep_id, "pad_token": self.pad_id,
+               "mask_token": self.mask_id, "unk_token": self.unk_id}
+      with open(os.path.join(directory, "tokenizer_config.json"), "w", encoding="utf-8") as f:
+        json.dump({"tokenizer_class": "PreTrainedTokenizerFast",
+                   **{k: name(i) for k, i in roles.items() if i is not None}}, f, indent=2)
 
 
 def check_same_vocabulary(given: Tokenizer, used: Tokenizer, given_name: str,
@@ -331,12 +418,96 @@ def truncate_longest_first(a: Sequence[int], b: Sequence[int], max_length: int
   return list(a[:n1]), list(b[:n2])
 
 
-def _style_of(backend) -> str:
+def _style_of(backend) -> str | None:
+  """'bert' or 'roberta' by the special tokens' names; None when neither fits."""
   if backend.token_to_id("[CLS]") is not None:
     return "bert"
   if backend.token_to_id("<s>") is not None:
     return "roberta"
-  raise DataError("tokenizer has neither [CLS] (BERT) nor <s> (RoBERTa) in its vocabulary.")
+  return None
+
+
+def _template_of(state: dict) -> dict | None:
+  """The TemplateProcessing of a tokenizer.json's post-processor (alone or in a
+  Sequence, as Llama-3's beside ByteLevel), or None."""
+  post = state.get("post_processor") or {}
+  for p in post.get("processors", []) if post.get("type") == "Sequence" else [post]:
+    if (p or {}).get("type") == "TemplateProcessing":
+      return p
+  return None
+
+
+def _parts(items: list, special_tokens: dict) -> tuple[Part, ...]:
+  parts = []
+  for item in items:
+    (kind, spec), = item.items()
+    if kind == "Sequence":
+      parts.append((spec["id"], (), int(spec["type_id"])))
+    else:
+      parts.append(("special", tuple(special_tokens[spec["id"]]["ids"]), int(spec["type_id"])))
+  return tuple(parts)
+
+
+def _shape(parts: tuple[Part, ...]) -> str:
+  """The template's parts as letters: A, B, s (a special token of one id), S (of
+  several): 'sAs' for bos $A eos."""
+  return "".join(("s" if len(ids) == 1 else "S") if p == "special" else p for p, ids, _ in parts)
+
+
+def layout_of(tok: tokenizers.Tokenizer, hf_config: dict | None = None) -> Layout:
+  """The `Layout` of a tokenizer.json whose special tokens are neither BERT's nor
+  RoBERTa's: its post-processor's template, and pad / mask / unk as `hf_config`
+  (tokenizer_config.json's `*_token` entries) names them (`Layout`'s defaults without).
+  DataError (one line) when it has no template, one bertjax cannot lay rows out by, or
+  no mask token."""
+  state = json.loads(tok.to_str())
+  template = _template_of(state)
+  if template is None:
+    raise DataError("tokenizer has neither [CLS] (BERT) nor <s> (RoBERTa) in its vocabulary, "
+                    "nor a post-processor template (TemplateProcessing) placing its own special "
+                    "tokens (EuroBERT's: <|begin_of_text|> $A <|end_of_text|>).")
+  try:
+    single = _parts(template["single"], template["special_tokens"])
+    pair = _parts(template["pair"], template["special_tokens"])
+  except (AttributeError, KeyError, TypeError, ValueError) as e:
+    raise DataError(f"tokenizer.json's post-processor template is malformed ({e!r}).")
+  if _shape(pair) == "AB":  # no pair template given: pairs are refused when built
+    pair = None
+  if _shape(single) != "sAs" or not (pair is None or re.fullmatch(r"sA[sS]*Bs", _shape(pair))):
+    show = lambda parts: " ".join(f"${p}" if p in "AB" else " ".join(map(tok.id_to_token, i))
+                                  for p, i, _ in parts or ())
+    raise DataError(
+        f"tokenizer.json's post-processor template ({show(single)!r}; pair {show(pair)!r}) is "
+        "not one bertjax lays rows out by: a single text between one special token each side "
+        "(bos $A eos), a pair beginning and ending with one (bos $A ... $B eos).")
+  config = hf_config or {}
+
+  def named(key: str) -> int | None:
+    value = config.get(key)
+    value = value.get("content") if isinstance(value, dict) else value
+    if value is None:
+      return None
+    i = tok.token_to_id(value)
+    if i is None:
+      raise DataError(f"tokenizer_config.json's {key} {value!r} is not in the vocabulary.")
+    return i
+
+  sep = single[-1][1][0]
+  pad = named("pad_token")
+  mask = named("mask_token")
+  if mask is None:
+    mask = next((tok.token_to_id(t) for t in _MASK_NAMES if tok.token_to_id(t) is not None),
+                None)
+  if mask is None:
+    raise DataError("tokenizer has no mask token: name it in tokenizer_config.json "
+                    f"(mask_token) or add one of {list(_MASK_NAMES)}.")
+  unk = named("unk_token")
+  if unk is None and (state.get("model") or {}).get("unk_token") is not None:
+    unk = tok.token_to_id(state["model"]["unk_token"])
+  specials = {t["id"] for t in state.get("added_tokens", []) if t.get("special")}
+  specials.update(i for parts in (single, pair or ()) for _, ids, _ in parts for i in ids)
+  specials.update(i for i in (pad, mask, unk) if i is not None)
+  return Layout(single, pair, sep if pad is None else pad, mask, unk, frozenset(specials))
 
 
 def _add_specials(tok: tokenizers.Tokenizer, names: Sequence[str]) -> None:
@@ -388,36 +559,60 @@ def _from_sentencepiece(path: str) -> Tokenizer:
     return _from_proto(f.read(), path)
 
 
-def _from_tokenizer_json(path: str) -> Tokenizer:
+def _from_tokenizer_json(path: str, hf_config: dict | None = None) -> Tokenizer:
   try:
     tok = tokenizers.Tokenizer.from_file(path)
   except Exception as e:  # the library raises a bare Exception on malformed JSON
     raise DataError(f"{path} is not a tokenizer.json ({str(e).splitlines()[0]}).")
-  return from_library(tok)
+  return from_library(tok, hf_config)
 
 
-def from_library(tok: tokenizers.Tokenizer | bytes) -> Tokenizer:
-  """The `Tokenizer` of a `tokenizers.Tokenizer` (its style from its special tokens) or
-  of a SentencePiece model proto (bytes; XLM-R's ids): `Tokenizer.library`'s inverse."""
+def from_library(tok: tokenizers.Tokenizer | bytes, hf_config: dict | None = None
+                 ) -> Tokenizer:
+  """The `Tokenizer` of a `tokenizers.Tokenizer` (its style from its special tokens:
+  'bert', 'roberta', else 'template' with `layout_of(tok, hf_config)`) or of a
+  SentencePiece model proto (bytes; XLM-R's ids): `Tokenizer.library`'s inverse (a
+  'template' tokenizer's pad / mask / unk by `Layout`'s defaults, unless `hf_config`
+  names them)."""
   if isinstance(tok, bytes):
     return Tokenizer(sentencepiece_layouts.SentencePieceBackend(tok), "roberta")
   backend = _HFBackend(tok)
-  return Tokenizer(backend, _style_of(backend))
+  style = _style_of(backend)
+  if style is None:
+    return Tokenizer(backend, TEMPLATE, layout_of(tok, hf_config))
+  return Tokenizer(backend, style)
+
+
+def _hf_config(directory: str) -> dict:
+  """A Hugging Face tokenizer folder's settings: special_tokens_map.json's names
+  overridden by tokenizer_config.json's ({} when it has neither)."""
+  config = {}
+  for name in ("special_tokens_map.json", "tokenizer_config.json"):
+    path = os.path.join(directory, name)
+    if os.path.isfile(path):
+      try:
+        with open(path, encoding="utf-8") as f:
+          config.update(json.load(f))
+      except (ValueError, TypeError) as e:
+        raise DataError(f"{path} is not a JSON object ({e}).")
+  return config
 
 
 def load_tokenizer(path: str) -> Tokenizer:
   """Reads a vocab.txt, a SentencePiece .model, a tokenizer.json, or a directory
   holding one of them (Hugging Face model dirs included: tokenizer.json, vocab.txt
   with tokenizer_config.json's do_lower_case, sentencepiece.bpe.model, or
-  vocab.json + merges.txt)."""
+  vocab.json + merges.txt). A tokenizer.json with neither BERT's nor RoBERTa's special
+  tokens (EuroBERT's Llama-3 BPE) is read by its post-processor's template and its
+  folder's tokenizer_config.json (`Layout`)."""
   path = os.fspath(path)
   if is_remote(path):
     path = _local_copy(path)
   if not os.path.exists(path):
     raise DataError(f"tokenizer path {path} does not exist.")
   if os.path.isfile(path):
-    if path.endswith(".json"):
-      return _from_tokenizer_json(path)
+    if path.endswith(".json"):  # its folder's tokenizer_config.json names its specials
+      return _from_tokenizer_json(path, _hf_config(os.path.dirname(path) or "."))
     if path.endswith(".model"):
       return _from_sentencepiece(path)
     if path.endswith(".txt"):
@@ -425,12 +620,9 @@ def load_tokenizer(path: str) -> Tokenizer:
     raise DataError(f"{path}: unrecognised tokenizer file; give a vocab.txt, a "
                     "SentencePiece .model or a tokenizer.json.")
   join = lambda name: os.path.join(path, name)
-  hf_config = {}
-  if os.path.isfile(join("tokenizer_config.json")):
-    with open(join("tokenizer_config.json"), encoding="utf-8") as f:
-      hf_config = json.load(f)
+  hf_config = _hf_config(path)
   if os.path.isfile(join("tokenizer.json")):
-    return _from_tokenizer_json(join("tokenizer.json"))
+    return _from_tokenizer_json(join("tokenizer.json"), hf_config)
   if os.path.isfile(join("vocab.txt")):
     return _from_vocab_txt(join("vocab.txt"), hf_config)
   spm_files = sorted(n for n in os.listdir(path) if n.endswith(".model"))

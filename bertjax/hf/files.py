@@ -72,9 +72,11 @@ def _post_processor(tokenizer):
 def _special_tokens(tokenizer) -> dict[str, str]:
   """tokenizer_config.json's names of the special tokens (bos / eos: [CLS] / [SEP])."""
   name = lambda i: tokenizer.id_to_token(i)
-  return {"cls_token": name(tokenizer.cls_id), "sep_token": name(tokenizer.sep_id),
-          "bos_token": name(tokenizer.cls_id), "eos_token": name(tokenizer.sep_id),
-          "unk_token": name(tokenizer.unk_id)}
+  names = {"cls_token": name(tokenizer.cls_id), "sep_token": name(tokenizer.sep_id),
+           "bos_token": name(tokenizer.cls_id), "eos_token": name(tokenizer.sep_id)}
+  if tokenizer.unk_id is not None:  # a byte-level BPE may have none (EuroBERT's)
+    names["unk_token"] = name(tokenizer.unk_id)
+  return names
 
 
 def save_hf_tokenizer(directory: str, tokenizer, max_length: int = 512,
@@ -88,7 +90,9 @@ def save_hf_tokenizer(directory: str, tokenizer, max_length: int = 512,
   `tokenizer_json` (a model type whose AutoTokenizer reads tokenizer.json only, e.g.
   ModernBERT's), every `tokenizers` model as tokenizer.json with a post-processor
   adding the special tokens as bertjax does (when it has none) and their names in
-  tokenizer_config.json. Returns 'wordpiece', 'sentencepiece', 'spm',
+  tokenizer_config.json. A 'template' tokenizer (EuroBERT's Llama-3 BPE) is written as
+  tokenizer.json (its own post-processor) with its special tokens' names either way.
+  Returns 'wordpiece', 'sentencepiece', 'spm',
   'byte_level_bpe' or 'json'."""
   tokenizer.save(directory)
   json_path = os.path.join(directory, "tokenizer.json")
@@ -128,6 +132,11 @@ def save_hf_tokenizer(directory: str, tokenizer, max_length: int = 512,
       f.write("".join(tokenizer.id_to_token(i) + "\n" for i in range(tokenizer.vocab_size)))
     lower = tokenizer.tokenize("Hello World") == tokenizer.tokenize("hello world")
     kind, settings = "wordpiece", {"tokenizer_class": "BertTokenizer", "do_lower_case": lower}
+  elif getattr(tokenizer, "style", None) == "template":
+    # Its tokenizer.json's post-processor lays out the rows (EuroBERT's Llama-3 BPE);
+    # tokenizer_config.json names the special tokens transformers cannot tell from it.
+    kind, settings = "json", {"tokenizer_class": "PreTrainedTokenizerFast",
+                              **_special_tokens(tokenizer)}
   else:
     kind, settings = "json", {}
   pad, mask = tokenizer.id_to_token(tokenizer.pad_id), tokenizer.id_to_token(tokenizer.mask_id)
