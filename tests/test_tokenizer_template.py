@@ -180,6 +180,16 @@ def test_masking_and_packing_use_its_tokens(folder):
   np.testing.assert_array_equal(out["input_ids"][unchanged], ids[unchanged])
 
 
+def test_vocabulary_extension_reads_a_tokenizer_without_unk(folder):
+  """Adding words to a tokenizer without unk (Llama-3's): what it has is what its
+  vocabulary holds (a lookup answers None for the rest, never unk's id)."""
+  from bertjax.data import vocab_extension  # pylint: disable=g-import-not-at-top
+  tok = tok_lib.load_tokenizer(folder)
+  assert tok.unk_id is None
+  assert vocab_extension._has(tok, "<|mask|>")  # pylint: disable=protected-access
+  assert not vocab_extension._has(tok, "surely-not-a-token")  # pylint: disable=protected-access
+
+
 def _state(tok: tokenizers.Tokenizer) -> dict:
   return json.loads(tok.to_str())
 

@@ -111,8 +111,12 @@ def surface(tokenizer: tok_lib.Tokenizer, word: str, kind: str | None = None) ->
 
 
 def _has(tokenizer: tok_lib.Tokenizer, token: str) -> bool:
-  return tokenizer.token_to_id(token) != tokenizer.unk_id or (
-      token == tokenizer.id_to_token(tokenizer.unk_id))
+  """Whether `token` is in the vocabulary (unk's id means it is not, unless it is unk;
+  a tokenizer without unk answers None for one it lacks)."""
+  i = tokenizer.token_to_id(token)
+  if tokenizer.unk_id is None:
+    return i is not None
+  return i != tokenizer.unk_id or token == tokenizer.id_to_token(tokenizer.unk_id)
 
 
 def learn_words(tokenizer: tok_lib.Tokenizer, sentences: Sequence[str], n: int
