@@ -173,17 +173,6 @@ def test_fill_mask(bert_dir, xlmr_dir):
     assert all(0 <= p <= 1 for p in probs) and result[0][0][1] >= result[0][1][1]
 
 
-def test_params_tree_matches_model(bert_dir):
-  pretrained = api.load_pretrained(bert_dir[0])
-  import flax.linen as nn  # pylint: disable=g-import-not-at-top
-  import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  init = jax.eval_shape(lambda: nn.unbox(pretrained.model.init(
-      jax.random.key(0), jnp.zeros((1, 4), jnp.int32))["params"]))
-  shapes = lambda t: jax.tree.map(lambda x: tuple(x.shape), t)
-  assert shapes(pretrained.params) == shapes(init)
-
-
 def test_errors(bert_dir, tmp_path):
   with pytest.raises(CheckpointError) as e:
     api.load_pretrained(str(tmp_path / "missing"))

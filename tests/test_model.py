@@ -94,18 +94,6 @@ def test_padding_does_not_change_real_tokens():
   np.testing.assert_allclose(short, long[:, :5], rtol=1e-5, atol=1e-5)
 
 
-def test_document_isolation_blocks_cross_document_attention():
-  """With segment_ids, changing document 2 leaves document 1's outputs unchanged."""
-  model = bert.FAMILY.pretraining(_tiny())
-  a = jnp.array([[2, 7, 8, 3, 2, 9, 10, 3]], jnp.int32)
-  b = a.at[0, 5].set(11)
-  seg = jnp.array([[1, 1, 1, 1, 2, 2, 2, 2]], jnp.int32)
-  params = nn.unbox(jax.jit(model.init)(jax.random.key(2), a))["params"]
-  run = jax.jit(lambda x: model.apply({"params": params}, x, segment_ids=seg)["mlm_logits"])
-  np.testing.assert_allclose(run(a)[:, :4], run(b)[:, :4], rtol=1e-6, atol=1e-6)
-  assert not np.allclose(run(a)[:, 4:], run(b)[:, 4:])
-
-
 def test_pretraining_heads_by_name_each_reading_its_own_inputs():
   """The pretraining model carries the heads it is built with, each under its name
   (drawn as in the model with every head) giving '<name>_logits'; a head reads only

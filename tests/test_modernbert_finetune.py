@@ -22,7 +22,7 @@ from bertjax.hf import files, modernbert as hf_modernbert_table  # pylint: disab
 from bertjax.model import modernbert as mb  # pylint: disable=wrong-import-position
 from bertjax.tasks import base, finetune, get_task  # pylint: disable=wrong-import-position
 from bertjax.tasks.finetuned import load_finetuned  # pylint: disable=wrong-import-position
-from configs.finetune import glue, ner, span_ner, squad, swag  # pylint: disable=wrong-import-position
+from configs.finetune import glue, ner, span_ner, swag  # pylint: disable=wrong-import-position
 from tests.helpers import hf_outputs, load_hf  # pylint: disable=wrong-import-position
 from tests.modernbert_helpers import (SIZES, hf_config, hf_modernbert, model_section,  # pylint: disable=wrong-import-position
                                       modernbert_tokenizer)
@@ -59,12 +59,11 @@ def workdir(hf_dir, tmp_path_factory):
 
 # ---- The heads against transformers ------------------------------------------------
 
-HEADS = {  # case -> (task config, bertjax task, Hugging Face class, pooling)
-    "classification_cls": (glue.get_config("mnli").task, "ModernBertForSequenceClassification", "cls"),
+# case -> (task config, bertjax task, Hugging Face class, pooling): the pooling by the
+# mean, ModernBERT's own (every head with the [CLS] pooling of every family's tiny
+# config against transformers: tests/test_family_conformance.py).
+HEADS = {
     "classification_mean": (glue.get_config("mnli").task, "ModernBertForSequenceClassification", "mean"),
-    "tagging": (ner.get_config().task, "ModernBertForTokenClassification", "cls"),
-    "squad": (squad.get_config().task, "ModernBertForQuestionAnswering", "cls"),
-    "multiple_choice_cls": (swag.get_config().task, "ModernBertForMultipleChoice", "cls"),
     "multiple_choice_mean": (swag.get_config().task, "ModernBertForMultipleChoice", "mean"),
 }
 
