@@ -65,16 +65,6 @@ def apply(cfg, params, inputs: dict, scan: bool = False):
   return np.asarray(hidden["hidden_states"]), np.asarray(logits["mlm_logits"])
 
 
-def hf_apply(model, ids, mask=None, token_types=None):
-  """(hidden states [L+1, B, T, E], logits) of the transformers model."""
-  import torch  # pylint: disable=g-import-not-at-top
-  as_long = lambda x: None if x is None else torch.as_tensor(np.asarray(x), dtype=torch.long)
-  with torch.no_grad():
-    out = model(as_long(ids), attention_mask=as_long(mask), token_type_ids=as_long(token_types),
-                output_hidden_states=True)
-  return np.stack([h.numpy() for h in out.hidden_states]), out.logits.numpy()
-
-
 def relative(a, b) -> float:
   """max |a - b| over the largest magnitude of b."""
   return float(np.abs(np.asarray(a) - b).max() / np.abs(b).max())
