@@ -22,6 +22,7 @@ from bertjax.errors import CheckpointError  # pylint: disable=wrong-import-posit
 from bertjax.hf import sentence_transformers as st  # pylint: disable=wrong-import-position
 from bertjax.tasks import embedding  # pylint: disable=wrong-import-position
 from tests import deberta_helpers, eurobert_helpers, modernbert_helpers  # pylint: disable=wrong-import-position
+from tests.test_family_conformance import tiny_config  # pylint: disable=wrong-import-position
 
 CORPUS = ["The quick brown fox jumps over the lazy dog.",
           "Please turn your homework in on Monday, or else!",
@@ -58,22 +59,27 @@ def _family(name: str, directory: str):
     return ({"family": name, "vocab_size": tok.vocab_size, "pad_token_id": tok.pad_id,
              "max_position_embeddings": 64, **SIZES}, tok, "cls" if name == "gte" else "mean",
             {} if name == "gte" else {"query": "search_query: ", "document": "search_document: "})
-  if name in ("eurobert", "ultrabert"):  # a [CLS]-style BPE (Llama-3's: test_eurobert_train)
+  if name == "eurobert":  # a [CLS]-style BPE (Llama-3's: test_eurobert_train)
     tok = tok_lib.load_tokenizer(modernbert_helpers.modernbert_tokenizer(directory))
-    return (eurobert_helpers.model_section(name).to_dict(), tok,
-            "mean" if name == "eurobert" else "cls", {"query": "query: "})
+    return eurobert_helpers.model_section(name).to_dict(), tok, "mean", {"query": "query: "}
   if name == "modernbert":
     tok = tok_lib.load_tokenizer(modernbert_helpers.modernbert_tokenizer(directory))
     return (modernbert_helpers.model_section().to_dict(), tok, "mean",
             {"query": "search_query: "})
-  tok = tok_lib.load_tokenizer(deberta_helpers.deberta_tokenizer(directory))
-  return deberta_helpers.model_section().to_dict(), tok, "weightedmean", {}
+  if name == "deberta":
+    tok = tok_lib.load_tokenizer(deberta_helpers.deberta_tokenizer(directory))
+    return deberta_helpers.model_section().to_dict(), tok, "weightedmean", {}
+  # Any other registered family (UltraBERT, and the next one registered): the
+  # conformance suite's tiny config of it, with a byte-level BPE.
+  tok = tok_lib.load_tokenizer(modernbert_helpers.modernbert_tokenizer(directory))
+  config = tiny_config(model_lib.FAMILIES[name], {"vocab_size": tok.vocab_size,
+                                                  "max_position_embeddings": 64},
+                       pad_token_id=tok.pad_id)
+  return config.to_dict(), tok, "cls", {"query": "query: "}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family", ["bert", "roberta", "xlmr", "modernbert", "electra",
-                                    "deberta", "gte", "nomic_bert", "eurobert",
-                                    "ultrabert"])
+@pytest.mark.parametrize("family", sorted(model_lib.FAMILIES) + ["roberta", "xlmr"])
 def test_exported_folder_encodes_as_bertjax(family, tmp_path):
   """A random encoder of each family, exported: `SentenceTransformer(folder)` with its
   pooling, normalisation and prompts encodes queries and documents as bertjax does."""
