@@ -147,9 +147,8 @@ def encoder_prefix(state_dict: dict) -> str:
 
 
 def task_of(hf: dict[str, Any]) -> str | None:
-  """The bertjax task of a config.json's `architectures` (None: a pretraining class)."""
-  archs = hf.get("architectures") or []
-  return next((task for task, (cls, _) in TASK_CLASSES.items() if cls in archs), None)
+  """The bertjax task of a config.json (`table.task_of`)."""
+  return engine.task_of(hf, TASK_CLASSES)
 
 
 def load(hf: dict[str, Any], state_dict: dict[str, np.ndarray]

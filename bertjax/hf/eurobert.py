@@ -169,12 +169,8 @@ def param_table(config: EuroBertConfig, prefix: str = "model.", mlm: bool = True
 # ---- State dicts <-> parameters ---------------------------------------------------
 
 def task_of(hf: dict[str, Any]) -> str | None:
-  """The bertjax task of a config.json's `architectures` (None: Model / ForMaskedLM)."""
-  archs = hf.get("architectures") or []
-  for task, (cls, _) in TASK_CLASSES.items():
-    if cls in archs:
-      return task
-  return None
+  """The bertjax task of a config.json (`table.task_of`)."""
+  return engine.task_of(hf, TASK_CLASSES)
 
 
 def params_from_hf(state_dict: dict[str, np.ndarray], config: EuroBertConfig,

@@ -231,12 +231,8 @@ def encoder_prefix(state_dict: dict) -> str:
 
 
 def task_of(hf: dict[str, Any]) -> str | None:
-  """The bertjax task of a config.json's `architectures` (None: Model / ForMaskedLM)."""
-  archs = hf.get("architectures") or []
-  for task, (cls, _) in TASK_CLASSES.items():
-    if cls in archs:
-      return task
-  return None
+  """The bertjax task of a config.json (`table.task_of`)."""
+  return engine.task_of(hf, TASK_CLASSES)
 
 
 def params_from_hf(state_dict: dict[str, np.ndarray], config: ModernBertConfig,

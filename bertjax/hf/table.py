@@ -93,6 +93,13 @@ def write_fields(config: Any, keys: dict[str, str]) -> dict[str, Any]:
   return {key: getattr(config, field) for field, key in keys.items()}
 
 
+def task_of(hf: dict[str, Any], task_classes: dict[str, tuple[str, str]]) -> str | None:
+  """The bertjax task of a config.json's `architectures` by a family's `task_classes`
+  (bertjax task -> (Hugging Face class, head name)); None: a pretraining or bare class."""
+  archs = hf.get("architectures") or []
+  return next((task for task, (cls, _) in task_classes.items() if cls in archs), None)
+
+
 def encoder_prefix(state_dict: dict, embedding_key: str, what: str) -> str:
   """What precedes the encoder's keys ('bert.', 'model.', '' for a bare encoder): the
   prefix of the key ending in `embedding_key`; `what` names the encoder in the error."""
