@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 
+import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
@@ -60,6 +61,34 @@ def load(model, **overrides):
   """(config, params, task) of a transformers model through its conversion table."""
   hf = model.config.to_dict()
   return convert.table_of(hf).load(hf, state(model), **overrides)
+
+
+def ours(cfg, params, scan: bool = False, dtype=jnp.float32, **inputs):
+  """(hidden states [L+1, B, T, E], MLM logits [B, T, V]) of bertjax's model, jitted."""
+  family = family_of(cfg)
+  cfg = type(cfg).from_config({**cfg.to_dict(), "scan_layers": scan, "dtype": dtype,
+                               "param_dtype": jnp.float32})
+  model = family.pretraining(cfg)
+  params = family.to_layout(params, scan)
+
+  def run(p, i):
+    hidden = model.apply({"params": p}, i["input_ids"], i.get("attention_mask"),
+                         method=lambda m, *a: m.encoder(
+                             *a, position_ids=i.get("position_ids"),
+                             segment_ids=i.get("segment_ids"), output_hidden_states=True))
+    return hidden["hidden_states"], model.apply({"params": p}, **i)["mlm_logits"]
+
+  hidden, logits = jax.jit(run)(params, inputs)
+  return np.asarray(hidden, np.float32), np.asarray(logits, np.float32)
+
+
+def theirs(model, ids, mask=None):
+  """(hidden states [L+1, B, T, E], logits) of the transformers model."""
+  import torch  # pylint: disable=g-import-not-at-top
+  with torch.no_grad():
+    out = model(torch.as_tensor(ids, dtype=torch.long), attention_mask=None if mask is None
+                else torch.as_tensor(mask), output_hidden_states=True)
+  return np.stack([h.numpy() for h in out.hidden_states]), out.logits.numpy()
 
 
 def model_section(family: str, **overrides):
