@@ -226,6 +226,8 @@ def get_config(arg=None):
   # The PRNG implementation of the train step's dropout key: '' (threefry2x32, JAX's
   # default), 'rbg' or 'unsafe_rbg' (XLA's RngBitGenerator: cheaper masks on a GPU; other
   # masks for a seed, parameters' initialisation unchanged). See docs/gpu/2026-11-28-trace.md.
+  # RTD's generator samples are threefry's whatever it is (a key a row: train/step.py
+  # `row_keys`).
   c.train.prng_impl = ""
 
   # Evaluations by name (bertjax/train/evaluators.py), each logged as NAME/metric.

@@ -13,8 +13,9 @@ pipeline on a slice of the embedded corpus), step by step:
   document's sentences a row, padded): transformers' `ElectraForMaskedLM` generator
   and `ElectraForPreTraining` discriminator sharing their embeddings
   (`hf_reference.rtd_pair`), generator MLM + 50 x the discriminator's BCE, AdamW as
-  BERT's; the generator's samples drawn from bertjax's Gumbel noise of the step (the
-  same noise, each side's own logits: the same replaced tokens);
+  BERT's; the generator's samples drawn from bertjax's Gumbel noise of the step (each
+  row's from its own key, `objectives.base.row_keys`; the same noise, each side's own logits: the
+  same replaced tokens);
 - ModernBERT, padded rows (a document a row): `ModernBertForMaskedLM`, torch-optimi's
   StableAdamW as the authors build it (fully decoupled weight decay off biases and
   norms, no clipping), their schedules (warm-up, held, a restart at a lower peak with
@@ -206,6 +207,7 @@ def lockstep(run: str, steps: int = STEPS) -> dict:
   from bertjax.objectives import rtd  # pylint: disable=g-import-not-at-top
   from bertjax.parallel import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
   from bertjax.train import pretrain, state as state_lib  # pylint: disable=g-import-not-at-top
+  from bertjax.train import step as step_lib  # pylint: disable=g-import-not-at-top
 
   directory = tempfile.mkdtemp(prefix="pretrain_lockstep_")
   c = run_config(run, directory)
@@ -276,9 +278,11 @@ def lockstep(run: str, steps: int = STEPS) -> dict:
       out["shapes"].append(list(batch["input_ids"].shape))
     inputs = hf_batch(batch, tokenizer.pad_id, {"bert": nsp, "electra": False}.get(cfg.family))
     if rtd_run:  # The step's sampling noise (`rtd.corrupt`), the masked positions' rows.
-      key = jax.random.split(jax.random.fold_in(jax.random.key(c.seed), step), 3)[1]
       positions, weights = batch["masked_lm_positions"], batch["masked_lm_weights"]
-      noise = np.asarray(jax.random.gumbel(key, (*positions.shape, cfg.vocab_size)))
+      keys = step_lib.row_keys(jax.random.fold_in(jax.random.key(c.seed), step),
+                               np.arange(len(positions), dtype=np.int32))  # a row's own
+      noise = np.asarray(jax.vmap(lambda k: jax.random.gumbel(
+          k, (positions.shape[1], cfg.vocab_size)))(keys))
       rows = []
       for r in range(len(positions)):
         real = np.flatnonzero(weights[r] > 0)

@@ -3,7 +3,9 @@ their labels (samples written at the real predictions only, a sample equal to th
 original is original, padding never replaced), Gumbel sampling at the softmax's
 frequencies, the shared embeddings (ELECTRA's one array in the tree; DeBERTa-v3's GDES:
 the generator's table plus the discriminator's residual, gradients disentangled), the loss and metrics as
-ELECTRA defines them, the FLOPs of both networks, the one-line errors; then a tiny
+ELECTRA defines them, the FLOPs of both networks, the one-line errors; a row's samples
+drawn from its own key (the same in any micro-batch, on any device), so that gradient
+accumulation over packed rows equals one step of the whole batch; then a tiny
 pair pretrained on 8 CPU devices: resumed bit for bit after SIGTERMs, with gradient
 accumulation and packed rows, exported as ElectraForPreTraining and ElectraForMaskedLM
 that transformers loads and that predict as bertjax does, and fill_mask with the
@@ -235,6 +237,117 @@ def test_errors_are_one_line(change, message):
   with pytest.raises(ConfigError, match=message) as e:
     pretrain.check_config(config)
   assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("impl", ["threefry2x32", "rbg"])
+def test_a_rows_samples_depend_on_its_index_alone(impl):
+  """`corrupt` with the step's row keys (`objectives.base.row_keys`): the rows of each strided
+  micro-batch (rows i, i + A, ...: gradient accumulation's) are corrupted as in the
+  whole batch, also from an RBG step key (whose bits under vmap would come from the
+  first row's key alone); on the 8-device mesh, rows sharded over 'data', the same
+  rows as on one device, with no collective in the program (each device draws its own
+  rows' noise)."""
+  from jax.sharding import NamedSharding, PartitionSpec  # pylint: disable=g-import-not-at-top
+  from bertjax.train import step as step_lib  # pylint: disable=g-import-not-at-top
+  batch = {k: jnp.asarray(v) for k, v in synthetic_batch(rtd_config(), 16).items()}
+  logits = jax.random.normal(jax.random.key(3), (16, 4, 400)) * 0.5  # [B, P, V]
+  key = jax.random.key(7, impl=impl)
+
+  def corrupted(b, l, rows):
+    return rtd.corrupt(b, l, step_lib.row_keys(key, rows))[0]
+
+  rows = jnp.arange(16)
+  whole = np.asarray(jax.jit(corrupted)(batch, logits, rows))
+  for accum in (2, 4):
+    for i in range(accum):
+      part = jax.jit(corrupted)({k: v[i::accum] for k, v in batch.items()},
+                                logits[i::accum], rows[i::accum])
+      np.testing.assert_array_equal(part, whole[i::accum], err_msg=f"{accum} {i}")
+  mesh = jax.make_mesh((8,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
+  data = lambda x: jax.device_put(x, NamedSharding(mesh, PartitionSpec("data")))  # noqa: E731
+  with jax.set_mesh(mesh):
+    sharded = jax.jit(lambda b, l: corrupted(b, l, jnp.arange(16)),
+                      out_shardings=NamedSharding(mesh, PartitionSpec("data")))
+    args = (jax.tree.map(data, batch), data(logits))
+    np.testing.assert_array_equal(sharded(*args), whole)
+    text = sharded.lower(*args).compile().as_text()
+  for op in ("all-gather", "all-reduce", "all-to-all", "collective-permute"):
+    assert op not in text, op
+
+
+def _packed_batch(config, rows: int, seed: int) -> dict:
+  """`rows` packed rows (synthetic_batch's ids): two or three documents a row
+  (`segment_ids` 1.., 0 on padding; `position_ids` restarting in each), one segment."""
+  batch = synthetic_batch(config, rows, seed)
+  rng = np.random.default_rng(seed)
+  real = batch["attention_mask"].sum(1)
+  T = batch["input_ids"].shape[1]
+  segments = np.zeros_like(batch["input_ids"])
+  positions = np.zeros_like(batch["input_ids"])
+  for r, n in enumerate(real):
+    cuts = np.sort(rng.choice(np.arange(2, n - 1), rng.integers(1, 3), replace=False))
+    starts = np.concatenate([[0], cuts])
+    for k, (a, b) in enumerate(zip(starts, [*cuts, n])):
+      segments[r, a:b], positions[r, a:b] = k + 1, np.arange(b - a)
+  assert T == segments.shape[1] and (segments.max(1) >= 2).all()
+  batch.update(segment_ids=segments, position_ids=positions,
+               token_type_ids=np.zeros_like(segments))
+  return batch
+
+
+def _steps(config, batches, params=None):
+  """Steps of the jitted train step on the 8-device mesh from the seed's initial state
+  (its parameters `params` where given, copied: the step donates them): (each step's
+  metrics, the initial and the final parameters), on the host."""
+  from bertjax.parallel import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
+  from bertjax.train import state as state_lib  # pylint: disable=g-import-not-at-top
+  t = state_lib.build_trainer(config)
+  params = t.init_params(config) if params is None else params
+  state = t.init_state(config, jax.tree.map(jnp.copy, params))
+  metrics = []
+  with jax.set_mesh(t.mesh), nn.logical_axis_rules(t.rules):
+    for batch in batches:
+      state, m = t.train_step(state, mesh_lib.put_batch(batch, t.batch_sharding))
+      metrics.append(jax.device_get({k: v for k, v in m.items() if k != "window"}))
+  return metrics, params, jax.device_get(state.params)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["electra", "deberta"])
+def test_accumulated_packed_rows_equal_one_batch(family):
+  """Gradient accumulation over 2 and 4 micro-batches of packed rows equals one step of
+  the whole batch (32 rows on the 8-device mesh: 4 rows a device; at 4 micro-batches,
+  1): the generator's samples of a row are drawn from its own key (the step's key and
+  the row's index in the batch, `objectives.base.row_keys`), so every micro-batch corrupts its rows
+  as the whole batch does. Two steps (the schedule's first has a learning rate of 0; the
+  second's Adam update weighs both steps' gradients): every metric (losses, replaced
+  fraction, grad norm) to 1e-6 relative (+1e-7), every parameter to 1e-6 relative + 5e-8
+  absolute: float32 sums in another order (measured on the CPU: metrics 2.2e-7;
+  parameters 1 ulp, and 6.7e-9 on DeBERTa's residual table, whose small gradients Adam
+  divides by their own size; 5e-8 is 1e-4 of the learning rate, the size of a
+  parameter's move). Another sample in one row moves its tokens' rows by about the
+  learning rate; per-micro-batch keys failed at the first step's grad norm (2e-3
+  relative). No dropout: its masks are drawn per micro-batch (a micro-batch's shape, its
+  own key)."""
+  config = rtd_config(batch_size=32) if family == "electra" else gdes_config()
+  config.train.batch_size = 32
+  config.model.dropout_rate = config.model.attention_dropout_rate = 0.0
+  batches = [_packed_batch(config, 32, seed) for seed in (0, 1)]
+  whole, initial, params = _steps(config, batches)
+  assert 0 < whole[0]["replaced_fraction"] < 0.5
+  for accum in (2, 4):
+    config.train.grad_accum_steps = accum
+    got, _, got_params = _steps(config, batches, initial)
+    for step, (a, b) in enumerate(zip(got, whole)):
+      for k in b:
+        np.testing.assert_allclose(a[k], b[k], rtol=1e-6, atol=1e-7,
+                                   err_msg=f"{family} accum={accum} step {step} {k}")
+    for path, a in jax.tree_util.tree_leaves_with_path(got_params):
+      b = params
+      for p in path:
+        b = b[p.key]
+      np.testing.assert_allclose(a, b, rtol=1e-6, atol=5e-8,
+                                 err_msg=f"{family} accum={accum} {jax.tree_util.keystr(path)}")
 
 
 # ---- A tiny pair pretrained on 8 CPU devices -----------------------------------------

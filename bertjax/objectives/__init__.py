@@ -89,6 +89,11 @@ class Objectives:
   def metric_names(self) -> tuple[str, ...]:
     return tuple(n for o in self.objectives for n in o.metric_names)
 
+  @property
+  def row_keys(self) -> bool:
+    """Whether the train step gives each row its key (`Objective.row_keys`)."""
+    return any(o.row_keys for o in self.objectives)
+
   def sums(self, params: Any, batch: dict, rng: jax.Array | None) -> dict:
     """The networks on `batch` (dropout from `rng`; None: deterministic), then every
     objective's sums."""

@@ -48,6 +48,8 @@ class Objective:
   networks: (the run's config, the model config of `config.model` with the heads of
     the objectives) -> the `Networks` it trains, for an objective that owns its
     networks (e.g. a generator and a discriminator); None: the shared network.
+  row_keys: its networks draw per row from batch['row_keys'] in training (the train
+    step's `row_keys`: one key a row, the same in any micro-batch, on any device).
   """
 
   name: str
@@ -63,6 +65,7 @@ class Objective:
   eval_sums: Callable[[dict, dict], dict[str, float]] | None = None
   eval_metrics: Callable[[dict], dict[str, float]] | None = None
   networks: Callable[[Any, Any], "Networks"] | None = None
+  row_keys: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,3 +158,26 @@ def pretraining(config: Any, heads: tuple[str, ...]) -> Networks:
   return Networks(init=module.init_params, forward=functools.partial(apply, module),
                   flops=functools.partial(family.train_flops, config),
                   members={"model": Network((), config, module)}, exported="model")
+
+
+# Folded into the step's key for the root of its rows' keys (`row_keys`): not a
+# micro-batch's index (those are folded in for dropout: 0 .. grad_accum_steps - 1).
+ROW_KEYS = 0x524F5753  # "ROWS"
+
+
+def row_keys(key: jax.Array, rows: jax.Array) -> jax.Array:
+  """[R] threefry keys, one a row: each of `rows` (int [R], the rows' indices in the
+  step's batch) folded into a root drawn from `key` (the step's: `fold_in(key,
+  ROW_KEYS)`, as a threefry key). A row's key depends on `key` and its index alone,
+  not on the rows drawn beside it: the same in one batch, in any micro-batch, on any
+  device. Threefry whatever `key`'s implementation: RBG's bits under `jax.vmap` over
+  keys come from the first key alone (jax's batching rule of `rng_bit_generator`), so
+  a row's draw would depend on which row is first in its micro-batch. A threefry draw
+  vmapped over rows costs what one draw of the same size does (the rows' keys are R
+  hashes more); rows sharded over the data axis draw on their own devices, nothing
+  gathered."""
+  root = jax.random.fold_in(key, ROW_KEYS)
+  if str(jax.random.key_impl(root)) != "threefry2x32":
+    root = jax.random.wrap_key_data(jax.random.bits(root, (2,), jnp.uint32),
+                                    impl="threefry2x32")
+  return jax.vmap(jax.random.fold_in, (None, 0))(root, rows)

@@ -10,6 +10,16 @@ nothing); the discriminator's 'rtd' head predicts at every non-padding position
 batch's filler rows count nothing: `real_tokens`) whether its token was replaced: a
 sample equal to the original counts as original.
 
+A row's samples are drawn from its own key (`corrupt`): in training the step's key of
+the row (`bertjax.objectives.base.row_keys`: the step's key and the row's index in the
+step's batch, `Objective.row_keys`), held out `EVAL_SEED`'s key of the row (its index
+in the held-out batch). So a row is corrupted alike in one batch, in any micro-batch
+of gradient accumulation and on any device of the mesh, and an accumulated step
+without dropout equals the whole batch's (tests/test_rtd.py). (Before per-row keys,
+one key drew the whole [B, P, V] noise of a batch or micro-batch: a seed's run now
+samples other tokens than it did then; the generator's dropout and the discriminator's
+keep their keys.)
+
   loss = generator MLM (mean cross-entropy over the predictions)
          + lambda x discriminator BCE (mean over the non-padding tokens)
 
@@ -55,7 +65,8 @@ import optax
 from bertjax import model as model_lib
 from bertjax.errors import ConfigError
 from bertjax.objectives import mlm
-from bertjax.objectives.base import Network, Networks, Objective, apply, example_weights
+from bertjax.objectives.base import (Network, Networks, Objective, apply, example_weights,
+                                     row_keys)
 
 # The family's embedding sharing (config.rtd.embedding_sharing overrides it).
 SHARING = {"electra": "tied", "deberta": "gdes"}
@@ -142,12 +153,13 @@ def discriminator_params(params: dict, stop_gradient: bool = False) -> dict:
 def _scatter(ids: jax.Array, positions: jax.Array, values: jax.Array,
              weights: jax.Array) -> jax.Array:
   """`ids` [B, T] with `values` [B, P] written at `positions` [B, P] where `weights` >
-  0 (a padding prediction, weight 0, writes nothing)."""
+  0 (a padding prediction, weight 0, writes nothing). A scatter per row (vmapped: the
+  row a batch dimension of the scatter), so rows sharded over the data axis stay on
+  their devices (a scatter at [arange(B), positions] all-gathered its indices)."""
   ids = jnp.asarray(ids)
-  rows = jnp.arange(ids.shape[0])[:, None]
   current = jnp.take_along_axis(ids, positions, axis=1)
   delta = jnp.where(weights > 0, values - current, 0).astype(ids.dtype)
-  return ids.at[rows, positions].add(delta)
+  return jax.vmap(lambda row, at, d: row.at[at].add(d))(ids, positions, delta)
 
 
 def real_tokens(batch: dict) -> jax.Array:
@@ -157,15 +169,27 @@ def real_tokens(batch: dict) -> jax.Array:
   return (batch["attention_mask"] > 0).astype(jnp.float32) * example_weights(batch)[:, None]
 
 
+def sample_keys(key: jax.Array, rows: int) -> jax.Array:
+  """[B] the rows' sampling keys: `key` itself where it is [B] keys (the train step's
+  `row_keys`), else one a row from the single `key` and the row's index (`row_keys`
+  of rows 0 .. B-1)."""
+  if key.shape:
+    return key
+  return row_keys(key, jnp.arange(rows, dtype=jnp.int32))
+
+
 def corrupt(batch: dict, logits: jax.Array, key: jax.Array) -> tuple[jax.Array, jax.Array]:
   """(the discriminator's input ids [B, T], is-replaced labels [B, T] int32): the
   original row with a token sampled from the generator's `logits` [B, P, V] (Gumbel-max,
   temperature 1, no gradient) at each masked position; replaced where the token
-  differs from the original, at non-padding positions."""
+  differs from the original, at non-padding positions. `key`: [B] keys, a row's
+  noise ([P, V] Gumbel) drawn from its own (`jax.random.categorical` vmapped over the
+  rows), or one key whose rows' keys `sample_keys` makes."""
   positions = batch["masked_lm_positions"].astype(jnp.int32)
   weights = batch["masked_lm_weights"]
   original = _scatter(batch["input_ids"], positions, batch["masked_lm_ids"], weights)
-  sampled = jax.random.categorical(key, jax.lax.stop_gradient(logits)).astype(
+  keys = sample_keys(key, logits.shape[0])
+  sampled = jax.vmap(jax.random.categorical)(keys, jax.lax.stop_gradient(logits)).astype(
       original.dtype)
   corrupted = _scatter(original, positions, sampled, weights)
   return corrupted, ((corrupted != original) & (real_tokens(batch) > 0)).astype(jnp.int32)
@@ -225,8 +249,9 @@ def networks(config, model) -> Networks:
     if rng is None:
       gen_rng = disc_rng = None
       sample_key = jax.random.key(EVAL_SEED)
-    else:
+    else:  # The rows' keys where the train step gives them (`Objective.row_keys`).
       gen_rng, sample_key, disc_rng = jax.random.split(rng, 3)
+      sample_key = batch.get("row_keys", sample_key)
     logits = apply(gen, gen_params(params), batch, gen_rng)["mlm_logits"]
     corrupted, labels = corrupt(batch, logits, sample_key)
     out = apply(disc, disc_params(params), {**batch, "input_ids": corrupted}, disc_rng)
@@ -299,7 +324,7 @@ def _check(config) -> None:
 
 OBJECTIVE = Objective(
     name="rtd", fields=mlm.FIELDS, heads=("rtd",), check=_check, sums=_sums,
-    counts=_counts, loss=_loss, metrics=_metrics, networks=networks,
+    counts=_counts, loss=_loss, metrics=_metrics, networks=networks, row_keys=True,
     metric_names=("generator_loss", "generator_accuracy", "rtd_loss", "rtd_accuracy",
                   "rtd_precision", "rtd_recall", "replaced_fraction"))
 

@@ -7,9 +7,10 @@ Batch keys (global arrays, leading dim B): input_ids, attention_mask, token_type
 masked_lm_ids, masked_lm_weights [B, P]; next_sentence_labels [B] for NSP;
 span_left_positions, span_right_positions, span_relative_positions [B, P] for SBO);
 optionally position_ids, segment_ids [B, T]; global_rope_theta [B] (a length phase's
-input, `Family.phase_inputs`); held out, example_weights [B]. Each network reads the
-fields it declares (`stack.PreTraining.inputs`: the encoder's, its family's, each
-head's); the rest stay in the batch for the losses.
+input, `Family.phase_inputs`); held out, example_weights [B]; in training, row_keys
+[B] where an objective draws per row (`Objective.row_keys`: the step adds them). Each
+network reads the fields it declares (`stack.PreTraining.inputs`: the encoder's, its
+family's, each head's); the rest stay in the batch for the losses.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ def objective(objectives: Objectives) -> Objective:
   """The sum of the objectives' losses, their parameters' initialisation and metrics."""
   return Objective(init=objectives.networks.init, sums=objectives.sums,
                    counts=objectives.counts, loss=objectives.loss,
-                   metrics=objectives.metrics, metric_names=objectives.metric_names)
+                   metrics=objectives.metrics, metric_names=objectives.metric_names,
+                   row_keys=objectives.row_keys)
 
 
 def make_eval_step(objectives: Objectives) -> Callable[[Any, dict], dict]:

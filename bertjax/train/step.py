@@ -2,10 +2,12 @@
 
 What is trained is an `Objective` (pretraining's: `bertjax.train.objective`; each
 fine-tuning task's: `bertjax.tasks.finetune`). The step draws dropout from (seed, step),
-splits the batch into `grad_accum_steps` micro-batches whose gradients add up to the
-whole batch's exactly, applies the optimizer (whose `skip_spikes` wrapper may drop the
-update), and adds the step's metrics to the log window held in the state, so the
-numbers logged for a step do not depend on where a run was interrupted and resumed.
+gives each row its own key where the objective asks for one (`row_keys`: the same
+whichever micro-batch or device the row lands in), splits the batch into
+`grad_accum_steps` micro-batches whose gradients add up to the whole batch's exactly,
+applies the optimizer (whose `skip_spikes` wrapper may drop the update), and adds the
+step's metrics to the log window held in the state, so the numbers logged for a step do
+not depend on where a run was interrupted and resumed.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from bertjax.objectives.base import row_keys
 from bertjax.train import spikes
 
 # config.train.prng_impl: the train step key's PRNG implementation ('' = JAX's default).
@@ -51,6 +54,9 @@ class Objective:
   counts: batch -> {name: []} the denominators, from the batch alone.
   loss: (sums, counts) -> [] the objective; linear in `sums`.
   metrics: (sums, counts) -> {name: []} logged each step, named `metric_names`.
+  row_keys: `sums` reads batch['row_keys'] ([B] keys, `row_keys`: one a row, from the
+    step's key and the row's index in the step's batch), so that what it draws for a
+    row (RTD's generator samples) is the same with any `grad_accum_steps` and mesh.
   """
 
   init: Callable[[jax.Array], Any]
@@ -59,6 +65,7 @@ class Objective:
   loss: Callable[[dict, dict], jax.Array]
   metrics: Callable[[dict, dict], dict[str, jax.Array]]
   metric_names: tuple[str, ...]
+  row_keys: bool = False
 
 
 def new_window(objective: Objective) -> dict[str, Any]:
@@ -83,7 +90,11 @@ def make_train_step(objective: Objective, tx: optax.GradientTransformation,
   that is a multiple of `log_every` (counted before the step). `prng_impl` names the
   PRNG implementation of the step's key (`jax.random.key`'s impl: 'threefry2x32',
   'rbg', 'unsafe_rbg'; '' the default, threefry): it draws the dropout masks, so another
-  one changes every mask of a seed's run.
+  one changes every mask of a seed's run. Where `objective.row_keys`, row r of the
+  batch gets `row_keys(step key, r)` as batch['row_keys'] (in its micro-batch),
+  whatever the micro-batches; dropout is drawn per micro-batch (key
+  `fold_in(step key, i)`, over the micro-batch's shape), so only without dropout do
+  accumulated micro-batches train exactly as the whole batch.
 
   Returns metrics: this step's (`STEP_METRICS`, the objective's; with spike skipping
   `skipped` and `skipped_steps`), and `window`: the means over the window's accepted
@@ -95,29 +106,35 @@ def make_train_step(objective: Objective, tx: optax.GradientTransformation,
                  ) -> tuple[TrainState, dict]:
     rng = jax.random.fold_in(jax.random.key(seed, impl=prng_impl or None), state.step)
     counts = objective.counts(batch)
+    # Each row's index in the step's batch, split into micro-batches with the rows.
+    rows = jnp.arange(jax.tree.leaves(batch)[0].shape[0], dtype=jnp.int32)
 
-    def grads_of(micro, micro_rng):
+    def grads_of(micro, micro_rows, micro_rng):
+      if objective.row_keys:
+        micro = {**micro, "row_keys": row_keys(rng, micro_rows)}
+
       def loss_fn(params):
         sums = objective.sums(params, micro, micro_rng)
         return objective.loss(sums, counts), sums
       return jax.grad(loss_fn, has_aux=True)(state.params)
 
     if grad_accum_steps == 1:
-      grads, sums = grads_of(batch, rng)
+      grads, sums = grads_of(batch, rows, rng)
     else:
       # Row r of micro-batch i is global row r * A + i: each device keeps its own rows.
-      micro = jax.tree.map(
-          lambda x: jnp.swapaxes(x.reshape(-1, grad_accum_steps, *x.shape[1:]), 0, 1), batch)
+      micro, micro_rows = jax.tree.map(
+          lambda x: jnp.swapaxes(x.reshape(-1, grad_accum_steps, *x.shape[1:]), 0, 1),
+          (batch, rows))
 
       def body(carry, xs):
-        i, mb = xs
-        g, s = grads_of(mb, jax.random.fold_in(rng, i))
+        i, mb, mr = xs
+        g, s = grads_of(mb, mr, jax.random.fold_in(rng, i))
         return jax.tree.map(jnp.add, carry, (g, s)), None
 
       zeros = jax.tree.map(jnp.zeros_like, jax.eval_shape(
-          lambda: grads_of(jax.tree.map(lambda x: x[0], micro), rng)))
+          lambda: grads_of(*jax.tree.map(lambda x: x[0], (micro, micro_rows)), rng)))
       (grads, sums), _ = jax.lax.scan(
-          body, zeros, (jnp.arange(grad_accum_steps), micro))
+          body, zeros, (jnp.arange(grad_accum_steps), micro, micro_rows))
 
     loss = objective.loss(sums, counts)
     metrics = dict(objective.metrics(sums, counts))
