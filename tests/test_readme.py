@@ -419,3 +419,22 @@ def test_pretrained_minilm_beats_random_init(doc_runs):
       accuracy[name] = json.load(f)["accuracy"]
   assert accuracy["minilm_sst2"] >= 0.75, accuracy
   assert accuracy["minilm_sst2"] > accuracy["random_sst2"] + 0.15, accuracy
+
+
+@pytest.mark.slow
+def test_first_command_prints_its_records_data_figures(doc_runs):
+  """README's first command as test_documented_commands_run ran it (10 steps, the whole
+  held-out set) holds out the recorded run's pairs and prints its most-frequent-token
+  baseline: those depend only on the data. Its trained accuracies need the 1,500 steps:
+  tests/test_readme_figures.py checks README's against the record of the full run."""
+  with open(os.path.join(REPO, "tests", "golden", "readme_first_command.json")) as f:
+    record = json.load(f)
+  commands = _to_run("README.md")
+  k = next(i for i, (_, text) in enumerate(commands) if record["command"] in text)
+  _, stdout = doc_runs("README.md")
+  body = re.split(rf"^{MARKER} (\d+)\n", stdout, flags=re.M)[2 + 2 * k]
+  assert f"'eval_examples': {record['eval_examples']}," in body, body[-3000:]
+  baseline = record["evals"][-1]["mlm_accuracy_most_frequent_baseline"]
+  assert re.search(rf"^held-out MLM accuracy {NUMBER} vs {baseline:.4f} for always "
+                   rf"predicting the most frequent token; NSP accuracy {NUMBER}$", body,
+                   re.M), body[-3000:]

@@ -165,3 +165,18 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   init = start and functools.partial(start.initial_params, setup, tokenizer)
   with compilation.logged(trainer.info):
     return trainer.fit(iter(data.train), evaluate, init).get("eval", {})
+
+
+def summary(metrics: dict) -> str:
+  """The line `python -m bertjax.main` ends with, from the run's final held-out metrics
+  (README's first command shows one; tests/test_readme_figures.py checks its figures)."""
+  if "rtd_accuracy" in metrics:
+    return (f"held-out generator MLM accuracy {metrics['generator_accuracy']:.4f}; "
+            f"replaced-token detection accuracy {metrics['rtd_accuracy']:.4f}, precision "
+            f"{metrics['rtd_precision']:.4f}, recall {metrics['rtd_recall']:.4f} of the "
+            f"{metrics['replaced_fraction']:.4f} replaced")
+  return (f"held-out MLM accuracy {metrics['mlm_accuracy']:.4f} vs "
+          f"{metrics['mlm_accuracy_most_frequent_baseline']:.4f} for always predicting the "
+          "most frequent token"
+          + (f"; NSP accuracy {metrics['nsp_accuracy']:.4f}" if "nsp_accuracy" in metrics
+             else ""))
