@@ -53,7 +53,6 @@ runs.json (a rerun with other held-out rows scores the same models again).
 from __future__ import annotations
 
 import concurrent.futures
-import dataclasses
 import json
 import os
 import queue
@@ -61,7 +60,6 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Any
 
 import ml_collections
 import numpy as np

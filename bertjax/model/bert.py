@@ -9,7 +9,7 @@ Shapes: B batch, T length, E hidden, N heads, D head size, M intermediate size.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import flax.linen as nn
 import jax

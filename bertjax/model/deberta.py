@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import flax.linen as nn
 import jax

@@ -45,11 +45,10 @@ Shapes: B batch, T length, E hidden, D embedding size, V vocabulary.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, ClassVar, Mapping
+from typing import ClassVar, Mapping
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 
 from bertjax.errors import ConfigError
 from bertjax.model import bert, config as config_lib, layers

@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, ClassVar, Sequence
+from typing import ClassVar, Sequence
 
 import flax.linen as nn
 import jax
