@@ -89,6 +89,19 @@ def is_classifier(hf: dict) -> bool:
   return any(a.endswith("ForSequenceClassification") for a in hf.get("architectures") or [])
 
 
+# bertjax field -> config.json key, both ways (absent keys: transformers' GteConfig
+# defaults, which are GteConfig's).
+KEYS = {"vocab_size": "vocab_size", "hidden_size": "hidden_size",
+        "num_layers": "num_hidden_layers", "num_heads": "num_attention_heads",
+        "intermediate_size": "intermediate_size",
+        "max_position_embeddings": "max_position_embeddings",
+        "pad_token_id": "pad_token_id", "initializer_range": "initializer_range",
+        "type_vocab_size": "type_vocab_size", "layer_norm_eps": "layer_norm_eps",
+        "hidden_act": "hidden_act", "dropout_rate": "hidden_dropout_prob",
+        "attention_dropout_rate": "attention_probs_dropout_prob",
+        "classifier_dropout_rate": "classifier_dropout"}
+
+
 def model_config_from_hf(hf: dict[str, Any], **overrides) -> GteConfig:
   """GteConfig of a config.json (transformers' `gte` or the published 'new'), or a
   one-line CheckpointError for what bertjax cannot represent; `overrides` set bertjax
@@ -103,20 +116,10 @@ def model_config_from_hf(hf: dict[str, Any], **overrides) -> GteConfig:
   heads, hidden = hf.get("num_attention_heads", 12), hf.get("hidden_size", 768)
   refuse(hf, "head_dim", lambda v: v in (None, hidden // heads),
          "GTE's head size is hidden_size / num_attention_heads")
-  return GteConfig(**{**dict(
-      vocab_size=hf.get("vocab_size", 250048), hidden_size=hidden,
-      num_layers=hf.get("num_hidden_layers", 12), num_heads=heads,
-      intermediate_size=hf.get("intermediate_size", 3072),
-      max_position_embeddings=hf.get("max_position_embeddings", 8192),
-      pad_token_id=hf.get("pad_token_id", 1) if hf.get("pad_token_id") is not None else 1,
-      initializer_range=hf.get("initializer_range", 0.02),
-      type_vocab_size=hf.get("type_vocab_size", 1),
-      layer_norm_eps=hf.get("layer_norm_eps", 1e-12),
-      hidden_act=activation(hf, "hidden_act", "gelu"),
-      dropout_rate=hf.get("hidden_dropout_prob", 0.1),
-      attention_dropout_rate=hf.get("attention_probs_dropout_prob", 0.0),
-      classifier_dropout_rate=hf.get("classifier_dropout"),
-      pooler=is_classifier(hf), **rope_from_hf(hf, 160_000.0)), **overrides})
+  fields = engine.read_fields(hf, KEYS, GteConfig)
+  return GteConfig(**{**fields, "hidden_act": activation(hf, "hidden_act", fields["hidden_act"]),
+                      "pooler": is_classifier(hf), **rope_from_hf(hf, 160_000.0),
+                      **overrides})
 
 
 def hf_config(config: GteConfig, architecture: str = "GteForMaskedLM",
@@ -125,16 +128,7 @@ def hf_config(config: GteConfig, architecture: str = "GteForMaskedLM",
   `extra` adds keys (token ids, id2label / label2id)."""
   out = {
       "architectures": [architecture], "model_type": MODEL_TYPE,
-      "vocab_size": config.vocab_size, "hidden_size": config.hidden_size,
-      "num_hidden_layers": config.num_layers, "num_attention_heads": config.num_heads,
-      "intermediate_size": config.intermediate_size, "hidden_act": config.hidden_act,
-      "hidden_dropout_prob": config.dropout_rate,
-      "attention_probs_dropout_prob": config.attention_dropout_rate,
-      "classifier_dropout": config.classifier_dropout_rate,
-      "max_position_embeddings": config.max_position_embeddings,
-      "type_vocab_size": config.type_vocab_size,
-      "initializer_range": config.initializer_range,
-      "layer_norm_eps": config.layer_norm_eps, "pad_token_id": config.pad_token_id,
+      **engine.write_fields(config, KEYS),
       "rope_parameters": rope_to_hf(config), "tie_word_embeddings": True,
   }
   out.update(extra or {})

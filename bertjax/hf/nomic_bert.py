@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 from bertjax.errors import CheckpointError
-from bertjax.hf import gte
+from bertjax.hf import gte, table as engine
 from bertjax.hf.gte import activation, is_classifier, refuse, rope_from_hf, rope_to_hf
 from bertjax.model.nomic_bert import NomicBertConfig
 
@@ -56,6 +56,11 @@ _FIXED = {
 }
 
 
+# bertjax field -> config.json key, both ways (GTE's; absent keys: transformers'
+# NomicBertConfig defaults, which are NomicBertConfig's).
+KEYS = {k: v for k, v in gte.KEYS.items() if k != "intermediate_size"}
+
+
 def model_config_from_hf(hf: dict[str, Any], **overrides) -> NomicBertConfig:
   """NomicBertConfig of a config.json (transformers' or nomic-ai's remote-code keys), or a
   one-line CheckpointError; `overrides` set bertjax fields."""
@@ -65,22 +70,13 @@ def model_config_from_hf(hf: dict[str, Any], **overrides) -> NomicBertConfig:
   for key, (ok, why) in _FIXED.items():
     refuse(hf, key, ok, why)
   hf = {**{new: hf[old] for old, new in _LEGACY_KEYS.items() if old in hf}, **hf}
-  hidden, heads = hf.get("hidden_size", 768), hf.get("num_attention_heads", 12)
-  return NomicBertConfig(**{**dict(
-      vocab_size=hf.get("vocab_size", 30528), hidden_size=hidden,
-      num_layers=hf.get("num_hidden_layers", 12), num_heads=heads,
-      intermediate_size=hf.get("intermediate_size") or 4 * hidden,
-      max_position_embeddings=hf.get("max_position_embeddings", 2048),
-      pad_token_id=hf.get("pad_token_id") or 0,
-      initializer_range=hf.get("initializer_range", 0.02),
-      type_vocab_size=hf.get("type_vocab_size", 2),
-      layer_norm_eps=hf.get("layer_norm_eps", 1e-12),
-      hidden_act=activation({"hidden_act": hf.get("hidden_act", "silu")}, "hidden_act", "silu"),
-      dropout_rate=hf.get("hidden_dropout_prob", 0.0),
-      attention_dropout_rate=hf.get("attention_probs_dropout_prob", 0.0),
-      classifier_dropout_rate=hf.get("classifier_dropout"),
-      head_dim=hf.get("head_dim") or hidden // heads,
-      pooler=is_classifier(hf), **rope_from_hf(hf, 1000.0)), **overrides})
+  fields = engine.read_fields(hf, KEYS, NomicBertConfig)
+  return NomicBertConfig(**{
+      **fields, "hidden_act": activation(fields, "hidden_act", "silu"),
+      # The remote code's n_inner may be null: 4 x the hidden size, as it computes.
+      "intermediate_size": hf.get("intermediate_size") or 4 * fields["hidden_size"],
+      "head_dim": hf.get("head_dim") or fields["hidden_size"] // fields["num_heads"],
+      "pooler": is_classifier(hf), **rope_from_hf(hf, 1000.0), **overrides})
 
 
 def hf_config(config: NomicBertConfig, architecture: str = "NomicBertForMaskedLM",
@@ -88,16 +84,8 @@ def hf_config(config: NomicBertConfig, architecture: str = "NomicBertForMaskedLM
   """transformers' config.json of `config` (NomicBertConfig's keys) for `architecture`."""
   out = {
       "architectures": [architecture], "model_type": MODEL_TYPE,
-      "vocab_size": config.vocab_size, "hidden_size": config.hidden_size,
-      "num_hidden_layers": config.num_layers, "num_attention_heads": config.num_heads,
-      "head_dim": config.head_dim, "intermediate_size": config.intermediate_size,
-      "hidden_act": config.hidden_act, "hidden_dropout_prob": config.dropout_rate,
-      "attention_probs_dropout_prob": config.attention_dropout_rate,
-      "classifier_dropout": config.classifier_dropout_rate,
-      "max_position_embeddings": config.max_position_embeddings,
-      "type_vocab_size": config.type_vocab_size,
-      "initializer_range": config.initializer_range,
-      "layer_norm_eps": config.layer_norm_eps, "pad_token_id": config.pad_token_id,
+      **engine.write_fields(config, KEYS), "head_dim": config.head_dim,
+      "intermediate_size": config.intermediate_size,
       "rope_parameters": rope_to_hf(config), "tie_word_embeddings": True,
   }
   out.update(extra or {})
