@@ -57,6 +57,16 @@ _FIELD = "config.model.attention_impl"
 _HALF = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
 
+def target_platform() -> str:
+  """The platform the program being traced is for ('cpu', 'gpu', 'tpu'): that of the
+  context mesh's devices (every bertjax program runs under its mesh, `jax.set_mesh`;
+  `benchmark plan` compiles for a TPU topology's or a GPU target's abstract devices),
+  else `jax.default_backend()`."""
+  mesh = jax.sharding.get_abstract_mesh()  # Inside jit too (its device's kind only).
+  device = None if mesh.empty else getattr(mesh, "abstract_device", None)
+  return jax.default_backend() if device is None else device.platform
+
+
 def resolve_impl(requested: str | None, *, platform: str, dtype, dropout: bool,
                  seq_len: int | None = None, bias: bool = False) -> str:
   """The attention path to run: `requested` (config.model.attention_impl) checked, or

@@ -89,8 +89,9 @@ class Embeddings(nn.Module):
   def setup(self):
     cfg = self.config
     self.word_embeddings = layers.embed(cfg, cfg.vocab_size, ("vocab", "embed"))
-    self.position_embeddings = layers.embed(cfg, cfg.max_position_embeddings,
-                                            ("position", "embed"))
+    self.position_embeddings = layers.embed(
+        cfg, cfg.max_position_embeddings, ("position", "embed"),
+        one_hot_rows=layers.POSITION_ONE_HOT_ROWS)
     if cfg.type_vocab_size > 0:
       self.token_type_embeddings = layers.embed(cfg, cfg.type_vocab_size,
                                                 ("segment", "embed"))
@@ -148,7 +149,7 @@ class TransformerBlock(layers.PostLNBlock):
   """Post-LN block: LN(x + Attn(x)), then LN(x + FFN(x)) with exact GELU, dropout 0.1."""
 
   attention = SelfAttention
-  activation = staticmethod(lambda cfg, h: nn.gelu(h, approximate=False))
+  activation = staticmethod(lambda cfg, h: layers.gelu(h))
   norm = staticmethod(_layer_norm)
 
 
@@ -184,7 +185,7 @@ class NSPHead(nn.Module):
 def mlm_transform(cfg: ModelConfig, x: jax.Array) -> jax.Array:
   """The MLM head's 'transform' (dense), GELU and 'transform_norm'."""
   x = layers.dense(cfg, cfg.hidden_size, ("embed", "hidden"), "transform")(x)
-  return _layer_norm(cfg, "transform_norm")(nn.gelu(x, approximate=False))
+  return _layer_norm(cfg, "transform_norm")(layers.gelu(x))
 
 
 # ---- The task heads' trunk (Hugging Face's Bert/RobertaFor* heads) ----------------

@@ -209,8 +209,9 @@ class Embeddings(nn.Module):
     self.word_embeddings = layers.embed(cfg, cfg.vocab_size, ("vocab", "embed"),
                                         features=width)
     if cfg.position_biased_input:
-      self.position_embeddings = layers.embed(cfg, cfg.max_position_embeddings,
-                                              ("position", "embed"), features=width)
+      self.position_embeddings = layers.embed(
+          cfg, cfg.max_position_embeddings, ("position", "embed"), features=width,
+          one_hot_rows=layers.POSITION_ONE_HOT_ROWS)
     if cfg.type_vocab_size > 0:
       self.token_type_embeddings = layers.embed(cfg, cfg.type_vocab_size,
                                                 ("segment", "embed"), features=width)

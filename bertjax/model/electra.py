@@ -126,8 +126,9 @@ class Embeddings(bert.Embeddings):
     cfg = self.config
     D = cfg.embedding_size
     self.word_embeddings = layers.embed(cfg, cfg.vocab_size, ("vocab", "embed"), features=D)
-    self.position_embeddings = layers.embed(cfg, cfg.max_position_embeddings,
-                                            ("position", "embed"), features=D)
+    self.position_embeddings = layers.embed(
+        cfg, cfg.max_position_embeddings, ("position", "embed"), features=D,
+        one_hot_rows=layers.POSITION_ONE_HOT_ROWS)
     self.token_type_embeddings = layers.embed(cfg, cfg.type_vocab_size,
                                               ("segment", "embed"), features=D)
     self.LayerNorm = layers.layer_norm(cfg, "LayerNorm", cfg.layer_norm_eps)
@@ -151,7 +152,7 @@ def mlm_transform(cfg: ElectraConfig, x: jax.Array) -> jax.Array:
   'transform_norm' (LayerNorm over D): [B, P, E] -> [B, P, D]."""
   x = layers.dense(cfg, cfg.embedding_size, ("embed", "hidden"), "transform")(x)
   return layers.layer_norm(cfg, "transform_norm", cfg.layer_norm_eps)(
-      nn.gelu(x, approximate=False))
+      layers.gelu(x))
 
 
 class DiscriminatorHead(nn.Module):
@@ -166,7 +167,7 @@ class DiscriminatorHead(nn.Module):
     cfg = self.config
     x = layers.dense(cfg, cfg.hidden_size, ("embed", "hidden"), "dense")(
         out["last_hidden_state"])
-    x = nn.gelu(x, approximate=False)
+    x = layers.gelu(x)
     return layers.dense(cfg, 1, ("hidden", "classes"), "dense_prediction")(x)[..., 0]
 
 
@@ -186,9 +187,9 @@ def task_features(config: ElectraConfig, out: dict, deterministic: bool, pooled:
   x = x[:, 0]
   dense = lambda name: layers.dense(config, config.hidden_size, ("embed", "hidden"), name)
   if dropout:
-    x = nn.gelu(dense("dense")(drop(x, deterministic=deterministic)), approximate=False)
+    x = layers.gelu(dense("dense")(drop(x, deterministic=deterministic)))
     return drop(x, deterministic=deterministic)
-  x = nn.gelu(dense("summary")(x), approximate=False)
+  x = layers.gelu(dense("summary")(x))
   return nn.Dropout(config.summary_dropout)(x, deterministic=deterministic)
 
 

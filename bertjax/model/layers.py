@@ -29,19 +29,25 @@ from bertjax.model.attention import BATCH, HEADS
 LENGTH, EMBED = "activation_length", "activation_embed"
 KV, MLP = "activation_kv", "activation_mlp"
 __all__ = ["ACTIVATIONS", "BATCH", "EMBED", "Embed", "GatedMLP", "HEADS", "KV", "LENGTH",
-           "MLP", "ONE_HOT_ROWS", "PostLNBlock", "PreNormBlock", "SelfAttention",
-           "attention_impl", "constrain", "dense", "einsum", "embed", "layer_norm", "normal",
-           "rms_norm", "zeros_init"]
+           "MLP", "ONE_HOT_ROWS", "POSITION_ONE_HOT_ROWS", "PostLNBlock", "PreNormBlock",
+           "SelfAttention", "attention_impl", "constrain", "dense", "einsum", "embed", "gelu",
+           "layer_norm", "normal", "rms_norm", "zeros_init"]
 
-# Hugging Face's ACT2FN names -> the function ('gelu' is the exact, erf GELU).
-ACTIVATIONS = {
+# Hugging Face's ACT2FN names -> the function ('gelu' is the exact, erf GELU). Each is
+# rematerialised (`jax.checkpoint`): its backward pass keeps only its input and
+# recomputes the rest inside the gradient's fusion. The same values and gradients
+# (the same ops; bit for bit on the CPU); without it XLA's GPU program keeps GELU's
+# x and erfc(x) beside its output: BERT-base 256 x 128 on an H200's compiler, 7.3 GB
+# fewer bytes a step and 4.3 GiB less temporary memory (docs/gpu/2026-12-01-gpu-program.md).
+ACTIVATIONS = {name: jax.checkpoint(fn) for name, fn in {
     "gelu": functools.partial(nn.gelu, approximate=False),
     "gelu_new": functools.partial(nn.gelu, approximate=True),
     "gelu_pytorch_tanh": functools.partial(nn.gelu, approximate=True),
     "silu": nn.silu,
     "relu": nn.relu,
     "tanh": jax.numpy.tanh,
-}
+}.items()}
+gelu = ACTIVATIONS["gelu"]  # BERT's and ELECTRA's exact GELU
 
 
 def constrain(x: jax.Array, names: Sequence[str | None]) -> jax.Array:
@@ -51,12 +57,12 @@ def constrain(x: jax.Array, names: Sequence[str | None]) -> jax.Array:
 def attention_impl(module: nn.Module, cfg: Any, dropout: bool, seq_len: int,
                    bias: bool = False) -> str:
   """The path a block's attention runs: `cfg.attention_impl` as
-  `attention.resolve_impl` checks or chooses it for this platform, `cfg.dtype`,
-  attention `dropout`, the length and a score `bias`; 'xla' while `module`
-  initialises (shapes only: T may be 8)."""
+  `attention.resolve_impl` checks or chooses it for the platform compiled for
+  (`attention.target_platform`), `cfg.dtype`, attention `dropout`, the length and a
+  score `bias`; 'xla' while `module` initialises (shapes only: T may be 8)."""
   if module.is_initializing():
     return "xla"
-  return attention.resolve_impl(cfg.attention_impl, platform=jax.default_backend(),
+  return attention.resolve_impl(cfg.attention_impl, platform=attention.target_platform(),
                                 dtype=cfg.dtype, dropout=dropout, seq_len=seq_len,
                                 bias=bias)
 
@@ -124,8 +130,10 @@ def rms_norm(cfg: Any, name: str, eps: float, axis_name: str = "embed") -> nn.RM
       name=name)
 
 
-# A table of at most this many rows is read by a one-hot matmul (`Embed`).
+# A table of at most this many rows is read by a one-hot matmul (`Embed`), and off the
+# CPU a position table of at most POSITION_ONE_HOT_ROWS.
 ONE_HOT_ROWS = 64
+POSITION_ONE_HOT_ROWS = 1024
 
 
 class Embed(nn.Embed):
@@ -135,11 +143,26 @@ class Embed(nn.Embed):
   scatter-add, and into a few rows every token of the batch adds into the same
   addresses, which a GPU serializes (BERT-base at 128 tokens, batch 256, on an H200:
   that one scatter took 59-87 ms of a 117 ms step); a matmul's gradient is a matmul,
-  summed in float32. Exact: one term of each sum is nonzero."""
+  summed in float32. Exact: one term of each sum is nonzero.
+
+  `one_hot_rows` (absolute position tables: `POSITION_ONE_HOT_ROWS`): off the CPU, a
+  table of at most this many rows is read by the one-hot matmul too (every row of a
+  batch reads the same T positions: BERT-base's 512-row table's scatter-add took 1.43
+  ms at 36 GB/s of a 52 ms H200 step; the matmul costs 4 B T rows E FLOPs, 0.3% of that
+  step); on the CPU, where a scatter-add does not serialize, the gather."""
+
+  one_hot_rows: int = ONE_HOT_ROWS
 
   def __call__(self, inputs: jax.Array) -> jax.Array:
-    if not 1 < self.num_embeddings <= ONE_HOT_ROWS:
-      return super().__call__(inputs)
+    rows = self.num_embeddings
+    if 1 < rows <= ONE_HOT_ROWS:
+      return self._one_hot(inputs)
+    if rows <= self.one_hot_rows:
+      return jax.lax.platform_dependent(inputs, cpu=super().__call__,
+                                        default=self._one_hot)
+    return super().__call__(inputs)
+
+  def _one_hot(self, inputs: jax.Array) -> jax.Array:
     (table,) = self.promote_dtype(self.embedding, dtype=self.dtype, inexact=False)
     one_hot = jax.nn.one_hot(inputs, self.num_embeddings, dtype=table.dtype)
     return jax.numpy.einsum("...v,ve->...e", one_hot, table,
@@ -147,10 +170,12 @@ class Embed(nn.Embed):
 
 
 def embed(cfg: Any, num: int, names: Sequence[str | None], *, init=None,
-          name: str | None = None, features: int | None = None) -> Embed:
-  """A [num, features] table (default `cfg.hidden_size`; `init` as `dense`'s)."""
+          name: str | None = None, features: int | None = None,
+          one_hot_rows: int = ONE_HOT_ROWS) -> Embed:
+  """A [num, features] table (default `cfg.hidden_size`; `init` as `dense`'s);
+  `one_hot_rows` as `Embed`'s (`POSITION_ONE_HOT_ROWS` for absolute positions)."""
   return Embed(num, features or cfg.hidden_size, dtype=cfg.dtype,
-               param_dtype=cfg.param_dtype,
+               param_dtype=cfg.param_dtype, one_hot_rows=one_hot_rows,
                embedding_init=_kernel_init(cfg, init, names), name=name)
 
 

@@ -50,6 +50,6 @@ class SpanBoundaryHead(nn.Module):
     for k in range(2):
       kernel_names = (None, "hidden") if k == 0 else ("embed", "hidden")
       x = layers.dense(cfg, cfg.hidden_size, kernel_names, f"dense_{k}")(x)
-      x = layers.layer_norm(cfg, f"norm_{k}", cfg.layer_norm_eps)(nn.gelu(x, approximate=False))
+      x = layers.layer_norm(cfg, f"norm_{k}", cfg.layer_norm_eps)(layers.gelu(x))
     x = layers.constrain(x, (BATCH, None, EMBED))
     return stack.tied_logits(self, cfg, x, encoder)
