@@ -1,7 +1,8 @@
 """XLA compilation in the two training programs: the persistent cache of compiled
-programs (`config.compilation_cache_dir`), and the time compilation took, logged at
-the end of a run (`Compilation: ... s (... programs, ... from the persistent cache;
-...)`).
+programs (`config.compilation_cache_dir`), the time compilation took, logged at the
+end of a run (`Compilation: ... s (... programs, ... from the persistent cache;
+...)`), and the GPU lowering of the random draws that initialise parameters
+(`threefry_kernel`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,34 @@ def use_persistent_cache(directory: str) -> None:
   compile (JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS)."""
   if directory and not jax.config.jax_compilation_cache_dir:
     jax.config.update("jax_compilation_cache_dir", os.path.expanduser(directory))
+
+
+# JAX's option: on a GPU, Threefry-2x32 as one CUDA kernel (a custom call) instead of
+# its 20 unrolled rounds inlined into every fusion that consumes random bits.
+_THREEFRY_KERNEL = "jax_threefry_gpu_kernel_lowering"
+
+
+@contextlib.contextmanager
+def threefry_kernel() -> Iterator[None]:
+  """Inside, a jitted function called (traced and lowered) for a GPU draws its
+  Threefry bits with JAX's CUDA kernel: the same bits (the same function of key and
+  counter), so the same parameters for a seed, and a far smaller program. For the
+  initialisation only, which runs once: its unrolled rounds are most of a fresh
+  machine's wait (BERT-large's init on the H200 compiler, compiled on this CPU: 71.1
+  s unrolled, 6.2 s with the kernel; BERT-base 40.6 s and 3.1 s). Not for the train
+  step: there the unrolled rounds fuse into the dropout masks' consumers, and the
+  kernel's bits, written out and read back, cost BERT-base 25 GB a step more
+  (docs/gpu/2026-12-01-gpu-program.md). Other platforms: no change. A JAX without the
+  option: no change."""
+  if not hasattr(jax.config, _THREEFRY_KERNEL):
+    yield
+    return
+  saved = getattr(jax.config, _THREEFRY_KERNEL)
+  jax.config.update(_THREEFRY_KERNEL, True)
+  try:
+    yield
+  finally:
+    jax.config.update(_THREEFRY_KERNEL, saved)
 
 
 @contextlib.contextmanager

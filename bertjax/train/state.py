@@ -16,7 +16,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from bertjax.errors import ConfigError, one_of
 from bertjax import objectives as objectives_lib
 from bertjax.parallel import mesh as mesh_lib
-from bertjax.train import optimizer, objective
+from bertjax.train import compilation, optimizer, objective
 from bertjax.train import step as step_lib
 from bertjax.train.step import Objective, TrainState, make_train_step, new_window
 
@@ -89,14 +89,21 @@ class Setup(NamedTuple):
     argument: one program for every seed); with `part`, only that top-level entry
     ('head': a fine-tuning run from a pretrained encoder): the same values, the rest of
     the draw left out of the program (for a tiny BERT 0.17 s of compiling against
-    1.04 s). Traced without a context mesh: flax's DenseGeneral constrains its
-    flattened kernel during init, so the placement comes from `out_shardings` alone."""
+    1.04 s). On a GPU its Threefry bits come from JAX's kernel (the same bits:
+    `compilation.threefry_kernel`)."""
+    with compilation.threefry_kernel():
+      return self.init_program(part)(seed_scalar(config.seed))
+
+  def init_program(self, part: str | None = None) -> Callable:
+    """`init_params`' jitted draw: int32 seed -> parameters on their shardings. Traced
+    without a context mesh: flax's DenseGeneral constrains its flattened kernel during
+    init, so the placement comes from `out_shardings` alone."""
     def draw(seed):
       params = nn.unbox(self.objective.init(jax.random.key(seed)))
       return params if part is None else params[part]
 
     shardings = self.shardings.params if part is None else self.shardings.params[part]
-    return jax.jit(draw, out_shardings=shardings)(seed_scalar(config.seed))
+    return jax.jit(draw, out_shardings=shardings)
 
   def init_state(self, config, params: Any = None) -> TrainState:
     """A fresh state on the shardings: `params` (default: `init_params(config)`),
