@@ -19,10 +19,10 @@ from bertjax.data import (builders, manifest, multilingual, permutation, pipelin
 from bertjax.data.tokenizer import load_tokenizer
 from bertjax.errors import ConfigError, DataError
 from configs import bert_tiny
-from tests import beam_env
+from tests import extra_env
 from tests.helpers import offsets
 
-REPO = beam_env.REPO
+REPO = extra_env.REPO
 
 T = 64
 
@@ -348,18 +348,10 @@ def _files(root):
 
 @pytest.fixture(scope="module")
 def beam_python():
-  """The python of the Beam environment (tests/beam_env.py: built once, then cached).
-  In CI (CI=true) an environment that cannot be built fails the test; elsewhere (no
-  network to the package index) it skips."""
-  try:
-    exe, facts = beam_env.python()
-  except (RuntimeError, OSError, subprocess.SubprocessError) as e:
-    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-      pytest.fail(f"CI runs the Beam test in an environment of its own and could not "
-                  f"build it at {beam_env.path()}: {e}")
-    pytest.skip(f"no Beam environment ({beam_env.path()} cannot be built: {e})")
-  print(f"Beam environment {beam_env.path()}: {facts}")
-  return exe
+  """The python of the Beam environment (tests/extra_env.py: built once, then cached)."""
+  return extra_env.fixture_python(
+      "beam", "import json, apache_beam, google.protobuf as p; print(json.dumps("
+      "{'apache_beam': apache_beam.__version__, 'protobuf': p.__version__}))")
 
 
 def _prepare(python, *flags):

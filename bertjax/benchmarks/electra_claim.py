@@ -43,7 +43,6 @@ same `--lr`).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
@@ -57,25 +56,11 @@ import ml_collections
 from absl import flags
 
 from bertjax import objectives as objectives_lib
-from bertjax.benchmarks import docstrings, text_tasks
+from bertjax.benchmarks import docstrings, recipe, text_tasks
 from bertjax.checkpoint import files
 
 DEFAULT_TASKS = ("debian_sections", "stdlib_few", "stdlib_next")
 DOCSTRINGS = "docstrings"  # --corpus: Python's docstrings (corpus_path)
-_CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__)))), "configs")
-
-
-def recipe(name: str, arg: str | None = None) -> ml_collections.ConfigDict:
-  """`get_config(arg)` of configs/NAME.py, loaded by path as --config loads it (bertjax
-  imports nothing from configs/)."""
-  spec = importlib.util.spec_from_file_location(
-      f"electra_claim_{name.replace('/', '_')}", os.path.join(_CONFIGS, f"{name}.py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config(arg)
-
-
 def define_flags() -> None:
   flags.DEFINE_string("out", "/tmp/electra_claim", "Directory of the runs and results.")
   flags.DEFINE_integer("mlm_steps", 1500, "Pretraining steps of the MLM run; ELECTRA's "

@@ -1,26 +1,32 @@
 """The GPU efficiency levers of issue 46, side by side in one process: `python -m
 bertjax.benchmark levers --config=CONFIG [--batch=N --seq=L --dtype=bf16 --steps=5
---variants=base,unsafe_rbg,... --json=F]`.
+--variants=base,unsafe_rbg,... --topology=h200 --json=F]`.
 
 Builds `benchmark train`'s step (the recipe's jitted train step on its synthetic rows,
-one device) once per variant, from one initialised state, and reports for each: the
-compiled program's instruction counts (fusions, library calls, RNG and the integer ops
-threefry expands into, scatters, erf), XLA's cost analysis (FLOPs, bytes accessed,
-transcendentals), compile seconds, and the step time both with a host sync after every
-step (as `benchmark train` times) and with the steps dispatched back to back, one sync
-at the end (as the trainer runs them). On a CPU the times are only ratios; the counts
-and bytes are the program's. Variants (`VARIANTS`):
+one device) once per variant and reports for each: the compiled program's instruction
+counts (fusions, library calls, RNG and the integer ops threefry expands into,
+scatters, erf), the bytes its kernels move by source (`xplane.kernel_bytes`), XLA's
+cost analysis where the platform has one, temporary memory, compile seconds, and the
+step time both with a host sync after every step (as `benchmark train` times) and
+with the steps dispatched back to back, one sync at the end (as the trainer runs
+them), from one initialised state. On a CPU the times are only ratios; the counts and
+bytes are the program's. `--topology=h200` (or h100; `bertjax.benchmarks.gpu_target`)
+compiles for that GPU on a machine without one and runs nothing: the GPU program's
+counts, bytes and memory, no times. Variants (`VARIANTS`):
 
-  base              the recipe as it is
+  base              the recipe as it is (activations rematerialised in the backward
+                    pass, position tables read by a one-hot matmul off the CPU)
+  activations_saved the activations' residuals kept for the backward pass instead
+                    (`layers.ACTIVATIONS` without `jax.checkpoint`: bertjax before
+                    2026-12-01; the same values)
+  position_gather   absolute positions gathered, their gradient a scatter-add
+                    (bertjax before 2026-12-01; the same values)
   unsafe_rbg, rbg   config.train.prng_impl: the train step's dropout key of that PRNG
                     implementation (the parameters' initialisation untouched): other
                     dropout masks for a seed
-  gelu_recompute    BERT's exact GELU with a custom VJP that saves only its input and
-                    recomputes erf in the backward pass (same forward values; a model
-                    change, patched here for the measurement)
-  position_one_hot  absolute position embeddings (512 rows) looked up by a one-hot
-                    matmul, as `Embed` does for tables of <= ONE_HOT_ROWS rows (its
-                    gradient a matmul, not a scatter-add; a model change, patched here)
+  threefry_kernel   the step's threefry bits from JAX's GPU kernel
+                    (`compilation.threefry_kernel`, which the initialisation uses):
+                    the same masks
   no_command_buffer, no_triton_gemm, cudnn_layer_norm
                     XLA GPU compiler options for this step only (GPU only: skipped on
                     other platforms)
@@ -30,10 +36,9 @@ and bytes are the program's. Variants (`VARIANTS`):
 
 from __future__ import annotations
 
-import collections
 import contextlib
+import dataclasses
 import json
-import re
 import time
 
 import flax.linen as nn
@@ -42,23 +47,37 @@ import jax.numpy as jnp
 from absl import flags
 
 from bertjax import objectives as objectives_lib
-from bertjax.benchmarks import train as train_bench
+from bertjax.benchmarks import gpu_target, train as train_bench, xplane
 from bertjax.errors import ConfigError
+from bertjax.model.config import default_dtype
 from bertjax.parallel import mesh as mesh_lib
-from bertjax.train import state as state_lib
+from bertjax.train import compilation, state as state_lib
 
 FLAGS = flags.FLAGS
 
-# name -> (PRNG implementation or '', model patch or '', XLA compiler options, GPU only)
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+  prng_impl: str = ""  # config.train.prng_impl
+  patch: str = ""  # a model patch (`patched`)
+  options: tuple = ()  # XLA compiler options
+  gpu_only: bool = False
+  threefry_kernel: bool = False
+
+
 VARIANTS = {
-    "base": ("", "", {}, False),
-    "unsafe_rbg": ("unsafe_rbg", "", {}, False),
-    "rbg": ("rbg", "", {}, False),
-    "gelu_recompute": ("", "gelu_recompute", {}, False),
-    "position_one_hot": ("", "position_one_hot", {}, False),
-    "no_command_buffer": ("", "", {"xla_gpu_enable_command_buffer": ""}, True),
-    "no_triton_gemm": ("", "", {"xla_gpu_enable_triton_gemm": False}, True),
-    "cudnn_layer_norm": ("", "", {"xla_gpu_enable_cudnn_layer_norm": True}, True),
+    "base": Variant(),
+    "activations_saved": Variant(patch="activations_saved"),
+    "position_gather": Variant(patch="position_gather"),
+    "unsafe_rbg": Variant(prng_impl="unsafe_rbg"),
+    "rbg": Variant(prng_impl="rbg"),
+    "threefry_kernel": Variant(threefry_kernel=True, gpu_only=True),
+    "no_command_buffer": Variant(options=(("xla_gpu_enable_command_buffer", ""),),
+                                 gpu_only=True),
+    "no_triton_gemm": Variant(options=(("xla_gpu_enable_triton_gemm", False),),
+                              gpu_only=True),
+    "cudnn_layer_norm": Variant(options=(("xla_gpu_enable_cudnn_layer_norm", True),),
+                                gpu_only=True),
 }
 
 
@@ -66,42 +85,26 @@ def define_flags() -> None:
   """Its own flags; --config, --batch, --seq, --dtype, --steps, --warmup and --json
   are `benchmark train`'s."""
   flags.DEFINE_list("variants", list(VARIANTS), f"Of {list(VARIANTS)}.")
-
-
-@jax.custom_vjp
-def gelu_recompute(x):
-  """Exact GELU, x * Phi(x), saving only x for the backward pass."""
-  return nn.gelu(x, approximate=False)
-
-
-def _gelu_fwd(x):
-  return gelu_recompute(x), x
-
-
-def _gelu_bwd(x, g):
-  f = x.astype(jnp.float32)
-  cdf = 0.5 * jax.lax.erfc(-f / jnp.sqrt(2.0).astype(jnp.float32))
-  pdf = jnp.exp(-0.5 * f * f) / jnp.sqrt(2 * jnp.pi).astype(jnp.float32)
-  return ((g.astype(jnp.float32) * (cdf + f * pdf)).astype(x.dtype),)
-
-
-gelu_recompute.defvjp(_gelu_fwd, _gelu_bwd)
+  flags.DEFINE_string("topology", "", "Compile for this GPU (h100, h200) without one, "
+                      "running nothing ('': the attached device).")
 
 
 @contextlib.contextmanager
 def patched(patch: str):
   """The model patch of a variant, undone on exit."""
-  from bertjax.model import bert, layers  # pylint: disable=g-import-not-at-top
-  saved = (bert.TransformerBlock.activation, layers.ONE_HOT_ROWS)
-  if patch == "gelu_recompute":
-    bert.TransformerBlock.activation = staticmethod(lambda cfg, h: gelu_recompute(h))
-  elif patch == "position_one_hot":
-    layers.ONE_HOT_ROWS = 512
+  from bertjax.model import layers  # pylint: disable=g-import-not-at-top
+  saved = (dict(layers.ACTIVATIONS), layers.gelu, layers.POSITION_ONE_HOT_ROWS)
+  if patch == "activations_saved":
+    for name, fn in saved[0].items():
+      layers.ACTIVATIONS[name] = fn.__wrapped__  # jax.checkpoint's function
+    layers.gelu = layers.ACTIVATIONS["gelu"]
+  elif patch == "position_gather":
+    layers.POSITION_ONE_HOT_ROWS = 0
   try:
     yield
   finally:
-    bert.TransformerBlock.activation = staticmethod(saved[0])
-    layers.ONE_HOT_ROWS = saved[1]
+    layers.ACTIVATIONS.update(saved[0])
+    layers.gelu, layers.POSITION_ONE_HOT_ROWS = saved[1:]
 
 
 def with_prng(config, impl: str):
@@ -112,30 +115,27 @@ def with_prng(config, impl: str):
   return config
 
 
-_OPCODE = re.compile(r"=\s*(?:\([^=]*?\)|[\w\[\]{},:\d]+)\s+([\w\-]+)\(")
-
-
-def hlo_counts(text: str) -> dict[str, int]:
-  """Instruction counts of an optimized HLO module's text, fused computations
-  included: fusions, custom calls (library GEMMs, attention), RNG ops, the integer
-  ops threefry expands into, scatters, erf."""
-  ops = collections.Counter(m.group(1) for m in _OPCODE.finditer(text))
-  return {"instructions": sum(ops.values()), "fusion": ops["fusion"],
-          "custom-call": ops["custom-call"],
-          "rng-bit-generator": ops["rng-bit-generator"] + ops["rng"],
-          "threefry ops (shift, xor, or)": sum(ops[k] for k in (
-              "shift-left", "shift-right-logical", "xor", "or")),
-          "scatter": ops["scatter"], "erf": ops["erf"]}
-
-
-def measure(trainer, state, data, steps: int, warmup: int, options: dict):
-  """(state, record) of one variant: compile, counts, cost, times."""
+def measure(trainer, state, data, steps: int, warmup: int, variant: Variant,
+            run: bool = True):
+  """(state, record) of one variant: compile, counts, bytes, memory and (with `run`)
+  times. `state` and `data`: arrays, or abstract ones when not `run`."""
   start = time.perf_counter()
-  lowered = trainer.train_step.lower(state, data)
-  compiled = lowered.compile(compiler_options=options or None)
+  with (compilation.threefry_kernel() if variant.threefry_kernel
+        else contextlib.nullcontext()), gpu_target.cudnn_checks(trainer.mesh.devices.flat[0]):
+    lowered = trainer.train_step.lower(state, data)
+  compiled = lowered.compile(compiler_options=dict(variant.options) or None)
   compile_s = time.perf_counter() - start
   cost = compiled.cost_analysis() or {}
-  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  cost = (cost[0] if isinstance(cost, (list, tuple)) else cost) or {}
+  mem = compiled.memory_analysis()
+  record = {"compile_s": compile_s, **xplane.hlo_counts(compiled.as_text()),
+            "kernel_GB": xplane.kernel_bytes(xplane.compiled_program(compiled)),
+            "temp_GiB": mem.temp_size_in_bytes / 2**30,
+            "flops": float(cost.get("flops", 0.0)),
+            "bytes_accessed": float(cost.get("bytes accessed", 0.0)),
+            "transcendentals": float(cost.get("transcendentals", 0.0))}
+  if not run:
+    return state, record
   seed = trainer.train_step.seed
   for _ in range(warmup):
     state, _ = compiled(state, data, seed)
@@ -150,53 +150,89 @@ def measure(trainer, state, data, steps: int, warmup: int, options: dict):
   for _ in range(steps):
     state, metrics = compiled(state, data, seed)
   jax.block_until_ready(metrics["loss"])
-  pipelined = (time.perf_counter() - t) / steps
-  record = {"compile_s": compile_s, **hlo_counts(compiled.as_text()),
-            "flops": float(cost.get("flops", 0.0)),
-            "bytes_accessed": float(cost.get("bytes accessed", 0.0)),
-            "transcendentals": float(cost.get("transcendentals", 0.0)),
-            "step_ms_synced": 1e3 * sorted(synced)[len(synced) // 2],
-            "step_ms_pipelined": 1e3 * pipelined, "loss": float(metrics["loss"])}
+  record.update(step_ms_synced=1e3 * sorted(synced)[len(synced) // 2],
+                step_ms_pipelined=1e3 * (time.perf_counter() - t) / steps,
+                loss=float(metrics["loss"]))
   return state, record
 
 
 def run(config, batch: int, seq: int, predictions: int, variants: list[str],
-        steps: int, warmup: int) -> dict:
-  devices = jax.devices()[:1]
+        steps: int, warmup: int, topology: str = "") -> dict:
+  target = gpu_target.parse(topology) if topology else None
+  if topology and not target:
+    raise ConfigError(f"--topology={topology}: a GPU to compile for: "
+                      f"{', '.join(gpu_target.TARGETS)}.")
+  devices = gpu_target.devices(*target)[:1] if target else jax.devices()[:1]
+  live = not (target and gpu_target.compile_only(devices[0]))
+  if not config.model.dtype:  # '' is the platform's: the compiled one's.
+    config.model.dtype = jnp.dtype(default_dtype(devices[0].platform)).name
   gpu = devices[0].platform == "gpu"
   mesh = mesh_lib.create_mesh(config.mesh, devices)
   trainer = state_lib.build_trainer(config, mesh)
   host = train_bench.synthetic_batch(config, batch, seq, predictions,
                                      objectives_lib.from_config(config).fields, 0)
-  out = {}
   with jax.set_mesh(trainer.mesh), nn.logical_axis_rules(trainer.rules):
-    state = trainer.init_state(config)  # The default PRNG: the recipe's parameters.
-    data = mesh_lib.put_batch(host, trainer.batch_sharding)
+    if live:
+      state = trainer.init_state(config)  # The default PRNG: the recipe's parameters.
+      data = mesh_lib.put_batch(host, trainer.batch_sharding)
+    else:
+      state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                           trainer.abstract, trainer.shardings)
+      data = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=trainer.batch_sharding)
+              for k, v in host.items()}
+  out = {}
   for name in variants:
-    impl, patch, options, gpu_only = VARIANTS[name]
-    if gpu_only and not gpu:
+    variant = VARIANTS[name]
+    if variant.gpu_only and not gpu:
       out[name] = {"skipped": "a GPU compiler option"}
       continue
-    with patched(patch):
-      variant = state_lib.build_trainer(with_prng(config, impl), mesh)  # Traced anew.
-      with jax.set_mesh(variant.mesh), nn.logical_axis_rules(variant.rules):
-        state, out[name] = measure(variant, state, data, steps, warmup, options)
+    with patched(variant.patch):
+      built = state_lib.build_trainer(with_prng(config, variant.prng_impl), mesh)  # Anew.
+      with jax.set_mesh(built.mesh), nn.logical_axis_rules(built.rules):
+        state, out[name] = measure(built, state, data, steps, warmup, variant, live)
     print(f"{name}: {format_record(out[name])}", flush=True)
   return {"device": devices[0].device_kind, "platform": devices[0].platform,
-          "batch": batch, "seq": seq, "dtype": jnp.dtype(config.model.dtype).name
-          if config.model.dtype else "", "variants": out}
+          "compile_only": not live, "batch": batch, "seq": seq,
+          "dtype": config.model.dtype,
+          "variants": out}
 
 
 def format_record(r: dict) -> str:
   if "skipped" in r:
     return f"skipped ({r['skipped']})"
-  return (f"step {r['step_ms_synced']:.1f} ms synced, {r['step_ms_pipelined']:.1f} "
-          f"pipelined; {r['bytes_accessed'] / 1e9:.2f} GB accessed, "
-          f"{r['flops'] / 1e12:.3f} TFLOP, {r['transcendentals'] / 1e6:.0f} M "
-          f"transcendentals; {r['fusion']} fusions, {r['custom-call']} custom calls, "
-          f"{r['rng-bit-generator']} rng ops, {r['threefry ops (shift, xor, or)']} "
-          f"shift/xor/or, {r['scatter']} scatters, {r['erf']} erf; compile "
-          f"{r['compile_s']:.1f} s")
+  times = (f"step {r['step_ms_synced']:.1f} ms synced, {r['step_ms_pipelined']:.1f} "
+           "pipelined; " if "step_ms_synced" in r else "")
+  return (f"{times}kernels move {r['kernel_GB']['total']['GB']:.2f} GB, temporaries "
+          f"{r['temp_GiB']:.2f} GiB; {r['fusion']} fusions, {r['custom-call']} custom "
+          f"calls, {r['rng-bit-generator']} rng ops, "
+          f"{r['threefry ops (shift, xor, or)']} shift/xor/or, {r['scatter']} scatters, "
+          f"{r['erf']} erf; compile {r['compile_s']:.1f} s")
+
+
+def format_table(result: dict) -> str:
+  """Each variant's bytes against base's, by source (the sources that differ)."""
+  variants = {n: r for n, r in result["variants"].items() if "skipped" not in r}
+  base = variants.get("base") or next(iter(variants.values()), None)
+  lines = [f"levers on {result['device']}" + (" (compiled only)" if result["compile_only"]
+                                              else "")
+           + f", batch {result['batch']} x {result['seq']}, {result['dtype']}:",
+           f"{'variant':18} {'synced ms':>9} {'piped ms':>9} {'kernel GB':>9} "
+           f"{'vs base':>8} {'temp GiB':>8} {'fusions':>7} {'scatter':>7}  "
+           "sources that differ from base (GB)"]
+  for name, r in result["variants"].items():
+    if "skipped" in r:
+      lines.append(f"{name:18} skipped: {r['skipped']}")
+      continue
+    times = (f"{r['step_ms_synced']:9.1f} {r['step_ms_pipelined']:9.1f}"
+             if "step_ms_synced" in r else f"{'-':>9} {'-':>9}")
+    gb, ref = r["kernel_GB"], base["kernel_GB"]
+    moved = [f"{k} {ref.get(k, {}).get('GB', 0):.2f} -> {v['GB']:.2f}"
+             for k, v in gb.items() if k != "total"
+             and abs(v["GB"] - ref.get(k, {}).get("GB", 0)) > 0.005 * ref["total"]["GB"]]
+    lines.append(f"{name:18} {times} {gb['total']['GB']:9.2f} "
+                 f"{gb['total']['GB'] / ref['total']['GB']:8.3f} {r['temp_GiB']:8.2f} "
+                 f"{r['fusion']:7d} {r['scatter']:7d}  {'; '.join(moved)}")
+  return "\n".join(lines)
 
 
 def main(argv):
@@ -205,22 +241,13 @@ def main(argv):
   unknown = sorted(set(f.variants) - set(VARIANTS))
   if unknown:
     raise ConfigError(f"--variants: unknown {unknown}; of {list(VARIANTS)}")
+  if f.topology:
+    gpu_target.before_jax_starts()
   config = f.config
   batch, seq, predictions = train_bench.sized(config, f.batch, f.seq, f.dtype)
-  result = run(config, batch, seq, predictions, f.variants, max(f.steps, 1), f.warmup)
+  result = run(config, batch, seq, predictions, f.variants, max(f.steps, 1), f.warmup,
+               f.topology)
   if f.json:
     with open(f.json, "w") as out:
-      json.dump(result, out, indent=1)
-  base = result["variants"].get("base", {})
-  print(f"{'variant':18} {'synced ms':>9} {'piped ms':>9} {'GB accessed':>11} "
-        f"{'vs base':>8} {'fusions':>7} {'rng':>4} {'shift/xor/or':>12} {'scatter':>7}")
-  for name, r in result["variants"].items():
-    if "skipped" in r:
-      print(f"{name:18} skipped: {r['skipped']}")
-      continue
-    ratio = (r["bytes_accessed"] / base["bytes_accessed"]
-             if base.get("bytes_accessed") else float("nan"))
-    print(f"{name:18} {r['step_ms_synced']:9.1f} {r['step_ms_pipelined']:9.1f} "
-          f"{r['bytes_accessed'] / 1e9:11.3f} {ratio:8.3f} {r['fusion']:7d} "
-          f"{r['rng-bit-generator']:4d} {r['threefry ops (shift, xor, or)']:12d} "
-          f"{r['scatter']:7d}")
+      json.dump(result, out, indent=1, default=float)
+  print(format_table(result))

@@ -36,6 +36,7 @@ dcn_data = the number of slices).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import glob
 import json
@@ -50,7 +51,7 @@ import numpy as np
 from absl import flags
 from ml_collections import config_flags
 
-from bertjax.benchmarks import flops as flops_lib
+from bertjax.benchmarks import flops as flops_lib, gpu_target, xplane
 from bertjax.errors import ConfigError
 from bertjax import objectives as objectives_lib
 from bertjax.data import pipeline
@@ -80,6 +81,8 @@ def define_flags() -> None:
                      "(0: exact; 0.125: fewer compiles).")
   flags.DEFINE_bool("first_fit", False, "Stop at the first candidate that fits.")
   flags.DEFINE_bool("summary", False, "Print the chosen launch as one markdown row.")
+  flags.DEFINE_bool("init", False, "Also compile each candidate's initialisation of the "
+                    "parameters (a fresh run's first program): its compile seconds.")
   flags.DEFINE_float("hbm_gb", 0.0, "HBM per device in GB (default: the chip's).")
   flags.DEFINE_string("json", "", "Also write every figure to this file.")
   flags.mark_flags_as_required(["config", "topology"])
@@ -136,6 +139,13 @@ def topology(name: str, num_slices: int = 1, hbm_gb: float = 0.0) -> Topology:
       raise ConfigError(f"--topology={name}: only {len(devices)} CPU devices; plan "
                         "before JAX starts, or set JAX_NUM_CPU_DEVICES.")
     return Topology(name, devices[:int(m[1])], None, hbm_gb * 1e9)
+  if gpu := gpu_target.parse(name):
+    if num_slices > 1:
+      raise ConfigError(f"--topology={name}: slices are TPU's; name GPU hosts as "
+                        "h200:HOSTSxGPUS (e.g. h200:2x8).")
+    devices = gpu_target.devices(*gpu)
+    chip = flops_lib.chip(devices[0])
+    return Topology(name, devices, chip, hbm_gb * 1e9 if hbm_gb else chip.hbm_bytes)
   if m := re.fullmatch(r"(v4|v5p|v5e|v6e)-(\d+)", name):
     prefix, per_core, three_d = GENERATIONS[m[1]]
     chips = int(m[2]) // (2 if per_core else 1)
@@ -145,7 +155,8 @@ def topology(name: str, num_slices: int = 1, hbm_gb: float = 0.0) -> Topology:
     dims = tuple(int(d) for d in m[2].split("x"))
   else:
     raise ConfigError(f"--topology={name}: use an accelerator type (v4-8, v5e-256, "
-                      "v5p-128, v6e-8), a topology (v5p:4x4x4) or cpu:N.")
+                      "v5p-128, v6e-8), a topology (v5p:4x4x4), GPUs (h100, h200:8, "
+                      "h200:2x8) or cpu:N.")
   from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
   _compile_only_libtpu(f"{m[1]}-{int(np.prod(dims)) * (2 if per_core else 1)}")
   wrap = tuple(d >= 4 for d in dims) if three_d and min(dims) >= 4 else tuple(
@@ -204,31 +215,54 @@ def shard_bytes(tree, shardings) -> int:
 
 def compile_step(config, devices, batch_size: int):
   """The trainer's jitted step compiled for `devices` (abstract arrays: nothing is
-  allocated). Returns (trainer, compiled, seconds). Programs for compile-only (TPU
-  topology) devices stay out of JAX's persistent cache: it cannot load them back."""
+  allocated), `config.model.dtype=''` as the devices' platform resolves it (as
+  `attention_impl=''` is: `attention.target_platform`). Returns (trainer, compiled,
+  seconds). Programs for compile-only (TPU topology, GPU target) devices stay out of
+  JAX's persistent cache: it cannot load them back."""
+  from bertjax.model.config import default_dtype  # pylint: disable=g-import-not-at-top
   from bertjax.parallel import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
   from bertjax.train import state as state_lib  # pylint: disable=g-import-not-at-top
   config = config.copy_and_resolve_references()
   with config.unlocked():
     config.train.batch_size = batch_size  # The step's check: divisible by the data axes.
+    config.model.dtype = config.model.dtype or np.dtype(
+        default_dtype(devices[0].platform)).name  # '' is the compiled platform's
   mesh = mesh_lib.create_mesh(config.mesh, devices)
   if is_retrieval(config):
     trainer = _retrieval_setup(config, mesh, batch_size)
   else:
     trainer = state_lib.build_trainer(config, mesh)
-  with jax.set_mesh(trainer.mesh), nn.logical_axis_rules(trainer.rules):
+  with (jax.set_mesh(trainer.mesh), nn.logical_axis_rules(trainer.rules),
+        gpu_target.cudnn_checks(devices[0])):
     state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                          trainer.abstract, trainer.shardings)
     batch = {k: jax.ShapeDtypeStruct(shape, dtype, sharding=trainer.batch_sharding)
              for k, (shape, dtype) in batch_spec(config, batch_size).items()}
-    start = time.perf_counter()
-    cache = jax.config.jax_enable_compilation_cache
-    jax.config.update("jax_enable_compilation_cache", cache and devices[0] in jax.devices())
-    try:
+    with _no_cache_unless_attached(devices[0]):
+      start = time.perf_counter()
       compiled = trainer.train_step.lower(state, batch).compile()
-    finally:
-      jax.config.update("jax_enable_compilation_cache", cache)
   return trainer, compiled, time.perf_counter() - start
+
+
+def compile_init(trainer):
+  """`trainer`'s initialisation of the parameters (a fresh run's first program,
+  `Setup.init_program`, as `init_params` lowers it) compiled for its mesh's devices:
+  (compiled, seconds)."""
+  from bertjax.train import compilation  # pylint: disable=g-import-not-at-top
+  with _no_cache_unless_attached(trainer.mesh.devices.flat[0]), compilation.threefry_kernel():
+    start = time.perf_counter()
+    compiled = trainer.init_program().lower(jax.ShapeDtypeStruct((), np.int32)).compile()
+    return compiled, time.perf_counter() - start
+
+
+@contextlib.contextmanager
+def _no_cache_unless_attached(device):
+  cache = jax.config.jax_enable_compilation_cache
+  jax.config.update("jax_enable_compilation_cache", cache and device in jax.devices())
+  try:
+    yield
+  finally:
+    jax.config.update("jax_enable_compilation_cache", cache)
 
 
 def _retrieval_setup(config, mesh, batch_size: int):
@@ -258,11 +292,12 @@ def _out_of_memory(error: Exception) -> bool:
   return "RESOURCE_EXHAUSTED" in text or "Ran out of memory" in text
 
 
-def plan(config, topo: Topology, batch_size: int) -> dict:
+def plan(config, topo: Topology, batch_size: int, init: bool = False) -> dict:
   """One compile of `config` (its mesh and model settings) at `batch_size` on `topo`.
   Per chip, bytes: params, opt_state, batch (exact), temp, peak (the compiler's);
   `fits`; flops / bytes_accessed (the compiler's), model_flops (bertjax.benchmarks.flops / chips);
-  roofline_s; compile_s. A program over HBM: `fits` False and `error` set."""
+  roofline_s; compile_s (with `init`, init_compile_s). A program over HBM: `fits` False
+  and `error` set."""
   from bertjax.parallel import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
   start = time.perf_counter()
   try:
@@ -288,8 +323,14 @@ def plan(config, topo: Topology, batch_size: int) -> dict:
       "bytes_accessed": float(cost.get("bytes accessed", 0.0)),
       "model_flops": model_flops(config, batch_size) / chips,
   }
+  if not cost:  # A compile for a GPU target: the bytes its kernels move instead.
+    r["bytes_accessed"] = 1e9 * xplane.kernel_bytes(
+        xplane.compiled_program(compiled))["total"]["GB"]
   r["peak"] = r["arguments"] + r["temp"] + r["outputs"] - r["aliased"] + r["program"]
   r["fits"] = r["peak"] <= topo.hbm_bytes
+  if init:
+    program, r["init_compile_s"] = compile_init(trainer)
+    r["init_instructions"] = xplane.hlo_counts(program.as_text())
   if topo.chip:  # Each term a lower bound (a scanned loop's body is counted once).
     r["roofline_s"] = max(max(r["flops"], r["model_flops"]) / (topo.chip.peak_bf16_tflops
                                                                * 1e12),
@@ -349,6 +390,12 @@ def candidate(config, layout, remat: str, num_slices: int):
   return config
 
 
+def _platform_dtype(topo: Topology) -> str:
+  """What config.model.dtype='' resolves to on the compiled platform."""
+  from bertjax.model.config import default_dtype  # pylint: disable=g-import-not-at-top
+  return np.dtype(default_dtype(topo.devices[0].platform)).name
+
+
 def _progress(r: dict) -> None:
   """One stderr line a compile (each takes minutes for a large model)."""
   where = f"mesh {r['mesh']}, remat {r['remat']}, " if "mesh" in r else ""
@@ -366,6 +413,8 @@ def main(argv) -> None:
   del argv
   f = flags.FLAGS
   config = f.config
+  if gpu_target.parse(f.topology):
+    gpu_target.before_jax_starts()
   topo = topology(f.topology, f.num_slices, f.hbm_gb)
   batch_size = f.batch_size or config.train.batch_size
   remats = f.remat or [config.model.remat_policy]
@@ -381,8 +430,8 @@ def main(argv) -> None:
     print(f"L={m.num_layers} H={m.hidden_size} V={m.vocab_size}, global batch {batch_size}"
           f" x {seq_length(config)} tokens"
           + (" (queries and documents: a contrastive step)" if is_retrieval(config) else "")
-          + f", {m.dtype} compute, scan_layers="
-          f"{m.scan_layers}, attention {m.attention_impl or 'xla'}, "
+          + f", {m.dtype or _platform_dtype(topo)} compute, scan_layers="
+          f"{m.scan_layers}, attention {m.attention_impl or repr('')}, "
           f"{config.train.optimizer}; {f.topology}{slices}: {len(topo.devices)} x "
           f"{chip.name if chip else topo.devices[0].device_kind}, HBM "
           f"{topo.hbm_bytes / GIB:.2f} GiB a chip"
@@ -399,7 +448,7 @@ def main(argv) -> None:
       if chosen and f.first_fit:
         break
       c = candidate(config, layout, remat, f.num_slices)
-      r = plan(c, topo, batch_size)
+      r = plan(c, topo, batch_size, f.init)
       r.update(mesh=",".join(map(str, layout)), remat=remat)
       _progress(r)
       if f.max_batch and r["fits"] and not (chosen and f.first_fit):
@@ -414,7 +463,7 @@ def main(argv) -> None:
   if f.summary:
     _summary(config, f, batch_size, topo, chosen, rows)
   else:
-    _print_tables(rows, f.max_batch, chip is not None, m.scan_layers)
+    _print_tables(rows, f.max_batch, chip is not None, m.scan_layers, f.init)
     if chosen:
       print(f"chosen (the first that fits): mesh {chosen['mesh']}, remat "
             f"{chosen['remat']}, {chosen['per_chip_batch']} rows a chip, peak "
@@ -445,16 +494,18 @@ def _summary(config, f, batch_size: int, topo: Topology, chosen, rows) -> None:
     line = [*where, "none fits", *["-"] * 7, seconds]
   else:
     line = [*where, chosen["mesh"], chosen["remat"], str(config.model.scan_layers),
-            config.model.attention_impl or "xla", str(chosen["per_chip_batch"]),
+            config.model.attention_impl or "''", str(chosen["per_chip_batch"]),
             f"{chosen['peak'] / GIB:.1f} / {topo.hbm_bytes / GIB:.1f}",
             _max_batch(chosen), f"{1e3 * chosen['roofline_s']:.0f}" if topo.chip else "-",
             seconds]
   _table(head, [line])
 
 
-def _print_tables(rows: list[dict], max_batch: bool, tpu: bool, scanned: bool) -> None:
+def _print_tables(rows: list[dict], max_batch: bool, tpu: bool, scanned: bool,
+                  init: bool = False) -> None:
   head = ["mesh d,f,t", "remat", "batch/chip", "params", "opt state", "temporaries", "peak",
-          "fits", *(["max global batch"] if max_batch else []), "compile s"]
+          "fits", *(["max global batch"] if max_batch else []), "compile s",
+          *(["init compile s"] if init else [])]
   small = max(r.get("peak", GIB) for r in rows) < GIB
   unit, name = (2.0 ** 20, "MiB") if small else (GIB, "GiB")
   print(f"\nPer chip, {name} (params and optimizer state exact; temporaries and peak "
@@ -463,13 +514,14 @@ def _print_tables(rows: list[dict], max_batch: bool, tpu: bool, scanned: bool) -
   for r in rows:
     if "error" in r:
       lines.append([r["mesh"], r["remat"], "-", "-", "-", "-", "over HBM", "no",
-                    *(["-"] if max_batch else []), "-"])
+                    *(["-"] if max_batch else []), "-", *(["-"] if init else [])])
       continue
     lines.append([r["mesh"], r["remat"], str(r["per_chip_batch"]),
                   *(_size(r[k], unit) for k in ("params", "opt_state", "temp", "peak")),
                   "yes" if r["fits"] else "no",
                   *([_max_batch(r)] if max_batch else []),
-                  f"{r['compile_s']:.0f}"])
+                  f"{r['compile_s']:.0f}",
+                  *([f"{r['init_compile_s']:.1f}"] if init else [])])
   _table(head, lines)
   head = ["mesh d,f,t", "remat", "compiler TFLOP", "bertjax.benchmarks.flops TFLOP", "compiler GB "
           "accessed", *(["roofline bound ms"] if tpu else [])]

@@ -486,6 +486,61 @@ def analyze(path: str, module: str = "") -> dict:
           "kernels": top}
 
 
+_OPCODE = re.compile(r"=\s*(?:\([^=]*?\)|[\w\[\]{},:\d]+)\s+([\w\-]+)\(")
+
+
+def hlo_counts(text: str) -> dict[str, int]:
+  """Instruction counts of an optimized HLO module's text, fused computations
+  included: fusions, custom calls (library GEMMs, attention), RNG ops, the integer
+  ops threefry expands into, scatters, erf."""
+  ops = collections.Counter(m.group(1) for m in _OPCODE.finditer(text))
+  return {"instructions": sum(ops.values()), "fusion": ops["fusion"],
+          "custom-call": ops["custom-call"],
+          "rng-bit-generator": ops["rng-bit-generator"] + ops["rng"],
+          "threefry ops (shift, xor, or)": sum(ops[k] for k in (
+              "shift-left", "shift-right-logical", "xor", "or")),
+          "scatter": ops["scatter"], "erf": ops["erf"]}
+
+
+# Entry instructions that launch no kernel of their own.
+_NO_KERNEL = {"parameter", "get-tuple-element", "tuple", "constant", "bitcast", "after-all",
+              "partition-id", "replica-id", "opt-barrier"}
+
+
+def compiled_program(compiled) -> Program:
+  """The `Program` of a compiled JAX program (`jit(...).lower(...).compile()`), e.g.
+  one compiled for a GPU target on a CPU (`bertjax.benchmarks.gpu_target`)."""
+  module = compiled.runtime_executable().hlo_modules()[0]
+  return Program(module.as_serialized_hlo_module_proto())
+
+
+def kernel_bytes(program: Program) -> dict:
+  """The bytes the program's kernels move, without running it: each kernel's output
+  and operands (a while loop's body counted once), by `SOURCES` label ({label:
+  {'GB', 'kernels'}}, largest first) and 'total'. A fusion reads and writes these
+  bytes once: a memory-bound kernel's time is about its bytes over the HBM rate (a
+  GEMM's and a compute-bound kernel's are not; nor is a scatter-add's whose atomics
+  serialize)."""
+  by = collections.defaultdict(lambda: [0, 0])
+
+  def walk(body):
+    for instruction in body:
+      if instruction["opcode"] in ("while", "conditional", "call"):
+        for cid in instruction["called"]:
+          walk(program.computations[cid]["instructions"])
+      elif instruction["opcode"] not in _NO_KERNEL:
+        label, _ = source(program, instruction)
+        by[label][0] += shape_bytes(instruction["shape"]) + program.operand_bytes(instruction)
+        by[label][1] += 1
+
+  walk(program.schedule)
+  out = {label: {"GB": b / 1e9, "kernels": n}
+         for label, (b, n) in sorted(by.items(), key=lambda kv: -kv[1][0])}
+  out["total"] = {"GB": sum(v["GB"] for v in out.values()),
+                  "kernels": sum(v["kernels"] for v in out.values())}
+  return out
+
+
 def format_report(result: dict, top: int = 20) -> str:
   lines = [f"{result['trace']}: program {result['program']}, {result['steps']} steps"]
   for k, s in enumerate(result["step_spans"]):
