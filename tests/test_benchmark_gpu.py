@@ -6,6 +6,7 @@ exercise; pytest's counts and the profile's categories are read right."""
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import re
@@ -22,7 +23,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # One part of each kind, a train part with the profile and one against Hugging Face
 # (the other train parts differ from these only in their flags' values, which
 # test_real_plan_passes_the_dry_runs_flags checks).
-DRY_PARTS = "smoke,bert_base_128,tests,modernbert_1024_hf,kernels,memory"
+DRY_PARTS = "smoke,bert_base_128,levers,tests,modernbert_1024_hf,kernels,memory"
 
 
 @pytest.mark.slow
@@ -46,16 +47,21 @@ def test_dry_run_writes_the_table_and_json_with_every_part_accounted(tmp_path):
   assert proc.stdout.rstrip().endswith(table.rstrip())  # The table is printed last.
   for heading in ("bertjax GPU check (dry run)", "train steps, float32",
                   "attention paths against float32 XLA", "packed rows, bf16 forward",
-                  "one train step on cpu", "tests: 6 passed, 0 failed"):
+                  "one train step on cpu", "tests: 6 passed, 0 failed",
+                  "levers on cpu, batch 2 x 32, float32"):
     assert heading in table, heading
   train = parts["modernbert_1024_hf"]["result"]
   assert train["docs_per_row"] == 4
   assert train["hf"]["model_class"] == "ModernBertForMaskedLM"
   assert parts["smoke"]["result"]["attention"]["cudnn"] == "skipped: cuDNN needs a GPU"
+  assert parts["smoke"]["result"]["init_threefry_kernel"].startswith("the same ")
   ours = parts["bert_base_128"]["result"]["bertjax"]
   assert ours["profile"]["device_ms"]["matmuls"] > 0
   assert set(ours["startup_s"]) == {"setup", "init (compiled and run)", "trace", "compile"}
   assert (out / "tests.log").exists() and (out / "profile.xplane.pb").exists()
+  levers = parts["levers"]["result"]["variants"]
+  assert levers["activations_saved"]["step_ms_pipelined"] > 0
+  assert levers["base"]["kernel_GB"]["total"]["GB"] > 0
 
 
 @pytest.mark.slow
@@ -96,6 +102,17 @@ def test_real_plan_passes_the_dry_runs_flags():
       if a.startswith("--config="):
         assert os.path.exists(os.path.join(REPO, a.split("=", 1)[1])), a
   assert not any(p.skip for p in real)
+
+
+def test_the_tests_part_runs_its_first_files_then_every_other_once():
+  first = ["tests/test_model.py", "tests/test_attention.py"]
+  files = gpu.test_files(first)
+  assert files[:2] == first and len(files) == len(set(files))
+  assert set(files) == {os.path.relpath(p, REPO) for p in
+                        glob.glob(os.path.join(REPO, "tests", "test_*.py"))}
+  assert all(os.path.exists(os.path.join(REPO, p)) for p in gpu.GPU_TESTS)
+  (part,) = [p for p in gpu.plan(False, first) if p.name == "tests"]
+  assert part.argv[-len(files):] == files
 
 
 def test_pytest_counts_of_a_finished_and_a_stopped_run():

@@ -115,6 +115,33 @@ def _short(record: dict) -> str:
   return r["summary"]
 
 
+def levers_table(result: dict) -> str:
+  """`benchmark levers`' table: each variant's times (when run) and the bytes its
+  kernels move against base's, by source (the sources that differ)."""
+  variants = {n: r for n, r in result["variants"].items() if "skipped" not in r}
+  base = variants.get("base") or next(iter(variants.values()), None)
+  lines = [f"levers on {result['device']}" + (" (compiled only)" if result["compile_only"]
+                                              else "")
+           + f", batch {result['batch']} x {result['seq']}, {result['dtype']}:",
+           f"{'variant':18} {'synced ms':>9} {'piped ms':>9} {'kernel GB':>9} "
+           f"{'vs base':>8} {'temp GiB':>8} {'fusions':>7} {'scatter':>7}  "
+           "sources that differ from base (GB)"]
+  for name, r in result["variants"].items():
+    if "skipped" in r:
+      lines.append(f"{name:18} skipped: {r['skipped']}")
+      continue
+    times = (f"{r['step_ms_synced']:9.1f} {r['step_ms_pipelined']:9.1f}"
+             if "step_ms_synced" in r else f"{'-':>9} {'-':>9}")
+    gb, ref = r["kernel_GB"], base["kernel_GB"]
+    moved = [f"{k} {ref.get(k, {}).get('GB', 0):.2f} -> {v['GB']:.2f}"
+             for k, v in gb.items() if k != "total"
+             and abs(v["GB"] - ref.get(k, {}).get("GB", 0)) > 0.005 * ref["total"]["GB"]]
+    lines.append(f"{name:18} {times} {gb['total']['GB']:9.2f} "
+                 f"{gb['total']['GB'] / ref['total']['GB']:8.3f} {r['temp_GiB']:8.2f} "
+                 f"{r['fusion']:7d} {r['scatter']:7d}  {'; '.join(moved)}")
+  return "\n".join(lines)
+
+
 def table(result: dict) -> str:
   """The whole report (`benchmark gpu` prints it last and writes it to gpu.txt)."""
   parts, v = result["parts"], result["versions"]
@@ -155,13 +182,7 @@ def table(result: dict) -> str:
     if record["kind"] in ("kernels", "memory"):
       lines.append(kernels.format_table(r))
     elif record["kind"] == "levers":
-      lines.append(f"levers ({r['device']}, batch {r['batch']} x {r['seq']}):")
-      lines += [f"  {n}: " + ("skipped: " + v["skipped"] if "skipped" in v else
-                              f"{v['step_ms_pipelined']:.2f} ms/step pipelined, "
-                              f"{v['step_ms_synced']:.2f} synced; "
-                              f"{v['bytes_accessed'] / 1e9:.2f} GB accessed; "
-                              f"{v['fusion']} fusions; compile {v['compile_s']:.0f} s")
-                for n, v in r["variants"].items()]
+      lines.append(levers_table(r))
     elif record["kind"] == "tests":
       lines.append(f"tests: {r['summary']}")
       lines += [f"  {f['test']}: {f['reason']}" for f in r["failures"][:20]]

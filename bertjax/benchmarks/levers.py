@@ -47,7 +47,7 @@ import jax.numpy as jnp
 from absl import flags
 
 from bertjax import objectives as objectives_lib
-from bertjax.benchmarks import gpu_target, train as train_bench, xplane
+from bertjax.benchmarks import gpu_report, gpu_target, train as train_bench, xplane
 from bertjax.errors import ConfigError
 from bertjax.model.config import default_dtype
 from bertjax.parallel import mesh as mesh_lib
@@ -209,32 +209,6 @@ def format_record(r: dict) -> str:
           f"{r['erf']} erf; compile {r['compile_s']:.1f} s")
 
 
-def format_table(result: dict) -> str:
-  """Each variant's bytes against base's, by source (the sources that differ)."""
-  variants = {n: r for n, r in result["variants"].items() if "skipped" not in r}
-  base = variants.get("base") or next(iter(variants.values()), None)
-  lines = [f"levers on {result['device']}" + (" (compiled only)" if result["compile_only"]
-                                              else "")
-           + f", batch {result['batch']} x {result['seq']}, {result['dtype']}:",
-           f"{'variant':18} {'synced ms':>9} {'piped ms':>9} {'kernel GB':>9} "
-           f"{'vs base':>8} {'temp GiB':>8} {'fusions':>7} {'scatter':>7}  "
-           "sources that differ from base (GB)"]
-  for name, r in result["variants"].items():
-    if "skipped" in r:
-      lines.append(f"{name:18} skipped: {r['skipped']}")
-      continue
-    times = (f"{r['step_ms_synced']:9.1f} {r['step_ms_pipelined']:9.1f}"
-             if "step_ms_synced" in r else f"{'-':>9} {'-':>9}")
-    gb, ref = r["kernel_GB"], base["kernel_GB"]
-    moved = [f"{k} {ref.get(k, {}).get('GB', 0):.2f} -> {v['GB']:.2f}"
-             for k, v in gb.items() if k != "total"
-             and abs(v["GB"] - ref.get(k, {}).get("GB", 0)) > 0.005 * ref["total"]["GB"]]
-    lines.append(f"{name:18} {times} {gb['total']['GB']:9.2f} "
-                 f"{gb['total']['GB'] / ref['total']['GB']:8.3f} {r['temp_GiB']:8.2f} "
-                 f"{r['fusion']:7d} {r['scatter']:7d}  {'; '.join(moved)}")
-  return "\n".join(lines)
-
-
 def main(argv):
   del argv
   f = FLAGS
@@ -250,4 +224,4 @@ def main(argv):
   if f.json:
     with open(f.json, "w") as out:
       json.dump(result, out, indent=1, default=float)
-  print(format_table(result))
+  print(gpu_report.levers_table(result))
