@@ -129,6 +129,13 @@ def test_pytest_counts_of_a_finished_and_a_stopped_run():
   assert done["finished"] and done["failures"] == [
       {"test": "tests/test_a.py::test_y[gpu]", "reason": "AssertionError: 0.5 < 0.1"}]
   assert gpu_report.pytest_counts("tests/t.py::a PASSED\n== 1 passed in 0.1s ==")["ok"]
+  workers = gpu_report.pytest_counts("\n".join([  # pytest-xdist's -v lines
+      "[gw0] [ 25%] PASSED tests/test_b.py::test_b ",
+      "[gw1] [ 75%] FAILED tests/test_c.py::test_c ",
+      "[gw1] [100%] SKIPPED tests/test_c.py::test_d ",
+      "FAILED tests/test_c.py::test_c - assert 0"]))
+  assert (workers["passed"], workers["failed"], workers["skipped"]) == (1, 1, 1)
+  assert workers["failures"] == [{"test": "tests/test_c.py::test_c", "reason": "assert 0"}]
 
 
 def test_profile_categories_follow_the_model_scopes():

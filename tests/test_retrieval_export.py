@@ -238,4 +238,10 @@ def test_steps_are_sentence_transformers_training(tiny_hf_bert):
   words = np.asarray(params["encoder"]["embeddings"]["word_embeddings"]["embedding"])
   their_words = theirs[0].auto_model.embeddings.word_embeddings.weight.detach().numpy()
   assert np.abs(words - start).max() > 1e-3  # The steps moved them.
-  np.testing.assert_allclose(words, their_words, atol=2e-5)
+  # Every element within a tenth of a step of theirs, and all but a few to 1e-6: Adam
+  # divides each element's momentum by its gradient's RMS, so where a gradient changed
+  # sign between steps (momentum near 0) rounding moves the step by a few percent of
+  # the learning rate (one of 976,704 here, 3.1e-5 off on one CPU; the next 2.3e-7).
+  diff = np.abs(words - their_words)
+  assert diff.max() < 0.1 * c.train.learning_rate, diff.max()
+  assert np.count_nonzero(diff > 1e-6) <= 10, np.sort(diff.ravel())[-20:]

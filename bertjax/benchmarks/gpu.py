@@ -31,9 +31,11 @@ levers and the GPU tests:
                    the step, XLA flags (no CUDA graphs, no Triton GEMM, cuDNN
                    LayerNorm): each variant's step with and without a host sync between
                    steps, the bytes its kernels move
-  tests            the suite under `BERTJAX_TEST_PLATFORM=gpu`: `--tests` first (what
-                   has not passed on a GPU yet), then every other test file in order,
-                   until through or the cap; each test's outcome recorded
+  tests            the suite under `BERTJAX_TEST_PLATFORM=gpu`, 8 pytest-xdist workers
+                   sharing the GPU (the machine's 16 cores; most tests are the CPU's
+                   work): `--tests` first (what has not passed on a GPU yet), then
+                   every other test file in order, until through or the cap; each
+                   test's outcome recorded
   bert_large_512_scanned
                    bert_large_512 with scanned layers (one layer's program compiled)
   bert_base_128_hf, bert_large_512_hf, modernbert_1024_hf
@@ -179,8 +181,9 @@ def plan(dry: bool, tests: list[str]) -> list[Part]:
           "no_command_buffer,no_triton_gemm,cudnn_layer_norm",
           "--config=configs/bert_tiny.py --seq=32 --batch=2 --steps=2 --warmup=0 "
           "--variants=base,activations_saved"), dtype, no_dropout), 300, 150),
-      Part("tests", "tests", ["-m", "pytest", "-v", "-n", "0", "-p", "no:cacheprovider",
-                              "-rfE", *(tests if dry else test_files(tests))], 540, 60),
+      Part("tests", "tests", ["-m", "pytest", "-v", "-n", "2" if dry else "8",
+                              "-p", "no:cacheprovider", "-rfE",
+                              *(tests if dry else test_files(tests))], 540, 60),
       Part("bert_large_512_scanned", "train", large("--config.model.scan_layers=True"),
            200, 120, fresh=True),
       Part("bert_base_128_hf", "train", train("bert_base", "bert_tiny", 128, 256,

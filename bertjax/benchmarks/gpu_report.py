@@ -10,23 +10,30 @@ import re
 from bertjax.benchmarks import kernels, trace
 from bertjax.model import attention
 
-_OUTCOME = re.compile(r"^(tests/\S+) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b")
+_OUTCOMES = "PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS"
+# `pytest -v`'s line of a test: 'tests/x.py::t PASSED [ 25%]', or with pytest-xdist's
+# workers '[gw0] [ 25%] PASSED tests/x.py::t'.
+_OUTCOME = re.compile(rf"^(?:(?P<test>tests/\S+) (?P<outcome>{_OUTCOMES})\b|\[gw\d+\] "
+                      rf"\[\s*\d+%\] (?P<outcome2>{_OUTCOMES}) (?P<test2>tests/\S+))")
 _FAILURE = re.compile(r"^(FAILED|ERROR) (tests/\S+)(?: - (.*))?$")
 _FINAL = re.compile(r"^=+ .*\b(passed|failed|skipped|error|errors|deselected|no tests "
                     r"ran)\b.* in [\d.]+s.* =+$")
 
 
 def pytest_counts(log: str) -> dict:
-  """Outcomes of a `pytest -v -rfE` run from its output: counts, the failures with
-  their one-line reasons, whether it finished; ok when it did with none failed."""
+  """Outcomes of a `pytest -v -rfE` run from its output (one process or pytest-xdist's
+  workers): counts, the failures with their one-line reasons, whether it finished; ok
+  when it did with none failed."""
   counts = dict.fromkeys(("passed", "failed", "skipped", "error", "xfail", "xpass"), 0)
   failures, finished = {}, False
   for line in log.splitlines():
     outcome, failure = _OUTCOME.match(line), _FAILURE.match(line)
     if outcome:
-      counts[outcome.group(2).lower()] += 1
-      if outcome.group(2) in ("FAILED", "ERROR"):
-        failures.setdefault(outcome.group(1), "")
+      test = outcome["test"] or outcome["test2"]
+      result = outcome["outcome"] or outcome["outcome2"]
+      counts[result.lower()] += 1
+      if result in ("FAILED", "ERROR"):
+        failures.setdefault(test, "")
     elif failure:
       failures[failure.group(2)] = (failure.group(3) or "")[:200]
     finished |= bool(_FINAL.match(line.strip()))

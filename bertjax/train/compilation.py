@@ -45,8 +45,10 @@ def threefry_kernel() -> Iterator[None]:
   s unrolled, 6.2 s with the kernel; BERT-base 40.6 s and 3.1 s). Not for the train
   step: there the unrolled rounds fuse into the dropout masks' consumers, and the
   kernel's bits, written out and read back, cost BERT-base 25 GB a step more
-  (docs/gpu/2026-12-01-gpu-program.md). Other platforms: no change. A JAX without the
-  option: no change."""
+  (docs/gpu/2026-12-01-gpu-program.md). Its cost: XLA does not partition the kernel's
+  call, so under FSDP each GPU draws whole tables' bits and keeps its shard (BERT-base
+  on 8 H200s, FSDP: 0.52 GiB of the init's temporaries a GPU, none with the rounds; the
+  same values). Other platforms: no change. A JAX without the option: no change."""
   if not hasattr(jax.config, _THREEFRY_KERNEL):
     yield
     return
