@@ -525,11 +525,14 @@ def _print_tables(rows: list[dict], max_batch: bool, tpu: bool, scanned: bool,
   _table(head, lines)
   head = ["mesh d,f,t", "remat", "compiler TFLOP", "bertjax.benchmarks.flops TFLOP", "compiler GB "
           "accessed", *(["roofline bound ms"] if tpu else [])]
-  notes = (["the roofline bound max(FLOPs / peak, bytes / HBM bandwidth) is a lower "
-            "bound, not a step time"] if tpu else []) + (
-                ["the compiler counts the scanned layers' body once"] if scanned else [])
+  counted = all(r.get("flops") for r in rows if "error" not in r)
+  notes = ((["the roofline bound max(FLOPs / peak, bytes / HBM bandwidth) is a lower "
+             "bound, not a step time"] if tpu else [])
+           + ([] if counted else ["a GPU's compiler counts no FLOPs here; its GB are "
+                                  "the bytes its kernels read and write"])
+           + (["the compiler counts the scanned layers' body once"] if scanned else []))
   print("\nPer chip and step" + (f" ({'; '.join(notes)})" if notes else "") + ":\n")
-  _table(head, [[r["mesh"], r["remat"], f"{r['flops'] / 1e12:.3f}",
+  _table(head, [[r["mesh"], r["remat"], f"{r['flops'] / 1e12:.3f}" if r["flops"] else "-",
                  f"{r['model_flops'] / 1e12:.3f}", f"{r['bytes_accessed'] / 1e9:.1f}",
                  *([f"{1e3 * r['roofline_s']:.1f}"] if tpu else [])]
                 for r in rows if "error" not in r])
