@@ -47,7 +47,7 @@ from bertjax import tasks as tasks_lib
 from bertjax.checkpoint import manager as ckpt_lib
 from bertjax.errors import ConfigError
 from bertjax.hf import convert, table as engine
-from bertjax.model import FAMILIES, stack
+from bertjax.model import FAMILIES, layers, stack
 from bertjax.tasks import finetuned as finetuned_lib
 from configs.finetune import glue, ner, span_ner, squad, swag
 
@@ -492,7 +492,8 @@ def test_train_flops_agree_with_xla(tiny):
   reading every pretraining head's logits (forward + backward, lowered at FLOPS'
   sizes with the XLA attention path, never compiled), within FLOPS_RTOL. The XLA path
   scores every pair of a windowed layer and masks it: the pairs it masks,
-  12 B E (T^2 - pairs) FLOPs each layer, are added to the family's count."""
+  12 B E (T^2 - pairs) FLOPs each layer, are added to the family's count; off the
+  CPU so is the absolute position table's one-hot matmul, 4 B T rows E."""
   config = tiny_config(tiny.family, FLOPS, attention_impl="xla")
   model = tiny.family.pretraining(config)
   params = jax.eval_shape(lambda: nn.unbox(model.init_params(jax.random.key(0))))
@@ -507,6 +508,12 @@ def test_train_flops_agree_with_xla(tiny):
   ours = tiny.family.train_flops(config, FLOPS_B, FLOPS_T, FLOPS_P)
   masked = sum(FLOPS_T ** 2 - stack.attention_pairs(FLOPS_T, w) for w in config.windows)
   expected = ours["total"] + 12.0 * FLOPS_B * config.hidden_size * masked
+  if jax.default_backend() != "cpu":  # Off the CPU absolute positions are a one-hot
+    for path, leaf in jax.tree_util.tree_leaves_with_path(params):  # matmul (layers.Embed)
+      rows = leaf.shape[0]
+      if ("position_embeddings" in jax.tree_util.keystr(path)
+          and rows <= layers.POSITION_ONE_HOT_ROWS):
+        expected += 4.0 * FLOPS_B * FLOPS_T * rows * leaf.shape[1]
   print(f"{tiny.name} FLOPs: XLA {xla:.4g}, train_flops {expected:.4g} "
         f"({xla / expected - 1:+.2%})")
   assert abs(xla - expected) / expected < FLOPS_RTOL
