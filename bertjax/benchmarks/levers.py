@@ -43,13 +43,12 @@ import time
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 from absl import flags
 
 from bertjax import objectives as objectives_lib
-from bertjax.benchmarks import gpu_report, gpu_target, train as train_bench, xplane
+from bertjax.benchmarks import gpu_report, gpu_target, plan as plan_lib, xplane
+from bertjax.benchmarks import train as train_bench
 from bertjax.errors import ConfigError
-from bertjax.model.config import default_dtype
 from bertjax.parallel import mesh as mesh_lib
 from bertjax.train import compilation, state as state_lib
 
@@ -164,8 +163,7 @@ def run(config, batch: int, seq: int, predictions: int, variants: list[str],
                       f"{', '.join(gpu_target.TARGETS)}.")
   devices = gpu_target.devices(*target)[:1] if target else jax.devices()[:1]
   live = not (target and gpu_target.compile_only(devices[0]))
-  if not config.model.dtype:  # '' is the platform's: the compiled one's.
-    config.model.dtype = jnp.dtype(default_dtype(devices[0].platform)).name
+  config.model.dtype = plan_lib.platform_dtype(config, devices[0].platform)
   gpu = devices[0].platform == "gpu"
   mesh = mesh_lib.create_mesh(config.mesh, devices)
   trainer = state_lib.build_trainer(config, mesh)
@@ -176,8 +174,7 @@ def run(config, batch: int, seq: int, predictions: int, variants: list[str],
       state = trainer.init_state(config)  # The default PRNG: the recipe's parameters.
       data = mesh_lib.put_batch(host, trainer.batch_sharding)
     else:
-      state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                           trainer.abstract, trainer.shardings)
+      state = plan_lib.abstract_state(trainer)
       data = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=trainer.batch_sharding)
               for k, v in host.items()}
   out = {}

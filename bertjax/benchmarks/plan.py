@@ -213,20 +213,31 @@ def shard_bytes(tree, shardings) -> int:
              for a, s in zip(jax.tree.leaves(tree), jax.tree.leaves(shardings)))
 
 
+def platform_dtype(config, platform: str) -> str:
+  """config.model.dtype, where '' is what `platform` (the one compiled for, not this
+  host's) resolves it to."""
+  from bertjax.model.config import default_dtype  # pylint: disable=g-import-not-at-top
+  return config.model.dtype or np.dtype(default_dtype(platform)).name
+
+
+def abstract_state(trainer):
+  """`trainer`'s TrainState as abstract arrays on its shardings (nothing allocated)."""
+  return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                      trainer.abstract, trainer.shardings)
+
+
 def compile_step(config, devices, batch_size: int):
   """The trainer's jitted step compiled for `devices` (abstract arrays: nothing is
   allocated), `config.model.dtype=''` as the devices' platform resolves it (as
   `attention_impl=''` is: `attention.target_platform`). Returns (trainer, compiled,
   seconds). Programs for compile-only (TPU topology, GPU target) devices stay out of
   JAX's persistent cache: it cannot load them back."""
-  from bertjax.model.config import default_dtype  # pylint: disable=g-import-not-at-top
   from bertjax.parallel import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
   from bertjax.train import state as state_lib  # pylint: disable=g-import-not-at-top
   config = config.copy_and_resolve_references()
   with config.unlocked():
     config.train.batch_size = batch_size  # The step's check: divisible by the data axes.
-    config.model.dtype = config.model.dtype or np.dtype(
-        default_dtype(devices[0].platform)).name  # '' is the compiled platform's
+    config.model.dtype = platform_dtype(config, devices[0].platform)
   mesh = mesh_lib.create_mesh(config.mesh, devices)
   if is_retrieval(config):
     trainer = _retrieval_setup(config, mesh, batch_size)
@@ -234,8 +245,7 @@ def compile_step(config, devices, batch_size: int):
     trainer = state_lib.build_trainer(config, mesh)
   with (jax.set_mesh(trainer.mesh), nn.logical_axis_rules(trainer.rules),
         gpu_target.cudnn_checks(devices[0])):
-    state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                         trainer.abstract, trainer.shardings)
+    state = abstract_state(trainer)
     batch = {k: jax.ShapeDtypeStruct(shape, dtype, sharding=trainer.batch_sharding)
              for k, (shape, dtype) in batch_spec(config, batch_size).items()}
     with _no_cache_unless_attached(devices[0]):
@@ -390,12 +400,6 @@ def candidate(config, layout, remat: str, num_slices: int):
   return config
 
 
-def _platform_dtype(topo: Topology) -> str:
-  """What config.model.dtype='' resolves to on the compiled platform."""
-  from bertjax.model.config import default_dtype  # pylint: disable=g-import-not-at-top
-  return np.dtype(default_dtype(topo.devices[0].platform)).name
-
-
 def _progress(r: dict) -> None:
   """One stderr line a compile (each takes minutes for a large model)."""
   where = f"mesh {r['mesh']}, remat {r['remat']}, " if "mesh" in r else ""
@@ -430,7 +434,7 @@ def main(argv) -> None:
     print(f"L={m.num_layers} H={m.hidden_size} V={m.vocab_size}, global batch {batch_size}"
           f" x {seq_length(config)} tokens"
           + (" (queries and documents: a contrastive step)" if is_retrieval(config) else "")
-          + f", {m.dtype or _platform_dtype(topo)} compute, scan_layers="
+          + f", {platform_dtype(config, topo.devices[0].platform)} compute, scan_layers="
           f"{m.scan_layers}, attention {m.attention_impl or repr('')}, "
           f"{config.train.optimizer}; {f.topology}{slices}: {len(topo.devices)} x "
           f"{chip.name if chip else topo.devices[0].device_kind}, HBM "
