@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 
+from bertjax import writes
 from bertjax.checkpoint import pretrained as pretrained_lib, workdir
 from bertjax.console import cli
 from bertjax.errors import CheckpointError
@@ -37,37 +38,49 @@ def main(argv: list[str] | None = None) -> None:
       "workdir -> its *ForSequenceClassification / ForTokenClassification / "
       "ForQuestionAnswering / ForMultipleChoice; an embedding model's -> a "
       "sentence-transformers folder); --to=bertjax: a Hugging Face dir -> a bertjax "
-      "workdir."))
+      "workdir. DST is written whole into a temporary folder, then renamed into place "
+      "(bertjax.writes)."))
   parser.add_argument("--to", choices=("hf", "bertjax"), required=True)
   parser.add_argument("--src", required=True)
   parser.add_argument("--dst", required=True)
+  parser.add_argument("--overwrite", action="store_true", help=(
+      "DST may hold files: the export's replace theirs, and the files another bertjax "
+      "export writes there go; other files stay."))
   args = parser.parse_args(argv)
   with cli.one_line_errors():
-    if args.to == "hf" and _is_workdir(args.src):
-      family = workdir.saved_model(args.src).family  # checked before the weights
-      convert.family_table(family)
-      if workdir.is_finetuned(args.src) and not _is_embedding_model(args.src):
-        convert.check_exportable(workdir.task_info(args.src)["name"], family)
-    if args.to == "hf" and workdir.is_finetuned(args.src) and _is_embedding_model(args.src):
-      kind = embedding.export(args.dst, embedding.load_encoder(args.src))
-      kind = f"sentence-transformers ({kind})"
-    elif args.to == "hf" and workdir.is_finetuned(args.src):
-      kind = convert.save_hf_finetuned(args.dst, finetuned.load_finetuned(args.src))
-    elif args.to == "hf":
-      pretrained = pretrained_lib.load_pretrained(args.src)
-      kind = convert.save_hf(args.dst, pretrained.params, pretrained.config,
-                             pretrained.tokenizer)
-      for name in workdir.other_networks(args.src):  # An ELECTRA pair's generator.
-        other = pretrained_lib.load_pretrained(args.src, network=name)
-        dst = os.path.join(args.dst, name)
-        print(f"wrote {convert.save_hf(dst, other.params, other.config, other.tokenizer)} "
-              f"checkpoint of the {name} to {dst}")
-    else:
-      pretrained = pretrained_lib.load_pretrained(args.src)
-      pretrained_lib.save_workdir(args.dst, pretrained.params, pretrained.config,
-                                  pretrained.tokenizer)
-      kind = "bertjax"
+    kind = convert_checkpoint(args.to, args.src, args.dst, args.overwrite)
   print(f"wrote {kind} checkpoint to {args.dst}")
+
+
+def convert_checkpoint(to: str, src: str, dst: str, overwrite: bool = False) -> str:
+  """The command: `src` converted `to` 'hf' or 'bertjax' into `dst` (`writes.export_dir`:
+  whole or absent; `dst` equal to `src`, inside it or holding it refused, a non-empty
+  one without `overwrite` too). Returns what was written ('bert', 'sentence-transformers
+  (bert)', 'BertForSequenceClassification', 'bertjax')."""
+  if to == "hf" and _is_workdir(src):
+    family = workdir.saved_model(src).family  # checked before the weights
+    convert.family_table(family)
+    if workdir.is_finetuned(src) and not _is_embedding_model(src):
+      convert.check_exportable(workdir.task_info(src)["name"], family)
+  with writes.export_dir(dst, overwrite, {"--src": src},
+                         writes.CONVERSION if to == "bertjax" else "") as out:
+    if to == "hf" and workdir.is_finetuned(src) and _is_embedding_model(src):
+      return f"sentence-transformers ({embedding.export(out, embedding.load_encoder(src))})"
+    if to == "hf" and workdir.is_finetuned(src):
+      return convert.save_hf_finetuned(out, finetuned.load_finetuned(src))
+    if to == "hf":
+      pretrained = pretrained_lib.load_pretrained(src)
+      kind = convert.save_hf(out, pretrained.params, pretrained.config, pretrained.tokenizer)
+      for name in workdir.other_networks(src):  # An ELECTRA pair's generator.
+        other = pretrained_lib.load_pretrained(src, network=name)
+        written = convert.save_hf(os.path.join(out, name), other.params, other.config,
+                                  other.tokenizer)
+        print(f"wrote {written} checkpoint of the {name} to {os.path.join(dst, name)}")
+      return kind
+    pretrained = pretrained_lib.load_pretrained(src)
+    pretrained_lib.save_workdir(out, pretrained.params, pretrained.config,
+                                pretrained.tokenizer)
+    return "bertjax"
 
 
 if __name__ == "__main__":

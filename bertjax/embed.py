@@ -35,6 +35,7 @@ import os
 from absl import app, flags
 import numpy as np
 
+from bertjax import writes
 from bertjax.checkpoint.pretrained import load_pretrained
 from bertjax.data import sources
 from bertjax.embeddings import analysis, extract, plot, wsd
@@ -76,6 +77,7 @@ _WORD = flags.DEFINE_string("word", None, "plot: the word (or lemma) to plot.")
 _SIZE = flags.DEFINE_string("size", "800x600", "plot: WIDTHxHEIGHT in pixels.")
 _ANNOTATE = flags.DEFINE_integer("annotate", 6, "plot: how many points get their "
                                  "sentence written next to them.")
+_OVERWRITE = flags.DEFINE_bool("overwrite", False, "Replace an existing --out file.")
 _KIND = flags.DEFINE_enum("kind", "document", list(embedding.KINDS), "encode: the texts "
                           "are queries or documents (the model's prompt of that kind).")
 
@@ -134,6 +136,17 @@ def _require(**named) -> None:
     raise ConfigError(f"this subcommand needs {' and '.join(missing)}.")
 
 
+def _output(ext: str = ""):
+  """`writes.output_file` of --out (with `ext` appended where numpy appends it): not one
+  of the inputs nor inside the checkpoint, an existing one replaced only with
+  --overwrite; checked before anything is computed."""
+  inputs = {"--input": _INPUT.value, "--checkpoint": _CHECKPOINT.value,
+            "--standardize": _STANDARDIZE.value}
+  writes.check_not_input(_OUT.value, inputs)  # as given, before numpy's extension
+  out = _OUT.value if not ext or _OUT.value.endswith(ext) else _OUT.value + ext
+  return writes.output_file(out, _OVERWRITE.value, inputs)
+
+
 def _embedder() -> extract.Embedder:
   _require(checkpoint=_CHECKPOINT.value)
   return extract.Embedder(load_pretrained(_CHECKPOINT.value), _LAYERS.value,
@@ -146,27 +159,29 @@ def _standardizer() -> analysis.Standardizer | None:
 
 def _extract() -> None:
   _require(input=_INPUT.value, out=_OUT.value)
-  texts = read_texts(_INPUT.value, _MAX_TEXTS.value)
-  arrays = extract_arrays(_embedder(), texts, _LEVEL.value, _POOL.value, _standardizer())
-  np.savez(_OUT.value, **arrays, level=_LEVEL.value, layers=_LAYERS.value,
-           checkpoint=_CHECKPOINT.value)
+  with _output(".npz") as out:
+    texts = read_texts(_INPUT.value, _MAX_TEXTS.value)
+    arrays = extract_arrays(_embedder(), texts, _LEVEL.value, _POOL.value, _standardizer())
+    np.savez(out, **arrays, level=_LEVEL.value, layers=_LAYERS.value,
+             checkpoint=_CHECKPOINT.value)
   print(f"wrote {_OUT.value}: {arrays['vectors'].shape[0]} {_LEVEL.value} vectors of "
         f"size {arrays['vectors'].shape[1]} from {len(texts)} texts")
 
 
 def _stats() -> None:
   _require(input=_INPUT.value, out=_OUT.value)
-  if _INPUT.value.endswith(".npz"):
-    with np.load(_INPUT.value) as f:
-      if "vectors" not in f:
-        raise DataError(f"{_INPUT.value} holds no 'vectors'; write it with "
-                        "`python -m bertjax.embed --level=token`.")
-      vectors = f["vectors"]
-  else:
-    found = _embedder().tokens(read_texts(_INPUT.value, _MAX_TEXTS.value))
-    vectors = np.concatenate([v for v, _ in found])
-  standardizer = analysis.Standardizer.fit(vectors)
-  standardizer.save(_OUT.value)
+  with _output(".npz") as out:
+    if _INPUT.value.endswith(".npz"):
+      with np.load(_INPUT.value) as f:
+        if "vectors" not in f:
+          raise DataError(f"{_INPUT.value} holds no 'vectors'; write it with "
+                          "`python -m bertjax.embed --level=token`.")
+        vectors = f["vectors"]
+    else:
+      found = _embedder().tokens(read_texts(_INPUT.value, _MAX_TEXTS.value))
+      vectors = np.concatenate([v for v, _ in found])
+    standardizer = analysis.Standardizer.fit(vectors)
+    standardizer.save(out)
   rep = analysis.report(vectors, standardizer, _TOP.value, _NUM_PAIRS.value)
   print(f"wrote {_OUT.value}: mean/std of {rep['num_vectors']} vectors of size "
         f"{rep['dimensions']}")
@@ -230,22 +245,24 @@ def _plot() -> None:
     size = ()
   if len(size) != 2 or min(size) < 100:
     raise ConfigError(f"--size={_SIZE.value!r}: give WIDTHxHEIGHT in pixels, each >= 100.")
-  sentences, spans, senses = occurrences(_INPUT.value, _WORD.value)
-  plot.sense_plot(_embedder(), sentences, spans, _OUT.value, senses,
-                  title=f"'{_WORD.value}': {len(sentences)} occurrences, layers "
-                        f"{_LAYERS.value}", size=size, annotate=_ANNOTATE.value,
-                  pool=_POOL.value or "mean", standardizer=_standardizer())
+  with _output() as out:
+    sentences, spans, senses = occurrences(_INPUT.value, _WORD.value)
+    plot.sense_plot(_embedder(), sentences, spans, out, senses,
+                    title=f"'{_WORD.value}': {len(sentences)} occurrences, layers "
+                          f"{_LAYERS.value}", size=size, annotate=_ANNOTATE.value,
+                    pool=_POOL.value or "mean", standardizer=_standardizer())
   print(f"wrote {_OUT.value}: {len(sentences)} occurrences of {_WORD.value!r}"
         + (f", {len(set(senses))} senses" if senses else ""))
 
 
 def _encode() -> None:
   _require(checkpoint=_CHECKPOINT.value, input=_INPUT.value, out=_OUT.value)
-  texts = read_texts(_INPUT.value, _MAX_TEXTS.value)
-  encoder = embedding.load_encoder(_CHECKPOINT.value, _MAX_LENGTH.value
-                                   if _MAX_LENGTH.present else 0)
-  vectors = encoder.encode(texts, _KIND.value, _BATCH.value, show="encode")
-  np.save(_OUT.value, vectors)
+  with _output(".npy") as out:
+    texts = read_texts(_INPUT.value, _MAX_TEXTS.value)
+    encoder = embedding.load_encoder(_CHECKPOINT.value, _MAX_LENGTH.value
+                                     if _MAX_LENGTH.present else 0)
+    vectors = encoder.encode(texts, _KIND.value, _BATCH.value, show="encode")
+    np.save(out, vectors)
   print(f"wrote {_OUT.value}: {vectors.shape[0]} x {vectors.shape[1]} embeddings "
         f"({encoder.settings.pooling} pooling"
         f"{', normalised' if encoder.settings.normalize else ''})")

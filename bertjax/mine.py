@@ -37,7 +37,8 @@ def main(argv):
       f.anchor_column, f.positive_column,
       range_min=f.range_min, range_max=f.range_max, num_negatives=f.num_negatives,
       absolute_margin=f.absolute_margin, relative_margin=f.relative_margin,
-      max_score=f.max_score, min_score=f.min_score)
+      max_score=f.max_score, min_score=f.min_score, overwrite=f.overwrite,
+      model_path=f.model)
   print(summary(counts, f.out))
 
 
@@ -77,6 +78,7 @@ def define_flags() -> None:
                      "positive - |positive| x this (0.05: NV-Retriever's TopK-PercPos 95%).")
   flags.DEFINE_float("max_score", None, "Drop candidates scoring above this.")
   flags.DEFINE_float("min_score", None, "Drop candidates scoring below this.")
+  flags.DEFINE_bool("overwrite", False, "Replace an existing --out file.")
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ from __future__ import annotations
 from absl import app, flags
 from etils import epath
 
+from bertjax import writes
 from bertjax.checkpoint import files
 from bertjax.console import cli
 from bertjax.train import curves
@@ -16,9 +17,21 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   f = flags.FLAGS
-  out = f.out or str(epath.Path(f.workdir) / files.PLOT_FILE)
-  fig = curves.plot_training(f.workdir, out)
-  print(f"wrote {out}: " + ", ".join(ax.get_title() for ax in fig.axes))
+  print(f"wrote {draw(f.workdir, f.out, f.overwrite)}")
+
+
+def draw(workdir: str, out: str = "", overwrite: bool = False) -> str:
+  """The command: the run's picture redrawn (WORKDIR/training.png, the run's own file),
+  or `out` (`bertjax.writes.output_file`: not metrics.jsonl, an existing file replaced
+  only with `overwrite`). Returns what it wrote and the panels."""
+  if not out:
+    out = str(epath.Path(workdir) / files.PLOT_FILE)
+    fig = curves.plot_training(workdir, out)
+  else:
+    metrics = str(epath.Path(workdir) / files.METRICS_FILE)
+    with writes.output_file(out, overwrite, {"--workdir's metrics": metrics}) as tmp:
+      fig = curves.plot_training(workdir, tmp)
+  return f"{out}: " + ", ".join(ax.get_title() for ax in fig.axes)
 
 
 def define_flags() -> None:
@@ -26,6 +39,7 @@ def define_flags() -> None:
   flags.DEFINE_string("workdir", None, "The run's workdir (holds metrics.jsonl).",
                       required=True)
   flags.DEFINE_string("out", "", "PNG to write; default WORKDIR/training.png.")
+  flags.DEFINE_bool("overwrite", False, "Replace an existing --out file.")
 
 
 if __name__ == "__main__":

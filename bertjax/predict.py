@@ -30,7 +30,8 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   f = flags.FLAGS
-  output, count = predict.write(f.checkpoint, f.input, f.output, f.split, f.glue_dir)
+  output, count = predict.write(f.checkpoint, f.input, f.output, f.split, f.glue_dir,
+                                f.overwrite)
   print(f"wrote {count} predictions to {output}")
 
 
@@ -43,6 +44,7 @@ def define_flags() -> None:
   flags.DEFINE_string("split", "test", "Split of a tfds:NAME input.")
   flags.DEFINE_string("glue_dir", "", "A GLUE task's test set: write the GLUE server's "
                       "DIR/<TASK>.tsv (index, prediction) instead of JSON lines.")
+  flags.DEFINE_bool("overwrite", False, "Replace an existing output file.")
 
 
 if __name__ == "__main__":

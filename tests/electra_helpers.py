@@ -31,7 +31,7 @@ def hf_electra(directory: str, cls: str = "ElectraForPreTraining", **overrides) 
   import transformers  # pylint: disable=g-import-not-at-top
   tok = load_tokenizer(fixture("tokenizer"))
   torch.manual_seed(0)
+  assert files.save_hf_tokenizer(directory, tok) == "wordpiece"  # into the new folder
   perturb(getattr(transformers, cls)(hf_config(tok.vocab_size, **overrides))).save_pretrained(
       directory)
-  assert files.save_hf_tokenizer(directory, tok) == "wordpiece"
   return directory

@@ -18,6 +18,26 @@ import orbax.checkpoint as ocp
 from bertjax.checkpoint import manager as ckpt_lib, files
 
 
+def tree(path: str) -> dict[str, str]:
+  """Every file under `path` (or `path` itself) -> its sha256, directories as '': what
+  a command must leave byte-identical."""
+  import hashlib  # pylint: disable=g-import-not-at-top
+  if not os.path.exists(path):
+    return {}
+  if os.path.isfile(path):
+    with open(path, "rb") as f:
+      return {"": hashlib.sha256(f.read()).hexdigest()}
+  out = {}
+  for parent, dirs, names in os.walk(path):
+    for d in dirs:
+      out[os.path.relpath(os.path.join(parent, d), path) + "/"] = ""
+    for n in names:
+      p = os.path.join(parent, n)
+      with open(p, "rb") as f:
+        out[os.path.relpath(p, path)] = hashlib.sha256(f.read()).hexdigest()
+  return out
+
+
 def metrics(workdir) -> list[dict]:
   """The records of WORKDIR/metrics.jsonl, in order."""
   with open(os.path.join(workdir, files.METRICS_FILE)) as f:

@@ -326,7 +326,7 @@ def test_resumed_run_refuses_another_vocab_size(tmp_path):
   config = bert_tiny.get_config()
   config.model.vocab_size = 500
   with pytest.raises(CheckpointError) as e:
-    workdir_lib.save_config(workdir, config)
+    workdir_lib.check_resume(workdir, config)
   _one_line_naming(e.value, ["config.model.vocab_size=500 (the run's: 400)"])
 
 

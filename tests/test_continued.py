@@ -9,6 +9,7 @@ import json
 import os
 import signal
 
+import flax.linen as nn
 import jax
 import numpy as np
 import pytest
@@ -88,7 +89,8 @@ def checkpoints(tmp_path_factory):
 def _workdir_checkpoint(directory: str, family: str) -> str:
   """A bertjax workdir of a tiny random model of `family` (2 blocks of 32, sliding
   windows of 8 where it has them, every pretraining head of its recipe) on the
-  fixtures' 400-id WordPiece tokenizer."""
+  fixtures' 400-id WordPiece tokenizer: drawn at a seed no test runs at and every
+  array moved (norms and biases too), so that no fresh draw holds its values."""
   tokenizer = tok_lib.load_tokenizer(fixture("tokenizer"))
   fields = {f.name for f in dataclasses.fields(model_lib.FAMILIES[family].config)}
   config = model_lib.config_from(dict(
@@ -96,7 +98,12 @@ def _workdir_checkpoint(directory: str, family: str) -> str:
       num_heads=2, intermediate_size=64, max_position_embeddings=64,
       pad_token_id=tokenizer.pad_id, dtype="float32",
       **{k: 8 for k in ("sliding_window",) if k in fields}))
-  pretrained_lib.save_workdir(directory, {}, config, tokenizer)
+  model = model_lib.family_of(config).pretraining(
+      model_lib.family_of(config).pretraining_heads(config))
+  params = nn.unbox(jax.jit(model.init_params)(jax.random.key(55)))
+  params = jax.tree.map(lambda x: np.asarray(x + 0.05 * jax.random.normal(
+      jax.random.key(56), x.shape)), params)
+  pretrained_lib.save_workdir(directory, params, config, tokenizer)
   return directory
 
 

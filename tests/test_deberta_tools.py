@@ -26,6 +26,7 @@ from bertjax.data.tokenizer import load_tokenizer, train_tokenizer  # pylint: di
 from bertjax.hf import deberta as hf_deberta_table, files  # pylint: disable=wrong-import-position
 from bertjax.model import deberta as db  # pylint: disable=wrong-import-position
 from bertjax.tasks.finetuned import load_finetuned  # pylint: disable=wrong-import-position
+from bertjax.errors import CheckpointError  # pylint: disable=wrong-import-position
 from bertjax.train import pretrain  # pylint: disable=wrong-import-position
 from tests import faults  # pylint: disable=wrong-import-position
 from configs import deberta_tiny  # pylint: disable=wrong-import-position
@@ -126,19 +127,24 @@ def test_convert_both_ways_keeps_the_logits(variant, hf_dir, workdir, tmp_path):
   assert transformers.AutoTokenizer.from_pretrained(exported).mask_token_id == MASK
 
 
-def test_converted_workdir_goes_on_pretraining(workdir, tmp_path):
-  """The converted workdir resumes as a pretraining run of its model (MLM on packed rows
-  of the embedded corpus, documents isolated; the optimizer starts afresh at step 0):
-  three steps move its weights a little, not to a random initialisation's."""
-  run = str(tmp_path / "run")
-  shutil.copytree(workdir, run)
+def test_converted_workdir_is_continued_never_trained_in(workdir, tmp_path):
+  """Continued pretraining starts from the converted workdir (config.init_from) (MLM on packed rows
+  of the embedded corpus, documents isolated) and
+  three steps move its weights a little, not to a random initialisation's; the workdir
+  itself, a conversion's, is refused as a pretraining run's, before anything is written."""
   config = pretrain_config(os.path.join(workdir, "tokenizer"), num_steps=3, warmup_steps=1,
                            log_every=1, checkpoint_every=3, learning_rate=1e-4)
   with open(os.path.join(workdir, "config.json")) as f:
     config.model.update(json.load(f)["model"])
+  before = faults.tree(workdir)
+  with pytest.raises(CheckpointError, match="holds a checkpoint converted by"):
+    pretrain.run(config, workdir)
+  assert faults.tree(workdir) == before
+  run = str(tmp_path / "run")
+  config.init_from = workdir
   pretrain.run(config, run)
   assert sorted(faults.losses(run)) == [1, 2, 3]
-  start, end = faults.saved_state(run, 0)["params"], faults.saved_state(run, 3)["params"]
+  start, end = api.load_pretrained(workdir).params, faults.saved_state(run, 3)["params"]
   moved = max(float(np.abs(a - b).max()) for a, b in zip(
       *(jax.tree.leaves(p["encoder"]) for p in (start, end))))
   assert 0 < moved < 0.01

@@ -134,11 +134,13 @@ def _bert_checkpoint(directory) -> str:
 
 
 def test_checkpoints_of_another_family_are_one_line(workdirs, tmp_path):
-  """Pretraining a converted ELECTRA workdir with a BERT model section, or resuming an
+  """Resuming a pretraining run of ELECTRA with a BERT model section, or resuming an
   ELECTRA fine-tuning run with config.init_from a BERT checkpoint: one line naming
   both families and the fix, before anything is written."""
   run = tmp_path / "pretrain"
   shutil.copytree(workdirs["discriminator"], run)
+  with open(run / "run.json", "w") as f:  # as a pretraining run of it
+    json.dump({"kind": "pretraining", "task": ""}, f)
   c = bert_tiny.get_config()
   with pytest.raises(CheckpointError, match=r"holds a run of the 'electra' model family "
                      r"but config.model.family='bert': resume with the run's config") as e:
@@ -146,8 +148,10 @@ def test_checkpoints_of_another_family_are_one_line(workdirs, tmp_path):
   assert "\n" not in str(e.value)
   run = tmp_path / "finetune"
   shutil.copytree(workdirs["discriminator"], run)
-  with open(run / "task.json", "w") as f:
+  with open(run / "task.json", "w") as f:  # a fine-tuning run's record, its files
     json.dump({"name": "classification", "labels": ["0", "1"], "num_steps": 6}, f)
+  with open(run / "run.json", "w") as f:
+    json.dump({"kind": "finetuning", "task": "classification"}, f)
   c = glue.get_config("sst2")
   c.init_from = _bert_checkpoint(tmp_path / "bert")
   c.data.train, c.data.dev = fixture("sst2_train.tsv"), fixture("sst2_dev.tsv")

@@ -100,10 +100,13 @@ GRAPH, CONFIG_IMPORTS, PRIVATE = _graph()
 # A package's modules share its floor (data/prepare.py, an entry point inside data/,
 # included); the top floor holds the programs and the Python API.
 FLOORS = (
-    ("bertjax.errors", "bertjax.console"),  # one-line errors; what the terminal shows
+    # one-line errors; what the terminal shows; the names of a workdir's files
+    ("bertjax.errors", "bertjax.console", "bertjax.checkpoint.files"),
     ("bertjax.model", "bertjax.parallel"),  # Flax modules and their configs; the mesh
     ("bertjax.objectives",),  # pretraining objectives by name: fields, heads, losses
-    ("bertjax.data",),  # corpora, tokenizers, prepare, example rows, masking, pipeline
+    # corpora, tokenizers, prepare, example rows, masking, pipeline; what a command may
+    # write (bertjax.writes: prepare's output, every workdir and export)
+    ("bertjax.data", "bertjax.writes"),
     ("bertjax.hf",),  # Hugging Face checkpoints <-> parameters
     ("bertjax.checkpoint",),  # workdirs: orbax, config.json, parameters, pretrained
     ("bertjax.train",),  # THE trainer, the step, optimizers, pretraining's run

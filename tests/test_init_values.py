@@ -2,9 +2,10 @@
 `Setup.init_params` with XLA's default settings (a process of its own: the suite's
 faster-compiling settings, tests/conftest.py, round the truncated normal's erf_inv
 otherwise), equal the recorded fingerprints (tests/golden/init_fingerprints.json) bit
-for bit, whatever the mesh; on a GPU (`BERTJAX_TEST_PLATFORM=gpu`) the draw with
-JAX's threefry kernel (`compilation.threefry_kernel`, what `init_params` uses: a
-fresh machine's init compiles 13x faster) equals the unrolled rounds' draw."""
+for bit, on one device and on 8 (the recipe's mesh over each); on a GPU
+(`BERTJAX_TEST_PLATFORM=gpu`) the draw with JAX's threefry kernel
+(`compilation.threefry_kernel`, what `init_params` uses: a fresh machine's init
+compiles 13x faster) equals the unrolled rounds' draw."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import jax
 import numpy as np
 import pytest
 
+from bertjax.parallel import mesh as mesh_lib
 from bertjax.train import compilation, state as state_lib
 
 GOLDEN = os.path.join(os.path.dirname(__file__), "golden", "init_fingerprints.json")
@@ -43,12 +45,14 @@ def fingerprint(params) -> str:
   return digest.hexdigest()
 
 
-def fingerprints(names) -> dict[str, str]:
-  """{name: the fingerprint of configs/<name>.py's initial parameters at its seed}."""
+def fingerprints(names, devices=None) -> dict[str, str]:
+  """{name: the fingerprint of configs/<name>.py's initial parameters at its seed},
+  drawn on its mesh over `devices` (default: all)."""
   out = {}
   for name in names:
     config = _config(name)
-    out[name] = fingerprint(state_lib.build_trainer(config).init_params(config))
+    trainer = state_lib.build_trainer(config, mesh_lib.create_mesh(config.mesh, devices))
+    out[name] = fingerprint(trainer.init_params(config))
   return out
 
 
@@ -61,12 +65,14 @@ def test_a_seeds_initial_parameters_are_the_recorded_ones():
                         cwd=repo, env=env, capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stderr[-3000:]
   drawn = json.loads(proc.stdout.strip().splitlines()[-1])
-  changed = sorted(n for n in RECORDED if drawn[n] != RECORDED[n])
+  assert sorted(drawn, key=int) == ["1", "8"]  # devices
+  changed = sorted(f"{n} on {d} device(s)" for d, got in drawn.items() for n in RECORDED
+                   if got[n] != RECORDED[n])
   assert not changed, (
       f"the initial parameters of {changed} changed: a change to the initialisation "
       "(or to jax's random numbers) moves every figure trained from it; if it is "
       "meant, say so and record the new fingerprints (python -m tests.test_init_values "
-      "NAME...)")
+      "NAME... prints them on 1 device and on all)")
 
 
 def test_threefry_kernel_sets_the_option_inside_only():
@@ -95,5 +101,6 @@ def test_the_threefry_kernel_draws_the_unrolled_rounds_parameters_on_a_gpu():
   assert fingerprint(kernel) == fingerprint(unrolled)
 
 
-if __name__ == "__main__":
-  print(json.dumps(fingerprints(sys.argv[1:])))
+if __name__ == "__main__":  # {devices: {name: fingerprint}}, on one device and on all
+  print(json.dumps({len(d): fingerprints(sys.argv[1:], d)
+                    for d in (jax.devices()[:1], jax.devices())}))

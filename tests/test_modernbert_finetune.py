@@ -254,8 +254,10 @@ def test_resuming_with_an_init_from_of_another_family_is_one_line(workdir, tmp_p
   one line naming both families and the fix, before anything is read or written."""
   run = tmp_path / "run"
   shutil.copytree(workdir, run)
-  with open(run / "task.json", "w") as f:
+  with open(run / "task.json", "w") as f:  # a fine-tuning run's record, its files
     json.dump({"name": "classification", "labels": ["0", "1"], "num_steps": 6}, f)
+  with open(run / "run.json", "w") as f:
+    json.dump({"kind": "finetuning", "task": "classification"}, f)
   c = glue.get_config("sst2")
   c.init_from = _bert_checkpoint(tmp_path / "bert")
   c.data.train, c.data.dev = fixture("sst2_train.tsv"), fixture("sst2_dev.tsv")

@@ -22,6 +22,7 @@ from bertjax import api, convert as convert_cli, model as model_lib  # pylint: d
 from bertjax.data.tokenizer import load_tokenizer, train_tokenizer  # pylint: disable=wrong-import-position
 from bertjax.embeddings import extract  # pylint: disable=wrong-import-position
 from bertjax.hf import files  # pylint: disable=wrong-import-position
+from bertjax.errors import CheckpointError  # pylint: disable=wrong-import-position
 from bertjax.train import pretrain  # pylint: disable=wrong-import-position
 from tests import faults  # pylint: disable=wrong-import-position
 from tests.helpers import hf_outputs, load_hf  # pylint: disable=wrong-import-position
@@ -155,19 +156,23 @@ def test_ettin_and_mmbert_directories_load(variant, hf_dir, tmp_path):
 
 
 @pytest.mark.slow
-def test_converted_workdir_goes_on_pretraining(workdir, tmp_path):
-  """The converted workdir resumes as a pretraining run of its model (the optimizer
-  starts afresh at step 0): three steps move its weights a little, not to a random
-  initialisation's."""
-  run = str(tmp_path / "run")
-  shutil.copytree(workdir, run)
+def test_converted_workdir_is_continued_never_trained_in(workdir, tmp_path):
+  """Continued pretraining starts from the converted workdir (config.init_from) and
+  three steps move its weights a little, not to a random initialisation's; the workdir
+  itself, a conversion's, is refused as a pretraining run's, before anything is written."""
   config = pretrain_config(os.path.join(workdir, "tokenizer"), num_steps=3, warmup_steps=1,
                            log_every=1, checkpoint_every=3, learning_rate=1e-4)
   with open(os.path.join(workdir, "config.json")) as f:
     config.model.update(json.load(f)["model"])
+  before = faults.tree(workdir)
+  with pytest.raises(CheckpointError, match="holds a checkpoint converted by"):
+    pretrain.run(config, workdir)
+  assert faults.tree(workdir) == before
+  run = str(tmp_path / "run")
+  config.init_from = workdir
   pretrain.run(config, run)
   assert sorted(faults.losses(run)) == [1, 2, 3]
-  start, end = faults.saved_state(run, 0)["params"], faults.saved_state(run, 3)["params"]
+  start, end = api.load_pretrained(workdir).params, faults.saved_state(run, 3)["params"]
   moved = max(float(np.abs(a - b).max()) for a, b in zip(
       *(jax.tree.leaves(p["encoder"]) for p in (start, end))))
   assert 0 < moved < 0.01

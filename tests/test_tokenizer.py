@@ -117,6 +117,39 @@ def test_wordpiece_dir_reads_do_lower_case(wordpiece_dir, tmp_path):
   assert lower.tokenize("The Fox") == lower.tokenize("the fox")
 
 
+def _lower_cased(hf):
+  """`hf` (a transformers tokenizer) as sentence-transformers 6.2's Transformer module
+  with do_lower_case makes it: a Lowercase normaliser ahead of its own."""
+  from tokenizers import normalizers
+  norm = hf.backend_tokenizer.normalizer
+  own = (list(norm) if isinstance(norm, normalizers.Sequence) else [norm]
+         if norm is not None else [])
+  if not any(isinstance(n, normalizers.Lowercase) for n in own):
+    hf.backend_tokenizer.normalizer = normalizers.Sequence([normalizers.Lowercase(), *own])
+  return hf
+
+
+def test_lowercasing_is_sentence_transformers_do_lower_case(wordpiece_dir, spm_path):
+  """`lowercasing` a cased WordPiece and an XLM-R SentencePiece: the ids of transformers'
+  tokenizer lower-cased as sentence-transformers does, special tokens in a text kept
+  whole (lower-casing the text in Python would split '[MASK]'); the tokenizer given is
+  left as it was."""
+  from transformers import BertTokenizer, XLMRobertaTokenizer
+  cased = tokenizer_lib._from_vocab_txt(os.path.join(wordpiece_dir, "vocab.txt"),
+                                        {"do_lower_case": False})
+  hf = _lower_cased(BertTokenizer.from_pretrained(wordpiece_dir, do_lower_case=False))
+  ours = tokenizer_lib.lowercasing(cased)
+  for text in SAMPLES + TRICKY + ["The FOX, [MASK] And [SEP]"]:
+    assert ours.tokenize(text) == hf.encode(text, add_special_tokens=False), text
+  assert ours.tokenize("The FOX") == cased.tokenize("the fox") != cased.tokenize("The FOX")
+  hf = _lower_cased(XLMRobertaTokenizer.from_pretrained(os.path.dirname(spm_path)))
+  sp = tokenizer_lib.load_tokenizer(spm_path)
+  ours = tokenizer_lib.lowercasing(sp)
+  for text in SAMPLES + ["Hello <mask> World", "X<mask>Y</s>", "The FOX jumps"]:
+    assert ours.tokenize(text) == hf.encode(text, add_special_tokens=False), text
+  assert ours.tokenize("The FOX") == sp.tokenize("the fox") != sp.tokenize("The FOX")
+
+
 def test_sentencepiece_matches_xlmr(spm_path):
   from transformers import XLMRobertaTokenizer
   hf = XLMRobertaTokenizer.from_pretrained(os.path.dirname(spm_path))

@@ -47,6 +47,7 @@ from typing import Iterator
 
 from absl import flags
 
+from bertjax import writes
 from bertjax.data import sources
 from bertjax.data.tokenizer import train_tokenizer
 
@@ -216,7 +217,8 @@ def _train(corpus_spec: str, tokenizer: str, name: str, *extra: str) -> dict:
 
 def main(argv):
   del argv
-  os.makedirs(_DIR.value, exist_ok=True)
+  writes.claim(_DIR.value, writes.BENCHMARK, "data_scale", flag="--scale_dir")
+  writes.record(_DIR.value, writes.BENCHMARK, "data_scale")
   tokenizer = os.path.join(_DIR.value, "tokenizer")
   if not os.path.isdir(tokenizer):  # bert_tiny's: 4,096 WordPiece ids
     sentences = [s for d in sources.load_documents("embedded") for s in d]

@@ -66,6 +66,7 @@ import numpy as np
 from absl import flags
 from ml_collections import config_flags
 
+from bertjax import writes
 from bertjax.benchmarks import docstrings
 
 _START = time.time()  # This process's start, near enough (its imports come after).
@@ -436,10 +437,11 @@ def run_arm(f, arm: str, seed: int, directory: str, setup: dict) -> dict:
 def prepare(f, directory: str) -> dict:
   """The corpus and the shared tokenizer in `directory` (once: read back after)."""
   path = os.path.join(directory, "setup.json")
+  writes.claim(directory, writes.BENCHMARK, "pretrain_fidelity", flag="--dir")
+  writes.record(directory, writes.BENCHMARK, "pretrain_fidelity")
   if os.path.exists(path):
     with open(path) as fh:
       return json.load(fh)
-  os.makedirs(directory, exist_ok=True)
   documents = docstrings.documents(docstrings.roots(list(f.packages)), f.layout,
                                   int(f.max_mb * 1e6))
   if f.max_documents:

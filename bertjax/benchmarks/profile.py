@@ -19,6 +19,7 @@ import flax.linen as nn
 import jax
 from absl import flags
 
+from bertjax import writes
 from bertjax import objectives as objectives_lib
 from bertjax.benchmarks import trace
 from bertjax.benchmarks import train as train_bench
@@ -78,6 +79,8 @@ def main(argv):
   if f.steps < 1:
     raise ConfigError("--steps must be at least 1.")
   trace_dir = f.trace_dir or tempfile.mkdtemp(prefix="bertjax_profile_")
+  writes.claim(trace_dir, writes.BENCHMARK, "profile", flag="--trace_dir")
+  writes.record(trace_dir, writes.BENCHMARK, "profile")
   result = profile(config, batch, seq, predictions, f.docs_per_row, f.steps, trace_dir)
   if f.json:
     with open(f.json, "w") as out:

@@ -50,6 +50,7 @@ import ml_collections
 import numpy as np
 from absl import flags
 
+from bertjax import writes
 from bertjax.benchmarks import docstrings
 from bertjax.benchmarks.pretrain_fidelity import summary
 
@@ -114,10 +115,11 @@ def define_flags() -> None:
 def prepare(f) -> dict:
   """The dataset in --dir (once: read back after)."""
   path = os.path.join(f.dir, "setup.json")
+  writes.claim(f.dir, writes.BENCHMARK, "retrieval_example", flag="--dir")
+  writes.record(f.dir, writes.BENCHMARK, "retrieval_example")
   if os.path.exists(path):
     with open(path) as fh:
       return json.load(fh)
-  os.makedirs(f.dir, exist_ok=True)
   pairs = docstrings.pairs(docstrings.roots(list(f.packages)))
   if f.max_pairs:
     pairs = pairs[:f.max_pairs]
@@ -198,7 +200,8 @@ def score(folder: str, beir: str, max_seq_length: int) -> dict[str, float]:
   split = retrieval_eval.read_beir(beir, "test")
   return retrieval_eval.RetrievalEvaluator(
       split, lambda t: encoder.encode(t, "query", 128, show="queries"),
-      lambda t: encoder.encode(t, "document", 128, show="documents")).evaluate()
+      lambda t: encoder.encode(t, "document", 128, show="documents"),
+      similarity=encoder.settings.similarity).evaluate()
 
 
 def main(argv) -> None:

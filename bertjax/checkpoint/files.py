@@ -1,7 +1,8 @@
 """The files of a run's workdir, named in this one place.
 
 A pretraining workdir (`python -m bertjax.main --workdir=DIR`) holds:
-  config.json            the run's config (its model section must not change on resume)
+  run.json               whose run the workdir is (`bertjax.writes`: kind and task)
+  config.json            the run's config (on resume only `workdir.RESUMABLE` may change)
   tokenizer/             the tokenizer (`Tokenizer.save`)
   init_from.json         a run continued from a checkpoint (`config.init_from`): where
                          from, its model and vocabulary (`bertjax.train.continued`)
@@ -12,6 +13,7 @@ A pretraining workdir (`python -m bertjax.main --workdir=DIR`) holds:
   tensorboard/           TensorBoard events, and `jax.profiler` traces of
                          `config.train.profile_steps`
   training.png           the curves of metrics.jsonl (`bertjax.train.curves`)
+  process_I.log          launch/local.sh's log of process I (written before the run)
 A fine-tuning workdir (`python -m bertjax.finetune`) holds the same, and:
   task.json              the task's name, labels and step count
   dev_results.json       the dev metrics at the end of training
@@ -19,6 +21,8 @@ A fine-tuning workdir (`python -m bertjax.finetune`) holds the same, and:
   predictions.jsonl      `python -m bertjax.predict`'s output (default location)
   sweep_results.json/.md a sweep's table (its runs in lr{LR}_seed{SEED}/)
 """
+
+import re
 
 CONFIG_FILE = "config.json"
 TOKENIZER_DIR = "tokenizer"
@@ -34,3 +38,4 @@ DEV_PREDICTIONS_FILE = "dev_predictions.json"
 PREDICTIONS_FILE = "predictions.jsonl"
 SWEEP_RESULTS_FILE = "sweep_results.json"
 SWEEP_TABLE_FILE = "sweep_results.md"
+LAUNCH_LOG = re.compile(r"process_\d+\.log")  # launch/local.sh's, one a process

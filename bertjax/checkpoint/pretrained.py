@@ -27,7 +27,7 @@ from bertjax.checkpoint.manager import Checkpointer
 from bertjax.data import vocab_extension
 from bertjax.data.tokenizer import Tokenizer
 from bertjax.errors import CheckpointError, DataError
-from bertjax import model as model_lib
+from bertjax import model as model_lib, writes
 from bertjax.hf import convert
 from bertjax.model.config import dtype_of
 
@@ -222,11 +222,12 @@ def load_pretrained(path: str, dtype: str = "float32", network: str | None = Non
 
 
 def save_workdir(directory: str, params: dict, config, tokenizer) -> None:
-  """A bertjax workdir (config.json, tokenizer/, checkpoints/0) holding `params`
-  (e.g. a Hugging Face checkpoint's); heads the checkpoint lacks (those of its
+  """A bertjax workdir (run.json, config.json, tokenizer/, checkpoints/0) holding
+  `params` (e.g. a Hugging Face checkpoint's); heads the checkpoint lacks (those of its
   family's `pretraining_heads`: MLM, and BERT's NSP and pooler) are freshly
-  initialised, so the workdir can go on pretraining (the optimizer starts afresh) or
-  be fine-tuned."""
+  initialised, so that continued pretraining or fine-tuning can start from it
+  (`config.init_from`; the workdir is a conversion's, which no run trains in:
+  `bertjax.writes`)."""
   family = model_lib.family_of(config)
   config = family.pretraining_heads(config)
   merged = jax.device_get(nn.unbox(jax.jit(family.pretraining(config).init_params)(
@@ -250,3 +251,4 @@ def save_workdir(directory: str, params: dict, config, tokenizer) -> None:
   checkpointer.save(0, {"step": np.zeros((), np.int32), "params": merged}, None, force=True)
   checkpointer.wait()
   checkpointer.close()
+  writes.record(directory, writes.CONVERSION)

@@ -24,48 +24,98 @@ from bertjax.data import tokenizer as tok_lib
 from bertjax.errors import CheckpointError
 
 
-def save_config(workdir: str, config: ml_collections.ConfigDict) -> None:
-  """Writes config.json; on resume, checks that the model section, the objectives
-  (`bertjax.objectives.names_of`: a config.json written before config.objectives
-  names them by the model's booleans) and the optimizer state's layout are unchanged
-  (else every checkpoint would fail to restore)."""
+# The settings a resumed run may change: how and where it runs, what it logs, keeps and
+# evaluates, and how long it trains (train.num_steps: a run extended or cut short, its
+# schedule and phases laid over the new count), never what it trains on (its data,
+# batch, optimizer, task, seed). config.json takes them and each change is logged; any
+# other change is refused.
+RESUMABLE = ("train.num_steps", "compilation_cache_dir", "distributed", "mesh",
+             "logical_axis_rules",
+             "checkpoint", "data.worker_count", "train.log_every", "train.checkpoint_every",
+             "train.max_to_keep", "train.profile_steps", "train.eval_every",
+             "train.eval_batches", "train.eval_batch_size", "evals", "data.dev",
+             "data.dev_mismatched", "task.eval_at_start", "sweep")
+
+
+def _flat(tree: dict, prefix: str = "") -> dict[str, Any]:
+  out = {}
+  for k, v in tree.items():
+    if isinstance(v, dict) and v:
+      out.update(_flat(v, f"{prefix}{k}."))
+    else:
+      out[f"{prefix}{k}"] = v
+  return out
+
+
+def check_resume(workdir: str, config: ml_collections.ConfigDict) -> list[str]:
+  """Checks `config` against the config.json of the run in `workdir` (none: a new run,
+  []): the model section, the objectives (`bertjax.objectives.names_of`: a config.json
+  written before config.objectives names them by the model's booleans) and the
+  optimizer state's layout unchanged (else no checkpoint would restore), and every other
+  setting but the `RESUMABLE` ones unchanged (else the resumed run would train on
+  other data, batches or settings than its checkpoints). Returns the resumable
+  settings it changes ('config.a.b=new (the run's: old)'), to be logged; a one-line
+  CheckpointError naming the fields otherwise. Writes nothing."""
   path = epath.Path(workdir) / files.CONFIG_FILE
-  if path.exists():
-    saved = json.loads(path.read_text())
-    new = json.loads(config.to_json())
-    old_model, new_model = saved.get("model", {}), new["model"]
-    old_model.setdefault("family", "bert")  # written before bertjax had model families
-    if model_lib.family_of(new_model).name != old_model["family"]:
-      raise CheckpointError(
-          f"{workdir} holds a run of the {old_model['family']!r} model family but "
-          f"config.model.family={model_lib.family_of(new_model).name!r}: resume with "
-          "the run's config (its config.json) or use a new --workdir.")
-    # A model field added to bertjax after the run started counts at its default value;
-    # the heads' booleans of older configs are compared as the objectives they name.
-    defaults = model_lib.family_of(old_model).config().to_dict()
-    old = lambda k: old_model.get(k, defaults.get(k))
-    changed = [f"config.model.{k}={new_model[k]!r} (the run's: {old(k)!r})"
-               for k in sorted(new_model)
-               if k not in objectives_lib.LEGACY and old(k) != new_model[k]]
-    if changed:
-      raise CheckpointError(
-          f"{workdir} holds a run of another model: {', '.join(changed)}; use a new "
-          "--workdir or the run's model config.")
-    theirs, ours = objectives_lib.names_of(saved), objectives_lib.names_of(config)
-    if theirs != ours:
-      raise CheckpointError(
-          f"{workdir} holds a run of the objectives {theirs} but config.objectives="
-          f"{ours}: the networks differ; resume with config.objectives={theirs} or use "
-          "a new --workdir.")
-    if "train" in saved:  # A converted checkpoint holds parameters only: no optimizer.
-      old_layout, new_layout = _optimizer_layout(saved["train"]), _optimizer_layout(
-          new["train"])
-      changed = [f"config.train.{k}={new_layout[k]!r} (the run's: {old_layout[k]!r})"
-                 for k in new_layout if old_layout[k] != new_layout[k]]
-      if changed:
-        raise CheckpointError(
-            f"{workdir} holds a run whose optimizer state has another layout: "
-            f"{', '.join(changed)}; use a new --workdir or the run's values.")
+  if not path.exists():
+    return []
+  saved = json.loads(path.read_text())
+  new = json.loads(config.to_json())
+  old_model, new_model = saved.get("model", {}), new["model"]
+  old_model.setdefault("family", "bert")  # written before bertjax had model families
+  if model_lib.family_of(new_model).name != old_model["family"]:
+    raise CheckpointError(
+        f"{workdir} holds a run of the {old_model['family']!r} model family but "
+        f"config.model.family={model_lib.family_of(new_model).name!r}: resume with "
+        "the run's config (its config.json) or use a new --workdir.")
+  # A model field added to bertjax after the run started counts at its default value;
+  # the heads' booleans of older configs are compared as the objectives they name.
+  defaults = model_lib.family_of(old_model).config().to_dict()
+  old = lambda k: old_model.get(k, defaults.get(k))
+  changed = [f"config.model.{k}={new_model[k]!r} (the run's: {old(k)!r})"
+             for k in sorted(new_model)
+             if k not in objectives_lib.LEGACY and old(k) != new_model[k]]
+  if changed:
+    raise CheckpointError(
+        f"{workdir} holds a run of another model: {', '.join(changed)}; use a new "
+        "--workdir or the run's model config.")
+  theirs, ours = objectives_lib.names_of(saved), objectives_lib.names_of(config)
+  if theirs != ours:
+    raise CheckpointError(
+        f"{workdir} holds a run of the objectives {theirs} but config.objectives="
+        f"{ours}: the networks differ; resume with config.objectives={theirs} or use "
+        "a new --workdir.")
+  if "train" not in saved:  # A converted checkpoint holds parameters only.
+    return []
+  old_layout, new_layout = _optimizer_layout(saved["train"]), _optimizer_layout(
+      new["train"])
+  changed = [f"config.train.{k}={new_layout[k]!r} (the run's: {old_layout[k]!r})"
+             for k in new_layout if old_layout[k] != new_layout[k]]
+  if changed:
+    raise CheckpointError(
+        f"{workdir} holds a run whose optimizer state has another layout: "
+        f"{', '.join(changed)}; use a new --workdir or the run's values.")
+  # A setting added to bertjax after the run started (absent from its config.json), or
+  # gone since, is not compared.
+  before = _flat({k: v for k, v in saved.items() if k not in ("model", "objectives")})
+  after = _flat({k: v for k, v in new.items() if k not in ("model", "objectives")})
+  diff = [f"config.{k}={after[k]!r} (the run's: {before[k]!r})"
+          for k in sorted(set(before) & set(after)) if before[k] != after[k]]
+  resumable = lambda d: any(d.startswith(f"config.{r}=") or d.startswith(f"config.{r}.")
+                            for r in RESUMABLE)
+  refused = [d for d in diff if not resumable(d)]
+  if refused:
+    raise CheckpointError(
+        f"{workdir} holds a run with other settings: {'; '.join(refused[:3])}"
+        f"{f' and {len(refused) - 3} more' if len(refused) > 3 else ''}; resume with the "
+        "run's settings (its config.json) or use a new --workdir.")
+  return [d for d in diff if resumable(d)]
+
+
+def save_config(workdir: str, config: ml_collections.ConfigDict) -> None:
+  """Writes config.json (process 0), once `check_resume` has passed and every input
+  has been read: the run's config, with the resumable settings it changes."""
+  path = epath.Path(workdir) / files.CONFIG_FILE
   if jax.process_count() > 1:  # Every process reads before process 0 writes.
     multihost_utils.sync_global_devices("bertjax: config.json checked")
   if jax.process_index() == 0:

@@ -27,6 +27,7 @@ from typing import Iterator
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from bertjax import writes
 from bertjax.console import cli
 from bertjax.data import (manifest, mixture, pipeline, prepare_examples, prepare_tokens,
                           sources, vocab_extension)
@@ -50,6 +51,7 @@ def main(argv):
       raise app.UsageError("--input is a mixture: give --config=RECIPE with it as "
                            "config.data.corpus, which prepares each source into "
                            "OUTPUT/NAME")
+    claim_output(f.output, {"--input": f.input, "--tokenizer": f.tokenizer})
     totals = prepare_tokens.prepare(f.input, f.tokenizer, f.output, f.workers,
                                     f.chunk_documents, f.text_field,
                                     line_breaks=f.line_breaks)
@@ -78,6 +80,10 @@ def prepare_config(config, *, input_spec: str | None, tokenizer_path: str | None
   # the objectives read (NSP's sentence pairs, or packed rows).
   objectives = objectives_lib.check(config)
   init_from = config.get("init_from", "")
+  claim_output(output, {"--input": input_spec or "", "--tokenizer": tokenizer_path or "",
+                        "config.init_from": init_from,
+                        **{f"config.data ({s.name or 'corpus'})": s.spec
+                           for s in mixture.sources_of(config.data)}})
   pipeline.check_config(config.data, objectives.model, config.train.num_steps,
                         trains_tokenizer=not init_from)
   with tempfile.TemporaryDirectory() as tmp:
@@ -85,6 +91,14 @@ def prepare_config(config, *, input_spec: str | None, tokenizer_path: str | None
       tokenizer_path = _continued_tokenizer(config, tokenizer_path, tmp)
     yield from _prepare(config, objectives, input_spec, tokenizer_path, output, workers,
                         chunk_documents, runner, beam_options)
+
+
+def claim_output(output: str, inputs: dict[str, str]) -> None:
+  """`--output` checked as `bertjax.writes` says before anything is read or written: none
+  of `inputs` ({flag: path}) is it or inside it, and it is new, empty or a corpus this
+  command prepared (a rerun finishes it); its run.json then written."""
+  writes.claim(output, writes.PREPARED, inputs=inputs, flag="--output")
+  writes.record(output, writes.PREPARED)
 
 
 def _continued_tokenizer(config, given: str | None, tmp: str) -> str:

@@ -9,6 +9,7 @@ import re
 from typing import Sequence
 
 import sentencepiece as spm
+from tokenizers import normalizers
 
 SENTENCEPIECE_FILE = "sentencepiece.bpe.model"  # the name Hugging Face's XLM-R dirs use
 SPM_FILE = "spm.model"  # DeBERTa's layout: the name its Hugging Face dirs use
@@ -21,15 +22,18 @@ class SentencePieceBackend:
   Special tokens written inside the text (`<mask>`, `<s>`, ..., or `[MASK]`, `[CLS]`,
   ...) are recognised as Hugging Face does; XLM-R's `<mask>` also swallows the
   whitespace on its left (lstrip); DeBERTa's text between them is encoded stripped
-  (SentencePiece's normalisation; transformers' Strip normaliser).
+  (SentencePiece's normalisation; transformers' Strip normaliser). With `lowercase`,
+  the text between them is lower-cased first (tokenizers' Lowercase normaliser ahead
+  of the model's own: `bertjax.data.tokenizer.lowercasing`).
   """
 
   FAIRSEQ = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3}
   BERT = ("[PAD]", "[CLS]", "[SEP]", "[UNK]", "[MASK]")
   wordpiece = False  # words start at '▁'
 
-  def __init__(self, proto: bytes):
+  def __init__(self, proto: bytes, lowercase: bool = False):
     self.proto = proto
+    self.lowercase = lowercase
     self.sp = spm.SentencePieceProcessor(model_proto=proto)
     n, unk = self.sp.get_piece_size(), self.sp.unk_id()
     self.bert = self.sp.piece_to_id("[CLS]") != unk
@@ -59,6 +63,8 @@ class SentencePieceBackend:
   def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
     parts = [self.split_re.split(t) for t in texts]
     plain = [p for ps in parts for p in ps[0::2] if p]
+    if self.lowercase:
+      plain = list(map(normalizers.Lowercase().normalize_str, plain))
     encoded = iter(self.sp.encode(plain) if plain else [])
     out = []
     for ps in parts:

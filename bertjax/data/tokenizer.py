@@ -460,6 +460,25 @@ def from_library(tok: tokenizers.Tokenizer | bytes, hf_config: dict | None = Non
   return Tokenizer(backend, style)
 
 
+def lowercasing(tokenizer: Tokenizer) -> Tokenizer:
+  """A copy of `tokenizer` that lower-cases every text first, as sentence-transformers'
+  `do_lower_case` does (its Transformer module): tokenizers' Lowercase normaliser ahead
+  of the tokenizer's own unless that is or holds one, so that special tokens written in
+  a text ([SEP], <mask>) stay whole; a SentencePiece model's text between them alike."""
+  library = tokenizer.library
+  if isinstance(library, bytes):
+    backend = sentencepiece_layouts.SentencePieceBackend(library, lowercase=True)
+  else:
+    tok = tokenizers.Tokenizer.from_str(library.to_str())
+    norm = tok.normalizer
+    own = (list(norm) if isinstance(norm, normalizers.Sequence) else [norm]
+           if norm is not None else [])
+    if not any(isinstance(n, normalizers.Lowercase) for n in own):
+      tok.normalizer = normalizers.Sequence([normalizers.Lowercase(), *own])
+    backend = _HFBackend(tok)
+  return Tokenizer(backend, tokenizer.style, tokenizer.layout)
+
+
 def _hf_config(directory: str) -> dict:
   """A Hugging Face tokenizer folder's settings: special_tokens_map.json's names
   overridden by tokenizer_config.json's ({} when it has neither)."""

@@ -27,6 +27,7 @@ import ml_collections
 
 from bertjax.console import cli
 from bertjax.console import progress
+from bertjax import writes
 from bertjax.data import mixture, multilingual, sources
 from bertjax.data import tokenizer as tok_lib
 
@@ -35,9 +36,25 @@ def train(input_spec: str, languages: str, output: str, *, kind: str, vocab_size
           lowercase: bool, model_type: str, character_coverage: float, alpha: float,
           language_counts: str, seed: int, text_field: str,
           line_breaks: str = "space", sample_sentences: int = mixture.SAMPLE_SENTENCES,
-          read_sentences: int = mixture.READ_SENTENCES) -> dict:
+          read_sentences: int = mixture.READ_SENTENCES, overwrite: bool = False) -> dict:
   """Trains and saves the tokenizer on a sample of the corpus
-  (`mixture.tokenizer_sentences`); returns a summary (sentences, vocab, ids, seconds)."""
+  (`mixture.tokenizer_sentences`) into `output`, whole (`writes.export_dir`: not the
+  input nor inside it; a non-empty `output` only with `overwrite`, checked before the
+  corpus is read); returns a summary (sentences, vocab, ids, seconds)."""
+  with writes.export_dir(output, overwrite, {"--input": input_spec},
+                         flag="--output") as out:
+    return _train(input_spec, languages, out, kind=kind, vocab_size=vocab_size,
+                  lowercase=lowercase, model_type=model_type,
+                  character_coverage=character_coverage, alpha=alpha,
+                  language_counts=language_counts, seed=seed, text_field=text_field,
+                  line_breaks=line_breaks, sample_sentences=sample_sentences,
+                  read_sentences=read_sentences)
+
+
+def _train(input_spec: str, languages: str, output: str, *, kind: str, vocab_size: int,
+           lowercase: bool, model_type: str, character_coverage: float, alpha: float,
+           language_counts: str, seed: int, text_field: str, line_breaks: str,
+           sample_sentences: int, read_sentences: int) -> dict:
   start = time.perf_counter()
   data_cfg = ml_collections.ConfigDict({"corpus": input_spec, "languages": languages,
                                         "language_alpha": alpha,
@@ -65,7 +82,7 @@ def main(argv):
                   character_coverage=f.character_coverage, alpha=f.alpha,
                   language_counts=f.language_counts, seed=f.seed, text_field=f.text_field,
                   line_breaks=f.line_breaks, sample_sentences=f.sample_sentences,
-                  read_sentences=f.read_sentences)
+                  read_sentences=f.read_sentences, overwrite=f.overwrite)
   print(" | ".join(f"{k} {v}" for k, v in summary.items()))
 
 
@@ -94,6 +111,8 @@ if __name__ == "__main__":
                        "per source, drawn uniformly from those read (0: all).")
   flags.DEFINE_integer("read_sentences", mixture.READ_SENTENCES, "Sentences read per source "
                        "at most, streamed (0: all).")
-  flags.DEFINE_string("output", None, "Directory to write the tokenizer to.")
+  flags.DEFINE_string("output", None, "Directory to write the tokenizer to (new or empty).")
+  flags.DEFINE_bool("overwrite", False, "--output may hold files: the tokenizer's replace "
+                    "theirs (bertjax.writes).")
   flags.mark_flags_as_required(["output"])
   cli.run(main)

@@ -93,7 +93,11 @@ def save_hf_tokenizer(directory: str, tokenizer, max_length: int = 512,
   tokenizer_config.json. A 'template' tokenizer (EuroBERT's Llama-3 BPE) is written as
   tokenizer.json (its own post-processor) with its special tokens' names either way.
   Returns 'wordpiece', 'sentencepiece', 'spm',
-  'byte_level_bpe' or 'json'."""
+  'byte_level_bpe' or 'json'. `directory` must be new or empty (an export's temporary
+  folder, `bertjax.writes.export_dir`): the kind is read off the files just written."""
+  if os.path.isdir(directory) and os.listdir(directory):
+    raise CheckpointError(f"{directory} is not empty: a tokenizer is exported into a new "
+                          "folder (bertjax.writes.export_dir), never beside old files.")
   tokenizer.save(directory)
   json_path = os.path.join(directory, "tokenizer.json")
   spm_file = [n for n in (SENTENCEPIECE_FILE, SPM_FILE)

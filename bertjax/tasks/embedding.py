@@ -8,8 +8,9 @@ bertjax loads (`load_encoder`).
 
 A text of kind 'query' or 'document' gets the model's prompt of that kind in front
 (sentence-transformers' `prompts`: 'query', and 'document' / 'passage' / 'corpus'),
-is tokenized as sentence-transformers' Transformer module does (truncated to
-max_seq_length tokens, special tokens included) and pooled with the prompt's tokens.
+is tokenized as sentence-transformers' Transformer module does (prompt and text
+lower-cased first where the model says `do_lower_case`, truncated to max_seq_length
+tokens, special tokens included) and pooled with the prompt's tokens.
 """
 
 from __future__ import annotations
@@ -67,6 +68,12 @@ def prompt(settings: st.Settings, kind: str) -> str:
   return next((settings.prompts[n] for n in names if settings.prompts.get(n)), "")
 
 
+def text_tokenizer(tokenizer: tok_lib.Tokenizer, settings: st.Settings) -> tok_lib.Tokenizer:
+  """What a text (its prompt in front) is tokenized with: `tokenizer`, lower-casing
+  first with `settings.do_lower_case` (`tok_lib.lowercasing`)."""
+  return tok_lib.lowercasing(tokenizer) if settings.do_lower_case else tokenizer
+
+
 def tokenize(tokenizer: tok_lib.Tokenizer, texts: Sequence[str], prefix: str,
              max_length: int) -> list[list[int]]:
   """Each text's ids with special tokens: `prefix` + text tokenized as one text, cut to
@@ -108,6 +115,7 @@ class Embedder:
   def __init__(self, model: EmbeddingModel, tokenizer: tok_lib.Tokenizer,
                settings: st.Settings, mesh, rules, param_shardings):
     self.model, self.tokenizer, self.settings = model, tokenizer, settings
+    self._text_tokenizer = text_tokenizer(tokenizer, settings)
     self.mesh, self.rules = mesh, rules
     self.batch_sharding = mesh_lib.batch_sharding(mesh, rules)
     self.dp = mesh_lib.data_parallel_size(mesh, rules)
@@ -116,7 +124,7 @@ class Embedder:
                                         self.batch_sharding))
 
   def tokenize(self, texts: Sequence[str], kind: str) -> list[list[int]]:
-    return tokenize(self.tokenizer, texts, prompt(self.settings, kind),
+    return tokenize(self._text_tokenizer, texts, prompt(self.settings, kind),
                     self.settings.max_seq_length)
 
   def encode(self, params, texts: Sequence[str], kind: str, batch_size: int = 64,
@@ -170,12 +178,14 @@ class Encoder:
 
 
 def settings_of(task_cfg) -> st.Settings:
-  """The `Settings` of a retrieval config's task section."""
+  """The `Settings` of a retrieval config's task section (a workdir's from before
+  task.do_lower_case: not lower-cased)."""
   return st.Settings(pooling=task_cfg.pooling, normalize=task_cfg.normalize,
                      max_seq_length=task_cfg.max_seq_length,
                      prompts={"query": task_cfg.query_prompt,
                               "document": task_cfg.document_prompt},
-                     similarity=task_cfg.similarity)
+                     similarity=task_cfg.similarity,
+                     do_lower_case=task_cfg.get("do_lower_case", False))
 
 
 def local_mesh():

@@ -9,8 +9,9 @@ dev_results.json and dev_predictions.json. The pieces are separate so a task can
 bring its own: `objective(task, model, sample)`, `train_stream(...)` (any grain
 iterator of host batches: bucketed or packed batches fit), `dev_evaluator(...)`.
 
-The workdir holds config.json (the model section is the encoder actually used),
-tokenizer/, task.json (labels and the step count) and checkpoints/ (`bertjax.checkpoint.files`).
+The workdir holds run.json, config.json (the model section is the encoder actually
+used), tokenizer/, task.json (labels and the step count) and checkpoints/
+(`bertjax.checkpoint.files`), each written once the run's data is read (`begin`).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from bertjax.data import tokenizer as tok_lib
 from bertjax.data.pipeline import MIN_SEQ_LENGTH
 from bertjax.errors import CheckpointError, ConfigError, at_least, within
 from bertjax.hf.convert import hf_dropouts
-from bertjax import model as model_lib
+from bertjax import model as model_lib, writes
 from bertjax.model import stack
 from bertjax.model.config import dtype_of
 from bertjax.parallel import mesh as mesh_lib
@@ -347,18 +348,26 @@ def predictor(inference: state_lib.Inference, task: base.Task
 SECOND_DEV_SETS = {"dev_mismatched": "_mm"}
 
 
-def dev_evaluator(setup: state_lib.Setup, task: base.Task, config, workdir: str
-                  ) -> Evaluator:
-  """After training: the task's dev metrics (and the mean dev loss) of the decoded
-  dev predictions; process 0 writes dev_results.json and dev_predictions.json. With
-  `config.data.dev_mismatched` (MNLI) that set too, its metrics named with `_mm`
-  (`accuracy_mm`, `loss_mm`) and its predictions in dev_predictions_mm.json."""
-  outputs = predictor(setup.inference, task)
+def dev_sets(task: base.Task, config) -> list[tuple[str, list[dict], base.Features]]:
+  """The dev sets the run scores, read and featurized before the run writes anything:
+  (metric suffix, examples, features) of config.data.dev and of each second dev set
+  given (`SECOND_DEV_SETS`)."""
   sets = []
   for split, suffix in [("dev", ""), *SECOND_DEV_SETS.items()]:
     if split == "dev" or config.data[split]:
       examples = read_split(task, config, split)
       sets.append((suffix, examples, task.featurize(examples, train=False)))
+  return sets
+
+
+def dev_evaluator(setup: state_lib.Setup, task: base.Task, config, workdir: str,
+                  sets: list[tuple[str, list[dict], base.Features]]) -> Evaluator:
+  """After training: the task's dev metrics (and the mean dev loss) of the decoded
+  predictions of the dev `sets` (`dev_sets`); process 0 writes dev_results.json and
+  dev_predictions.json. A second dev set's metrics are named with its suffix (MNLI's
+  mismatched one: `accuracy_mm`, `loss_mm`) and its predictions go to
+  dev_predictions_mm.json."""
+  outputs = predictor(setup.inference, task)
 
   def run(params, step: int) -> dict[str, float]:
     del step  # after the last step only
@@ -446,13 +455,33 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   return train(config, workdir)
 
 
+def inputs(config: ml_collections.ConfigDict) -> dict[str, str]:
+  """What a fine-tuning run reads ({config field: path}): no run writes into them
+  (`writes.claim`)."""
+  found = {"config.init_from": config.init_from, "config.tokenizer": config.tokenizer,
+           **{f"config.data.{k}": config.data[k] for k in ("train", "dev", *SECOND_DEV_SETS)
+              if k in config.data}}
+  return {k: os.fspath(v) for k, v in found.items() if v}
+
+
+@dataclasses.dataclass
+class Opened:
+  """A run opened in its workdir (`open_run`): its `start`, whether it is `resuming`,
+  and the resumable settings the config changes (logged by `begin`)."""
+
+  start: Start
+  resuming: bool
+  changes: list[str]
+
+
 def open_run(config: ml_collections.ConfigDict, workdir: str, start: Start | None
-             ) -> tuple[Start, bool]:
+             ) -> Opened:
   """The run's start in `workdir` (the saved run's encoder config and tokenizer when
   resuming, after checking that the config's agree; else `start` or `load_start`),
-  checked against the config, and config.json written. Returns (start, resuming)."""
-  os.makedirs(workdir, exist_ok=True)
-  resuming = workdir_lib.is_finetuned(workdir)  # Read by every process before save_config.
+  checked against the config and the run being resumed (`workdir_lib.check_resume`).
+  Writes nothing: `begin` does, once the data is read."""
+  writes.claim(workdir, writes.FINETUNING, config.task.name, inputs(config))
+  resuming = workdir_lib.is_finetuned(workdir)  # Read by every process before `begin`.
   if resuming:
     saved = workdir_lib.open_finetuned(workdir, read_params=False)
     _refuse_other_tokenizer(config, saved.tokenizer, f"the run being resumed in {workdir}")
@@ -464,8 +493,32 @@ def open_run(config: ml_collections.ConfigDict, workdir: str, start: Start | Non
   elif start is None:
     start = load_start(config)
   _check(config, start.model)
-  workdir_lib.save_config(workdir, _with_model(config, start.model))
-  return start, resuming
+  changes = workdir_lib.check_resume(workdir, _with_model(config, start.model))
+  return Opened(start, resuming, changes)
+
+
+def begin(config: ml_collections.ConfigDict, workdir: str, opened: Opened,
+          task_record: dict[str, Any]) -> None:
+  """Writes the run's files once every check has passed and every input has been read:
+  run.json, config.json (with the resumable changes, logged) and, for a new run, the
+  tokenizer and task.json (`task_record`: name, labels, num_steps). A resumed run whose
+  data gives another step count than its task.json is refused in one line."""
+  if opened.resuming:
+    saved = workdir_lib.task_info(workdir)["num_steps"]
+    if saved != task_record["num_steps"]:
+      raise CheckpointError(
+          f"{workdir} holds a run of {saved} steps but its data now gives "
+          f"{task_record['num_steps']} (config.data.train={config.data.train} changed): "
+          "resume with the run's data, or use a new --workdir.")
+  for change in opened.changes:
+    logging.info("Resuming with %s.", change)
+  if jax.process_index() == 0:
+    writes.record(workdir, writes.FINETUNING, config.task.name)
+  workdir_lib.save_config(workdir, _with_model(config, opened.start.model))
+  if not opened.resuming and jax.process_index() == 0:
+    opened.start.tokenizer.save(os.path.join(workdir, files.TOKENIZER_DIR))
+    with open(os.path.join(workdir, files.TASK_FILE), "w") as f:
+      json.dump(task_record, f)
 
 
 def train(config: ml_collections.ConfigDict, workdir: str, start: Start | None = None
@@ -477,23 +530,25 @@ def train(config: ml_collections.ConfigDict, workdir: str, start: Start | None =
   if config.task.name == retrieval.NAME:
     config = retrieval.resolve(config)
     retrieval.check_config(config)
-    start, resuming = open_run(config, workdir, start)
-    return retrieval.train(config, workdir, start, resuming, lambda: load_start(config),
-                           functools.partial(make_optimizer, config))
-  start, resuming = open_run(config, workdir, start)
+    opened = open_run(config, workdir, start)
+    return retrieval.train(config, workdir, opened.start, opened.resuming,
+                           lambda: load_start(config),
+                           functools.partial(make_optimizer, config),
+                           functools.partial(begin, config, workdir, opened))
+  opened = open_run(config, workdir, start)
+  start, resuming = opened.start, opened.resuming
   task = get_task(config.task.name)(config.task, start.tokenizer, config.task.max_seq_length)
   train_examples = read_split(task, config, "train")
   task.labels = (workdir_lib.task_info(workdir)["labels"] if resuming
                  else task.fit_labels(train_examples))
   train = task.featurize(train_examples, train=True)
   num_steps = steps_per_epoch(len(train), config.train.batch_size) * config.train.num_epochs
-  if not resuming and jax.process_index() == 0:
-    start.tokenizer.save(os.path.join(workdir, files.TOKENIZER_DIR))
-    with open(os.path.join(workdir, files.TASK_FILE), "w") as f:
-      json.dump({"name": task.name, "labels": task.labels, "num_steps": num_steps}, f)
+  dev = dev_sets(task, config)
+  begin(config, workdir, opened, {"name": task.name, "labels": task.labels,
+                                  "num_steps": num_steps})
   setup = build(config, task, start.model, example_batch(train), num_steps)
   trainer = Trainer(setup, config, workdir, num_steps)
-  evaluate = dev_evaluator(setup, task, config, workdir)
+  evaluate = dev_evaluator(setup, task, config, workdir, dev)
   trainer.info("Task %s: %d train features, %d labels, %d steps.", task.name,
                    len(train), len(task.labels), num_steps)
 

@@ -33,6 +33,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from bertjax import writes
 from bertjax.errors import ConfigError, DataError
 from bertjax.tasks import retrieval_eval
 
@@ -226,14 +227,19 @@ def write_jsonl(rows: Sequence[dict], path: str) -> None:
 
 def mine_file(pairs_path: str, out_path: str, encode: EncodeKind,
               corpus_path: str | None = None, anchor_column: str = "anchor",
-              positive_column: str = "positive", **options) -> dict[str, int]:
+              positive_column: str = "positive", overwrite: bool = False,
+              model_path: str = "", **options) -> dict[str, int]:
   """`bertjax.mine`'s work: reads the pairs (and `corpus_path`, else the positives are
   the candidates), mines (`options`: `mine_hard_negatives`' keywords), writes the rows
-  to `out_path` as JSON lines; returns the counts."""
-  anchors, positives = read_pairs(pairs_path, anchor_column, positive_column)
-  corpus = read_corpus(corpus_path) if corpus_path else None
-  rows, counts = mine_hard_negatives(anchors, positives, encode, corpus,
-                                     anchor_column=anchor_column,
-                                     positive_column=positive_column, **options)
-  write_jsonl(rows, out_path)
+  to `out_path` as JSON lines (`bertjax.writes.output_file`: not one of the inputs, nor
+  inside the model `model_path`; an existing file replaced only with `overwrite`);
+  returns the counts."""
+  with writes.output_file(out_path, overwrite, {
+      "--pairs": pairs_path, "--corpus": corpus_path or "", "--model": model_path}) as tmp:
+    anchors, positives = read_pairs(pairs_path, anchor_column, positive_column)
+    corpus = read_corpus(corpus_path) if corpus_path else None
+    rows, counts = mine_hard_negatives(anchors, positives, encode, corpus,
+                                       anchor_column=anchor_column,
+                                       positive_column=positive_column, **options)
+    write_jsonl(rows, tmp)
   return counts

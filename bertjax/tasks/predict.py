@@ -14,6 +14,7 @@ import json
 import os
 from typing import Any
 
+from bertjax import writes
 from bertjax.checkpoint import files, workdir
 from bertjax.errors import CheckpointError, DataError
 from bertjax.tasks import finetune, finetuned
@@ -88,19 +89,27 @@ def write_glue_tsv(records: list[dict[str, Any]], task: str, path: str) -> None:
 
 
 def write(checkpoint: str, input_path: str, output: str = "", split: str = "test",
-          glue_dir: str = "") -> tuple[str, int]:
+          glue_dir: str = "", overwrite: bool = False) -> tuple[str, int]:
   """Predicts and writes JSON lines to `output` (default CHECKPOINT/predictions.jsonl)
-  or, with `glue_dir`, the GLUE server's file there. Returns (path, predictions)."""
+  or, with `glue_dir`, the GLUE server's file there. Returns (path, predictions). As
+  `bertjax.writes` says: an output equal to the input, or another file of the
+  checkpoint, is refused; an existing one is replaced only with `overwrite`; either
+  before anything is predicted."""
+  default = os.path.join(checkpoint, files.PREDICTIONS_FILE)
   if glue_dir:  # Checked before predicting.
     task = workdir.load_config(checkpoint).task.glue
     output = os.path.join(glue_dir, glue_file(task, input_path) + ".tsv")
-  records = predict(checkpoint, input_path, split)
-  if glue_dir:
-    os.makedirs(glue_dir, exist_ok=True)
-    write_glue_tsv(records, task, output)
-    return output, len(records)
-  output = output or os.path.join(checkpoint, files.PREDICTIONS_FILE)
-  with open(output, "w", encoding="utf-8") as f:
-    for r in records:
-      f.write(json.dumps(r, ensure_ascii=False) + "\n")
+  output = output or default
+  inputs = {"--input": input_path}
+  if os.path.abspath(output) != os.path.abspath(default):
+    inputs["--checkpoint"] = checkpoint
+  with writes.output_file(output, overwrite, inputs,
+                          "--glue_dir's file" if glue_dir else "--output") as tmp:
+    records = predict(checkpoint, input_path, split)
+    if glue_dir:
+      write_glue_tsv(records, task, tmp)
+    else:
+      with open(tmp, "w", encoding="utf-8") as f:
+        for r in records:
+          f.write(json.dumps(r, ensure_ascii=False) + "\n")
   return output, len(records)

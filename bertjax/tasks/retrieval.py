@@ -12,7 +12,8 @@ optimizer (`bertjax.tasks.finetune`).
     # sentence-transformers folder: SentenceTransformer('/tmp/st')
 
 Starting from a sentence-transformers folder, its pooling, normalisation and prompts
-are the run's where the config leaves them empty (`resolve`).
+are the run's where the config leaves them empty, and its lower-casing where it says
+true (`resolve`).
 """
 
 from __future__ import annotations
@@ -44,8 +45,9 @@ _TOKENIZE_CHUNK = 1 << 15  # Texts per tokenizer call: bounded host memory.
 
 def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """A copy of `config` whose empty task settings (pooling, prompts) are those of the
-  sentence-transformers folder `config.init_from` (else 'mean', none); a setting of
-  the folder's that the config changes is logged."""
+  sentence-transformers folder `config.init_from` (else 'mean', none), lower-casing on
+  where the folder's do_lower_case is true; a setting of the folder's that the config
+  changes is logged."""
   c = ml_collections.ConfigDict(config.to_dict())
   folder = (st.read(config.init_from) if config.init_from and st.is_folder(config.init_from)
             else None)
@@ -55,9 +57,10 @@ def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   if folder:
     t.query_prompt = t.query_prompt or embedding.prompt(folder, "query")
     t.document_prompt = t.document_prompt or embedding.prompt(folder, "document")
+    t.do_lower_case = t.do_lower_case or folder.do_lower_case
     ours = embedding.settings_of(t)
     changed = [f"{k} {getattr(folder, k)!r} -> {getattr(ours, k)!r}" for k in (
-        "pooling", "normalize", "max_seq_length", "similarity")
+        "pooling", "normalize", "max_seq_length", "similarity", "do_lower_case")
                if getattr(folder, k) != getattr(ours, k)]
     if changed:
       logging.info("config.init_from=%s: the config changes its sentence-transformers "
@@ -120,7 +123,9 @@ class Source:
 
 def featurize(sources: Sequence[pairs_lib.Pairs], tokenizer, settings: st.Settings
               ) -> list[Source]:
-  """Each source's texts tokenized as the model will see them (prompts, truncation)."""
+  """Each source's texts tokenized as the model will see them (prompts, lower-casing,
+  truncation)."""
+  tokenizer = embedding.text_tokenizer(tokenizer, settings)
   out = []
   for s in sources:
     c = len(s.documents[0])
@@ -236,33 +241,46 @@ def default_metric(config) -> str:
   return "ndcg@10" if os.path.isdir(config.data.dev) else "spearman"
 
 
-def evaluators(config, embedder: embedding.Embedder, workdir: str) -> list[Evaluator]:
-  """The run's evaluation of `config.data.dev`: a directory in BEIR's layout
-  (corpus.jsonl, queries.jsonl, qrels/SPLIT.tsv; `config.task.qrels_split`) scored by
-  nDCG@10, MRR@10, Recall@100 (`retrieval_eval.RetrievalEvaluator`), or a file of
-  scored pairs (sentence1, sentence2, score) scored by the Spearman correlation of
-  their cosine similarities; every `config.train.eval_every` steps (0: at the end), at
-  the start too with `config.task.eval_at_start`. Process 0 writes the last one to
-  dev_results.json."""
-  path, batch = config.data.dev, config.train.eval_batch_size
+def dev_data(config) -> Any:
+  """`config.data.dev` read before the run writes anything: a BEIR split
+  (`retrieval_eval.read_beir`, a directory), scored pairs (`retrieval_eval.read_sts`,
+  a file) or None (no dev set)."""
+  path = config.data.dev
   if not path:
+    return None
+  if os.path.isdir(path):
+    return retrieval_eval.read_beir(path, config.task.qrels_split)
+  return retrieval_eval.read_sts(path)
+
+
+def evaluators(config, dev: Any, embedder: embedding.Embedder, workdir: str
+               ) -> list[Evaluator]:
+  """The run's evaluation of `config.data.dev` (`dev`: read by `dev_data`): a directory
+  in BEIR's layout (corpus.jsonl, queries.jsonl, qrels/SPLIT.tsv;
+  `config.task.qrels_split`) scored by nDCG@10, MRR@10, Recall@100
+  (`retrieval_eval.RetrievalEvaluator`), or a file of scored pairs (sentence1, sentence2, score) scored by the Spearman correlation of
+  their similarities; both by the model's `config.task.similarity` (cosine whether or
+  not the embeddings are normalised); every `config.train.eval_every` steps (0: at the
+  end), at the start too with `config.task.eval_at_start`. Process 0 writes the last
+  one to dev_results.json."""
+  batch, similarity = config.train.eval_batch_size, config.task.similarity
+  if dev is None:
     return []
 
   def encoder(params, kind: str):
     return lambda texts: embedder.encode(params, texts, kind, batch, show=f"eval {kind}s")
 
-  if os.path.isdir(path):
-    split = retrieval_eval.read_beir(path, config.task.qrels_split)
-
+  if os.path.isdir(config.data.dev):
     def score(params) -> dict[str, float]:
       return retrieval_eval.RetrievalEvaluator(
-          split, encoder(params, "query"), encoder(params, "document")).evaluate()
+          dev, encoder(params, "query"), encoder(params, "document"),
+          similarity=similarity).evaluate()
   else:
-    first, second, gold = retrieval_eval.read_sts(path)
+    first, second, gold = dev
 
     def score(params) -> dict[str, float]:
       a, b = (encoder(params, "document")(texts) for texts in (first, second))
-      return {"spearman": retrieval_eval.sts_spearman(a, b, gold)}
+      return {"spearman": retrieval_eval.sts_spearman(a, b, gold, similarity)}
 
   def run(params, step: int) -> dict[str, float]:
     del step
@@ -318,24 +336,23 @@ def train_flops(config, model_cfg, batch_size: int) -> float:
 
 
 def train(config: ml_collections.ConfigDict, workdir: str, start, resuming: bool,
-          restart: Callable[[], Any], make_optimizer: Callable[[Any, int], tuple]
-          ) -> dict[str, float]:
+          restart: Callable[[], Any], make_optimizer: Callable[[Any, int], tuple],
+          begin: Callable[[dict], None]) -> dict[str, float]:
   """Trains (or resumes) an embedding model in `workdir` (module docstring), as
   `bertjax.tasks.finetune.train` starts it: `config` `resolve`d and checked, the run
   opened (`start`: its encoder config, tokenizer and pretrained weights; `resuming`),
-  `restart()` the start again (a run resumed before its first checkpoint) and
-  `make_optimizer(model config, steps)` -> (optimizer, schedule). Returns the last dev
-  metrics ({} without config.data.dev or when stopped by SIGTERM)."""
+  `restart()` the start again (a run resumed before its first checkpoint),
+  `make_optimizer(model config, steps)` -> (optimizer, schedule) and `begin(task
+  record)` writing the run's files once the training and dev data are read. Returns
+  the last dev metrics ({} without config.data.dev or when stopped by SIGTERM)."""
   check_config_with_model(config, start.model)
   settings = embedding.settings_of(config.task)
   sources = featurize(pairs_lib.read_sources(config.data.train, config.task),
                       start.tokenizer, settings)
   plan = Plan(sources, config.train.batch_size, config.seed, config.train.num_epochs)
   num_steps = len(plan)
-  if not resuming and jax.process_index() == 0:
-    start.tokenizer.save(os.path.join(workdir, files.TOKENIZER_DIR))
-    with open(os.path.join(workdir, files.TASK_FILE), "w") as f:
-      json.dump({"name": NAME, "labels": [], "num_steps": num_steps}, f)
+  dev = dev_data(config)
+  begin({"name": NAME, "labels": [], "num_steps": num_steps})
   sample = batch_arrays(sources[0], plan[0][1][:1], settings.max_seq_length,
                         start.tokenizer.pad_id, slice(None))
   model, setup = build(config, start.model, sample,
@@ -362,7 +379,7 @@ def train(config: ml_collections.ConfigDict, workdir: str, start, resuming: bool
 
   data = train_stream(sources, plan, settings.max_seq_length, start.tokenizer.pad_id)
   with compilation.logged(trainer.info):
-    return trainer.fit(data, evaluators(config, embedder, workdir),
+    return trainer.fit(data, evaluators(config, dev, embedder, workdir),
                        init_params).get("dev", {})
 
 

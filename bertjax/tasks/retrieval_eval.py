@@ -5,19 +5,21 @@
                                  lambda t: encoder.encode(t, "document"))
   metrics = evaluator.evaluate()     # metrics["ndcg@10"], ["recall@100"], ["mrr@10"]
 
-Retrieval is exact: every query against every document by dot product (`top_k`; the
-encoder normalises for cosine), the corpus in blocks with a running top-k so memory is
-bounded by the block, not the corpus. The measures are trec_eval's (`pytrec_eval`, as
-BEIR computes them): nDCG@k with the qrels' graded gains, Recall@k, MAP@k (trec_eval's
-`map_cut`), and MRR@10 (`recip_rank` of each query's first 10 results), each the mean
-over the judged queries. Ties between equal scores are broken by ascending document id,
-as sentence-transformers' `InformationRetrievalEvaluator` breaks them (trec_eval would
-break them by descending id): `evaluate` hands pytrec_eval scores that encode that rank.
+Retrieval is exact: every query against every document by the model's similarity
+(cosine: both sides normalised first, whether or not the encoder normalises; dot: as
+they are), the corpus in blocks with a running top-k of dot products (`top_k`) so
+memory is bounded by the block, not the corpus. The measures are trec_eval's
+(`pytrec_eval`, as BEIR computes them): nDCG@k with the qrels' graded gains, Recall@k,
+MAP@k (trec_eval's `map_cut`), and MRR@10 (`recip_rank` of each query's first 10
+results), each the mean over the judged queries. Ties between equal scores are broken
+by ascending document id, as sentence-transformers' `InformationRetrievalEvaluator`
+breaks them (trec_eval would break them by descending id): `evaluate` hands
+pytrec_eval scores that encode that rank.
 
 STS: `read_sts` reads (sentence1, sentence2, score) rows, and `sts_spearman` is the
-Spearman correlation of the pairs' cosine similarities with the gold scores, in
-[-1, 1], as sentence-transformers' `EmbeddingSimilarityEvaluator` reports
-`spearman_cosine`.
+Spearman correlation of the pairs' similarities (the model's: cosine or dot) with the
+gold scores, in [-1, 1], as sentence-transformers' `EmbeddingSimilarityEvaluator`
+reports `spearman_cosine` (`spearman_dot`).
 """
 
 from __future__ import annotations
@@ -36,8 +38,8 @@ import numpy as np
 import pytrec_eval
 
 from bertjax.errors import ConfigError, DataError
+from bertjax.tasks import contrastive, readers
 from bertjax.tasks import metrics as task_metrics
-from bertjax.tasks import readers
 
 LAYOUT = ("a BEIR dataset directory holds corpus.jsonl (_id, title, text), queries.jsonl "
           "(_id, text) and qrels/<split>.tsv (query-id, corpus-id, score)")
@@ -328,8 +330,9 @@ class RetrievalEvaluator:
     evaluator = RetrievalEvaluator(read_beir(directory), encode_queries, encode_documents)
     metrics = evaluator.evaluate()      # {"ndcg@10": ..., "mrr@10": ..., ...}
 
-  `encode_queries(texts)` and `encode_documents(texts)` return [N, E] embeddings
-  (normalised for cosine, as the model is trained). `evaluate` (and `search`) embed
+  `encode_queries(texts)` and `encode_documents(texts)` return [N, E] embeddings,
+  scored by `similarity` (the model's, `contrastive.SIMILARITIES`: 'cosine' normalises
+  both sides first, 'dot' takes them as they are). `evaluate` (and `search`) embed
   the corpus once, `corpus_chunk_size` documents (`document_text`) at a time, search it
   exactly for the best max(k_values, mrr_at) documents of every judged query (nothing
   excluded: a document whose id is the query's counts like any other, as in
@@ -341,10 +344,12 @@ class RetrievalEvaluator:
   def __init__(self, split: BeirSplit, encode_queries: Encode, encode_documents: Encode,
                k_values: Sequence[int] = K_VALUES, mrr_at: int = MRR_AT,
                corpus_chunk_size: int = 4 * BLOCK, block: int = BLOCK,
-               query_block: int = QUERY_BLOCK):
+               query_block: int = QUERY_BLOCK, similarity: str = "cosine"):
     if not (isinstance(corpus_chunk_size, int) and corpus_chunk_size >= 1):
       raise ConfigError(f"corpus_chunk_size={corpus_chunk_size!r} must be a positive "
                         "integer.")
+    _check_similarity(similarity)
+    self.similarity = similarity
     self.split, self.k_values, self.mrr_at = split, tuple(k_values), mrr_at
     self.encode_queries, self.encode_documents = encode_queries, encode_documents
     self.corpus_chunk_size, self.block, self.query_block = (
@@ -356,12 +361,12 @@ class RetrievalEvaluator:
   def search(self) -> dict[str, dict[str, float]]:
     """The run: query id -> {doc id: score} of its best `depth` documents."""
     texts = [self.split.queries[q] for q in self.query_ids]
-    search = RunningTopK(_encoded(self.encode_queries, texts, "encode_queries"),
+    search = RunningTopK(self._scored(self.encode_queries, texts, "encode_queries"),
                          self.depth, self.block, self.query_block)
     for start in range(0, len(self.doc_ids), self.corpus_chunk_size):
       ids = self.doc_ids[start:start + self.corpus_chunk_size]
       texts = [document_text(self.split.corpus[d]) for d in ids]
-      search.add(_encoded(self.encode_documents, texts, "encode_documents"))
+      search.add(self._scored(self.encode_documents, texts, "encode_documents"))
     scores, indices = search.result()
     return {q: {self.doc_ids[i]: float(s) for s, i in zip(row_s, row_i)}
             for q, row_s, row_i in zip(self.query_ids, scores, indices)}
@@ -373,6 +378,17 @@ class RetrievalEvaluator:
     if run_path:
       write_run(run, run_path)
     return evaluate(run, self.split.qrels, self.k_values, self.mrr_at)
+
+
+  def _scored(self, encode: Encode, texts: list[str], name: str) -> np.ndarray:
+    """[N, E] vectors whose dot products are the similarities."""
+    vectors = _encoded(encode, texts, name)
+    return _unit(vectors) if self.similarity == "cosine" else vectors
+
+
+def _check_similarity(similarity: str) -> None:
+  if similarity not in contrastive.SIMILARITIES:
+    raise ConfigError(f"similarity={similarity!r}: use one of {contrastive.SIMILARITIES}.")
 
 
 def _encoded(encode: Encode, texts: list[str], name: str) -> np.ndarray:
@@ -428,10 +444,12 @@ def read_sts(path: str, sentence1: str = "sentence1", sentence2: str = "sentence
           np.asarray(values, np.float64))
 
 
-def sts_spearman(emb1, emb2, scores) -> float:
-  """Spearman correlation of the cosine similarities of emb1 [N, E] and emb2 [N, E]
-  (row i with row i) with the gold scores [N], in [-1, 1] (not x 100): what
-  sentence-transformers' `EmbeddingSimilarityEvaluator` reports as `spearman_cosine`."""
+def sts_spearman(emb1, emb2, scores, similarity: str = "cosine") -> float:
+  """Spearman correlation of the similarities (`similarity`: 'cosine' or 'dot') of
+  emb1 [N, E] and emb2 [N, E] (row i with row i) with the gold scores [N], in [-1, 1]
+  (not x 100): what sentence-transformers' `EmbeddingSimilarityEvaluator` reports as
+  `spearman_cosine` (`spearman_dot`)."""
+  _check_similarity(similarity)
   a, b = np.asarray(emb1, np.float64), np.asarray(emb2, np.float64)
   gold = np.asarray(scores, np.float64)
   if a.shape != b.shape or a.ndim != 2 or gold.shape != (len(a),):
@@ -439,8 +457,9 @@ def sts_spearman(emb1, emb2, scores) -> float:
                     "be [N, E], [N, E] and [N].")
   if len(gold) < 2 or np.all(gold == gold[0]):
     raise DataError("the STS scores need at least two different values for a correlation.")
-  cosine = np.einsum("ne,ne->n", _unit(a), _unit(b))
-  return task_metrics.spearman(cosine, gold)
+  if similarity == "cosine":
+    a, b = _unit(a), _unit(b)
+  return task_metrics.spearman(np.einsum("ne,ne->n", a, b), gold)
 
 
 def _unit(x: np.ndarray) -> np.ndarray:

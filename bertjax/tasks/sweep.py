@@ -11,8 +11,10 @@ import json
 import os
 import statistics
 
+import jax
 import ml_collections
 
+from bertjax import writes
 from bertjax.checkpoint import files
 from bertjax.errors import ConfigError
 from bertjax.tasks import finetune, get_task, retrieval
@@ -85,7 +87,8 @@ def markdown(rows: list[dict], metric: str) -> str:
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   """One run in `workdir` when the sweep is empty; else every grid point in
-  `workdir/lr{LR}_seed{SEED}` (each resumable) and the table. Returns
+  `workdir/lr{LR}_seed{SEED}` (each resumable) and the table, the workdir claimed for
+  the sweep (`writes.claim`: no single run's workdir takes one). Returns
   {'best': row, 'runs': [rows]} with rows {learning_rate, seed, workdir, dev}, and for
   a sweep also 'metric' and 'by_learning_rate' (`by_learning_rate`)."""
   check_config(config)  # before the pretrained weights are read
@@ -95,6 +98,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     row = {"learning_rate": points[0][0], "seed": points[0][1], "workdir": workdir,
            "dev": dev}
     return {"best": row, "runs": [row]}
+  writes.claim(workdir, writes.SWEEP, config.task.name, finetune.inputs(config))
+  if jax.process_index() == 0:
+    writes.record(workdir, writes.SWEEP, config.task.name)
   start = None
   rows = []
   for lr, seed in points:

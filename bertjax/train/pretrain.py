@@ -23,7 +23,7 @@ from bertjax.console import progress
 from bertjax.data import mixture, phases, pipeline
 from bertjax.data import tokenizer as tok_lib
 from bertjax.errors import ConfigError, at_least
-from bertjax import model as model_lib, objectives as objectives_lib
+from bertjax import model as model_lib, objectives as objectives_lib, writes
 from bertjax.parallel import mesh as mesh_lib
 from bertjax.train import (compilation, continued, evaluators, state as state_lib,
                            trainer as trainer_lib)
@@ -123,19 +123,39 @@ def phase_inputs(config: ml_collections.ConfigDict) -> list[dict[str, float]]:
   return model_lib.family_of(model).phase_inputs(model, lengths)
 
 
+def inputs(config: ml_collections.ConfigDict) -> dict[str, str]:
+  """What a pretraining run reads ({config field: path}): no run writes into them
+  (`writes.claim`)."""
+  found = {"config.init_from": config.init_from,
+           "config.init_generator_from": config.get("init_generator_from", ""),
+           "config.data.tokenizer.path": config.data.tokenizer.path,
+           "config.vocab_extension.tokens_file": config.vocab_extension.tokens_file,
+           "config.vocab_extension.corpus": config.vocab_extension.corpus}
+  try:
+    sources = mixture.sources_of(config.data)
+  except ConfigError:  # check_config names it
+    sources = []
+  found.update({f"config.data.corpus ({s.name or 'corpus'})": s.spec for s in sources})
+  return {k: os.fspath(v) for k, v in found.items() if v}
+
+
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   """Runs (or resumes) pretraining in `workdir`, from `config.init_from` when set
   (`continued`); returns the last eval metrics ({} when stopped by SIGTERM before the
-  first evaluation)."""
+  first evaluation). Writes as `bertjax.writes` says: the workdir claimed and the config
+  checked against the run being resumed before anything is written, config.json once
+  the data is read."""
+  writes.claim(workdir, writes.PRETRAINING, inputs=inputs(config))
   start = continued.open_run(config, workdir) if config.init_from else None
   config = start.config if start else config
   check_config(config)
-  epath.Path(workdir).mkdir(parents=True, exist_ok=True)
+  changes = workdir_lib.check_resume(workdir, config)
+  if jax.process_index() == 0:
+    writes.record(workdir, writes.PRETRAINING)
   tokenizer = None
   if start is not None:  # The vocabulary rows follow the (extended) tokenizer.
     tokenizer = get_tokenizer(config, workdir, start.new_tokenizer)
     config = start.finish(tokenizer, workdir)
-  workdir_lib.save_config(workdir, config)
   objectives = objectives_lib.from_config(config)
   setup = state_lib.build_trainer(config)
   model = objectives.model
@@ -150,6 +170,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
       process_index=jax.process_index(), process_count=jax.process_count(),
       position_offset=model.position_offset, num_steps=config.train.num_steps,
       batch_schedule=batches, phase_inputs=phase_inputs(config))
+  for change in changes:
+    logging.info("Resuming with %s.", change)
+  workdir_lib.save_config(workdir, config)
   trainer = Trainer(setup, config, workdir)
   trainer.info("Data: %s", data.stats)
   members = objectives.networks.members

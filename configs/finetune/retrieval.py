@@ -36,6 +36,9 @@ def get_config(arg=None):
   # model; '' the init_from folder's prompts ('query'; 'document' / 'passage'), if any.
   c.task.query_prompt = ""
   c.task.document_prompt = ""
+  # Lower-case every text, its prompt included, before tokenizing (sentence-transformers'
+  # do_lower_case, stored with the model); on too where the init_from folder says true.
+  c.task.do_lower_case = False
   # 'mnrl' (MultipleNegativesRankingLoss, InfoNCE over every document of the global
   # batch), or a teacher's scores distilled: 'margin_mse' or 'kl' (teacher_column).
   c.task.loss = "mnrl"
