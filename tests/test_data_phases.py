@@ -47,9 +47,12 @@ def test_length_phases_parse():
       pipeline.length_phases(_cfg(length_phases=bad), 100)
 
 
-@pytest.mark.parametrize("nsp", [True, False])
-def test_phases_switch_shapes_and_resume_exactly(tokenizer, nsp):
-  cfg = _cfg(length_phases=((0.5, 32), (0.5, 64)))
+@pytest.mark.parametrize("nsp, masking", [(True, "token"), (False, "token"),
+                                          (False, "span")])
+def test_phases_switch_shapes_and_resume_exactly(tokenizer, nsp, masking):
+  """Each batch is the shape of its phase, every field as `pipeline.batch_spec` (what a
+  plan compiles) says, and a restore in either phase replays."""
+  cfg = _cfg(length_phases=((0.5, 32), (0.5, 64)), masking=masking)
   data = pipeline.build_pretraining_data(cfg, tokenizer, batch_size=4, seed=0, nsp=nsp,
                                          num_steps=6)
   assert data.stats["phases"] == [(3, 32, 5), (None, 64, 10)]
@@ -57,6 +60,9 @@ def test_phases_switch_shapes_and_resume_exactly(tokenizer, nsp):
   batches = [next(it) for _ in range(8)]
   assert [b["input_ids"].shape for b in batches] == [(4, 32)] * 3 + [(4, 64)] * 5
   assert [b["masked_lm_positions"].shape[1] for b in batches] == [5] * 3 + [10] * 5
+  for b, (T, P) in zip(batches, [(32, 5)] * 3 + [(64, 10)] * 5):
+    assert {k: (v.shape, v.dtype) for k, v in b.items()} == pipeline.batch_spec(
+        cfg, nsp, 4, T, P)
   assert data.eval_batches[0]["input_ids"].shape == (4, 64)
   for stop in (2, 4):  # inside the first phase, inside the second
     it = iter(data.train)

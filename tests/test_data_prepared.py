@@ -14,8 +14,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from bertjax.data import (builders, manifest, multilingual, permutation, pipeline, prepare,
-                          prepare_examples, prepare_tokens, rows as rows_lib, seeds)
+from bertjax.data import (builders, manifest, multilingual, permutation, phases, pipeline,
+                          prepare, prepare_examples, prepare_tokens, rows as rows_lib, seeds)
 from bertjax.data.tokenizer import load_tokenizer
 from bertjax.errors import ConfigError, DataError
 from configs import bert_tiny
@@ -139,11 +139,18 @@ def test_offline_packing_fills_rows_like_in_memory(train_docs, tokenizer, packin
   assert len(body) - specials == sum(len(s) for d in docs for s in d)
 
 
+def _examples(tokens, out, cfg, nsp=True):
+  """`prepare_examples.build` of `cfg` in this process, at the row lengths of its length
+  phases (split over 4 steps, as `prepare --config` has them from the config check)."""
+  return prepare_examples.build(
+      str(tokens), str(out), cfg, nsp=nsp, seed=0,
+      lengths=phases.row_lengths(phases.length_phases(cfg, 4)), workers=0, progress=False)
+
+
 def _build(prepared, name, tokens="tokens6", nsp=True, **cfg):
   out = prepared / name
   if not (out / manifest.MANIFEST).exists():
-    prepare_examples.build(str(prepared / tokens), str(out), _cfg(**cfg), nsp=nsp, seed=0,
-                         workers=0, progress=False)
+    _examples(prepared / tokens, out, _cfg(**cfg), nsp)
   return str(out)
 
 
@@ -257,14 +264,12 @@ def test_rerun_resumes_and_refuses_other_settings(prepared, tokenizer):
   with pytest.raises(DataError, match="did not finish.*rerun the same"):
     pipeline.build_pretraining_data(_cfg(corpus=spec), tokenizer, batch_size=4, seed=0,
                                     nsp=True)
-  out = prepare_examples.build(str(prepared / "tokens6"), spec, _cfg(), nsp=True, seed=0,
-                             workers=0, progress=False)
+  out = _examples(prepared / "tokens6", spec, _cfg())
   assert open(shard, "rb").read() == before
   assert out["splits"] == manifest_before["splits"]
   assert out["documents"] == manifest_before["documents"]
   with pytest.raises(DataError, match="other settings: dupe_factor=3") as e:
-    prepare_examples.build(str(prepared / "tokens6"), spec, _cfg(dupe_factor=3), nsp=True,
-                         seed=0, workers=0, progress=False)
+    _examples(prepared / "tokens6", spec, _cfg(dupe_factor=3))
   assert "\n" not in str(e.value)
 
 

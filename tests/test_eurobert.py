@@ -1,12 +1,11 @@
 """EuroBERT and UltraBERT (which is EuroBERT's blocks with sliding layers and a
 two-layer MLM head) beyond tests/test_family_conformance.py (every family's hidden states
-and logits against transformers on padded and packed rows, scanned, bf16): gradients of
-every parameter equal torch's (float32, weights through the families' conversion
-tables, padded and packed rows); full-size parameter counts equal transformers'. And EuroBERT's own
-conversion cases (config.json variants, every class both ways, save_pretrained in,
-AutoModelForMaskedLM out, the fine-tuned heads). UltraBERT's own: test_ultrabert.py."""
-
-import json
+and logits against transformers on padded and packed rows, scanned, bf16; a
+save_pretrained folder in, AutoModelForMaskedLM out): gradients of every parameter
+equal torch's (float32, weights through the families' conversion tables, padded and
+packed rows); full-size parameter counts equal transformers'. And EuroBERT's own
+conversion cases (config.json variants, every class both ways, biased and tied, the
+fine-tuned heads). UltraBERT's own: test_ultrabert.py."""
 
 import flax.linen as nn
 import jax
@@ -249,31 +248,6 @@ def test_checkpoint_errors():
 def _logits(model, ids, mask):
   with torch.no_grad():
     return model(torch.as_tensor(ids), attention_mask=torch.as_tensor(mask)).logits.numpy()
-
-
-@pytest.mark.slow
-def test_save_pretrained_loads_and_exports_back(tmp_path):
-  """A save_pretrained dir loads into bertjax (scanned) with equal logits; its export
-  loads in AutoModelForMaskedLM with equal logits again."""
-  model = h.hf_model("eurobert")
-  model.save_pretrained(str(tmp_path / "hf"))
-  with open(tmp_path / "hf" / "config.json") as f:
-    cfg, params, task = conv.load(json.load(f), files.read_state_dict(str(tmp_path / "hf")),
-                                  scan_layers=True)
-  assert task is None and cfg.scan_layers
-  ids, mask = _padded(np.random.default_rng(4))
-  params = eb.FAMILY.to_layout(params, True)
-  mine = np.asarray(eb.FAMILY.pretraining(cfg).apply({"params": params}, ids, mask)
-                    ["mlm_logits"])
-  ref = _logits(model, ids, mask)
-  real = mask.astype(bool)
-  assert np.abs(mine - ref)[real].max() < 1e-5
-  hf, state = conv.export(params, cfg)
-  files.write(str(tmp_path / "out"), hf, state)
-  back = transformers.AutoModelForMaskedLM.from_pretrained(
-      str(tmp_path / "out"), attn_implementation="eager").eval()
-  assert type(back).__name__ == "EuroBertForMaskedLM"
-  assert np.abs(_logits(back, ids, mask) - ref)[real].max() < 1e-5
 
 
 @pytest.mark.parametrize("pooling", ["bos", "mean", "late"])

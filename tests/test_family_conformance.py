@@ -17,7 +17,10 @@ compiled initialisation, no compiled optimizer. The checks:
 3. Hugging Face: params -> state dict -> params and state dict -> params -> state
    dict exact, the config.json read back the same config; the transformers class of
    `pretraining_model` on the exported state dict gives bertjax's hidden states and
-   MLM logits in float32 (within ATOL of the largest magnitude).
+   MLM logits in float32 (within ATOL of the largest magnitude). On disk: that model's
+   `save_pretrained` folder reads back (`convert.load_hf`) as the same config and
+   parameters, and bertjax's export written to a folder loads with
+   `AutoModelForMaskedLM.from_pretrained` to the same logits.
 4. FLOPs: `train_flops` against XLA's count of forward + backward (within 5%).
 5. bfloat16 against float32 (every layer's hidden states and the logits, within
    BF16_BOUND, and really bfloat16).
@@ -46,7 +49,7 @@ import pytest
 from bertjax import tasks as tasks_lib
 from bertjax.checkpoint import manager as ckpt_lib
 from bertjax.errors import ConfigError
-from bertjax.hf import convert, table as engine
+from bertjax.hf import convert, files, table as engine
 from bertjax.model import FAMILIES, layers, stack
 from bertjax.tasks import finetuned as finetuned_lib
 from configs.finetune import glue, ner, span_ner, squad, swag
@@ -483,6 +486,37 @@ def test_hf_round_trip_is_exact_and_transformers_gives_the_logits(tiny):
         f"MLM logits {worst['logits']:.1e}; {bare_json['architectures'][0]}: hidden states "
         f"{worst['bare']:.1e}")
   assert max(worst.values()) < ATOL
+
+
+def test_save_pretrained_reads_back_and_the_export_loads_from_disk(tiny, tmp_path):
+  """The transformers model of `pretraining_model` (check 3's) saved by
+  `save_pretrained` (its names on disk: UltraBERT's 'ultrabert.' / 'cls.', GTE's
+  published layout; a tied decoder left out) reads back through `convert.load_hf` as
+  the config and the parameters exactly; bertjax's export of them (from the scanned
+  layout) written by `files.write` loads with `AutoModelForMaskedLM.from_pretrained`
+  (the class config.json's model_type maps to) missing no key, and gives the saved
+  model's MLM logits on the padded rows (within ATOL of the largest magnitude)."""
+  config, params, _, hf = _exported(tiny)
+  hf.save_pretrained(str(tmp_path / "hf"))
+  back_config, back = convert.load_hf(str(tmp_path / "hf"))
+  assert back_config == config
+  assert jax.tree.structure(back) == jax.tree.structure(params)
+  for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(back), jax.tree.leaves(params)):
+    np.testing.assert_array_equal(a, b, err_msg=jax.tree_util.keystr(path))
+  hf_json, state = tiny.table.export_pretrained(tiny.family.to_layout(back, True), config,
+                                                _tokenizer(config), KIND)
+  files.write(str(tmp_path / "out"), hf_json, state)
+  loaded, info = transformers.AutoModelForMaskedLM.from_pretrained(
+      str(tmp_path / "out"), attn_implementation="eager", output_loading_info=True)
+  assert not info["missing_keys"], info["missing_keys"]
+  ids, mask, types, _, _ = tiny.padded
+  types = types if config.type_vocab_size else None
+  ref, out = _hf_run(hf, ids, mask, types), _hf_run(loaded.eval(), ids, mask, types)
+  ref = (ref.logits if "logits" in ref else ref.prediction_logits).numpy()
+  real = mask.astype(bool)
+  diff = _relative_max(out.logits.numpy()[real], ref[real])
+  print(f"{tiny.name} {type(loaded).__name__} from disk: {diff:.1e}")
+  assert diff < ATOL
 
 
 # ---- 4. FLOPs ------------------------------------------------------------------

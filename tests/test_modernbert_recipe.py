@@ -27,9 +27,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BPE = os.path.join(REPO, "tests", "fixtures", "bpe")  # 600 tokens, <pad> = 1
 
 
-def _schedule(config) -> list[phases.Stage]:
-  return phases.stages(config.data, config.train.num_steps, config.train.batch_size,
-                       phases.BatchSchedule.from_config(config.train))
+def _schedule(config) -> tuple[phases.Stage, ...]:
+  return pretrain.check_config(config).stages
 
 
 def _stage_at(schedule, step):
@@ -187,6 +186,13 @@ def test_warm_up_re_batches_one_stream_and_restores(bpe):
       (8, 32)] * 2
   assert [float(b["global_rope_theta"][0]) for b in batches] == [1e4] * 4 + [1.6e5] * 2
   assert all(np.all(b["global_rope_theta"] == b["global_rope_theta"][0]) for b in batches)
+  # Every field as `pipeline.batch_spec` says (P: the stage's at the step's masking rate).
+  stages = _schedule(c)
+  for step, b in enumerate(batches):
+    s = _stage_at(stages, step)
+    assert {k: (v.shape, v.dtype) for k, v in b.items()} == pipeline.batch_spec(
+        c.data, False, s.rows, s.length, b["masked_lm_positions"].shape[1],
+        ["global_rope_theta"])
   flat = c.copy_and_resolve_references()
   flat.train.batch_warmup_tokens = 0
   plain = iter(build(flat).train)

@@ -1,12 +1,10 @@
-"""UltraBERT's own cases (its numerics against transformers, gradients, bfloat16 and
-parameter counts are test_eurobert.py's, parametrised over both families): sliding
-layers that really are local, any `layer_types` pattern scanned as unscanned, the
-config.json variants (transformers 5's, the remote code's attention_windows /
-per-layer rope_theta), every class both ways, save_pretrained in, AutoModelForMaskedLM
-out, and the fine-tuned heads (sequence classification 'cls' / 'mean', tagging, span
-QA) equal to transformers' UltrabertFor*."""
-
-import json
+"""UltraBERT's own cases (its gradients and parameter counts are test_eurobert.py's,
+parametrised over both families; its numerics against transformers, bfloat16 and a
+save_pretrained folder in, AutoModelForMaskedLM out, tests/test_family_conformance.py's):
+sliding layers that really are local, any `layer_types` pattern scanned as unscanned,
+the config.json variants (transformers 5's, the remote code's attention_windows /
+per-layer rope_theta), every class both ways, and the fine-tuned heads (sequence
+classification 'cls' / 'mean', tagging, span QA) equal to transformers' UltrabertFor*."""
 
 import jax
 import numpy as np
@@ -152,29 +150,6 @@ def _outputs(model, ids, mask):
 def _padded(rng):
   mask = (np.arange(T)[None] < np.array([[T], [13], [20]])).astype(np.int32)
   return np.where(mask > 0, _ids(rng, (3, T)), 0), mask
-
-
-@pytest.mark.slow
-def test_save_pretrained_loads_and_exports_back(tmp_path):
-  model = h.hf_model("ultrabert")
-  model.save_pretrained(str(tmp_path / "hf"))
-  with open(tmp_path / "hf" / "config.json") as f:
-    cfg, params, task = conv.load(json.load(f), files.read_state_dict(str(tmp_path / "hf")),
-                                  scan_layers=True)
-  assert task is None and cfg.scan_layers
-  ids, mask = _padded(np.random.default_rng(1))
-  params = ub.FAMILY.to_layout(params, True)
-  mine = np.asarray(ub.FAMILY.pretraining(cfg).apply({"params": params}, ids, mask)
-                    ["mlm_logits"])
-  ref = _outputs(model, ids, mask)
-  real = mask.astype(bool)
-  assert np.abs(mine - ref)[real].max() < 1e-5
-  hf, state = conv.export(params, cfg)
-  files.write(str(tmp_path / "out"), hf, state)
-  back = transformers.AutoModelForMaskedLM.from_pretrained(
-      str(tmp_path / "out"), attn_implementation="eager").eval()
-  assert type(back).__name__ == "UltrabertForMaskedLM"
-  assert np.abs(_outputs(back, ids, mask) - ref)[real].max() < 1e-5
 
 
 @pytest.mark.parametrize("pooling", ["cls", "mean"])

@@ -181,30 +181,24 @@ def is_retrieval(config) -> bool:
   return "task" in config and config.task.name == "retrieval"
 
 
-def seq_length(config) -> int:
-  return config.task.max_seq_length if is_retrieval(config) else config.data.max_seq_length
-
-
 def batch_spec(config, batch_size: int) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
-  """Shapes and dtypes of a pretraining batch as `bertjax.data.pipeline` makes it: NSP's
-  labels [B] with sentence pairs, documents' ids and positions [B, T] with isolated
-  packed rows, and the objectives' other fields per prediction [B, P] (SBO's span
-  positions)."""
+  """Shapes and dtypes of the global batch of `batch_size` examples a plan compiles the
+  step for, from their owners: the contrastive step's (`retrieval.batch_spec`), or
+  pretraining's at one length, rows of max_seq_length with max_predictions_per_seq
+  masked slots, as the pipeline makes them (`pipeline.batch_spec`; plan a length phase
+  with --config.data.max_seq_length=T --config.data.max_predictions_per_seq=P)."""
   if is_retrieval(config):
     from bertjax.tasks import retrieval  # pylint: disable=g-import-not-at-top
     return retrieval.batch_spec(config, batch_size)
-  T, P, B = config.data.max_seq_length, config.data.max_predictions_per_seq, batch_size
-  fields = objectives_lib.from_config(config).fields
-  spec = {k: ((B, T), np.int32) for k in ("input_ids", "attention_mask", "token_type_ids")}
-  spec.update({"masked_lm_positions": ((B, P), np.int32), "masked_lm_ids": ((B, P), np.int32),
-               "masked_lm_weights": ((B, P), np.float32),
-               "example_weights": ((B,), np.float32)})
-  if pipeline.sentence_pairs(fields):
-    spec["next_sentence_labels"] = ((B,), np.int32)
-  elif config.data.isolate_documents:
-    spec.update(segment_ids=((B, T), np.int32), position_ids=((B, T), np.int32))
-  spec.update({k: ((B, P), np.int32) for k in fields if k not in spec})
-  return spec
+  nsp = pipeline.sentence_pairs(objectives_lib.from_config(config).fields)
+  return pipeline.batch_spec(config.data, nsp, batch_size, config.data.max_seq_length,
+                             config.data.max_predictions_per_seq)
+
+
+def row_length(config) -> int:
+  """T, the tokens of a row of the batch the plan compiles (`batch_spec`'s ids)."""
+  spec = batch_spec(config, 1)
+  return spec["query_input_ids" if is_retrieval(config) else "input_ids"][0][1]
 
 
 def shard_bytes(tree, shardings) -> int:
@@ -293,7 +287,8 @@ def model_flops(config, batch_size: int) -> float:
     from bertjax import model as model_lib  # pylint: disable=g-import-not-at-top
     from bertjax.tasks import retrieval  # pylint: disable=g-import-not-at-top
     return retrieval.train_flops(config, model_lib.config_from(config.model), batch_size)
-  T, P = config.data.max_seq_length, config.data.max_predictions_per_seq
+  spec = batch_spec(config, batch_size)
+  T, P = spec["input_ids"][0][1], spec["masked_lm_positions"][0][1]
   return objectives_lib.from_config(config).train_flops(batch_size, T, P)["total"]
 
 
@@ -432,7 +427,7 @@ def main(argv) -> None:
   slices = f" x {f.num_slices} slices" if f.num_slices > 1 else ""
   if not f.summary:
     print(f"L={m.num_layers} H={m.hidden_size} V={m.vocab_size}, global batch {batch_size}"
-          f" x {seq_length(config)} tokens"
+          f" x {row_length(config)} tokens"
           + (" (queries and documents: a contrastive step)" if is_retrieval(config) else "")
           + f", {platform_dtype(config, topo.devices[0].platform)} compute, scan_layers="
           f"{m.scan_layers}, attention {m.attention_impl or repr('')}, "
@@ -491,7 +486,7 @@ def _summary(config, f, batch_size: int, topo: Topology, chosen, rows) -> None:
           "roofline bound ms", "compiles, s"]
   slices = f" x {f.num_slices}" if f.num_slices > 1 else ""
   where = [os.path.basename(config_flags.get_config_filename(f["config"])),
-           f"{f.topology}{slices}", f"{batch_size} x {seq_length(config)}"]
+           f"{f.topology}{slices}", f"{batch_size} x {row_length(config)}"]
   tries = [t for r in rows for t in [r, *r.get("max_batch_tries", [])]]
   seconds = f"{len(tries)}, {sum(t['compile_s'] for t in tries):.0f}"
   if chosen is None:

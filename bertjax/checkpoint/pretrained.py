@@ -72,7 +72,7 @@ class Pretrained:
     """Tokenised batch padded to a length bucket, and the unpadded length T."""
     batch = self.tokenizer(texts, text_pairs, max_length=max_length)
     length = batch["input_ids"].shape[1]
-    limit = self.config.max_position_embeddings - self.config.position_offset
+    limit = self.config.max_length
     if length > limit:
       raise CheckpointError(f"inputs of {length} tokens exceed the model's {limit} "
                             "positions; lower max_length.")

@@ -79,12 +79,6 @@ def load(spec: str) -> dict[str, Any]:
   return manifest
 
 
-def phase_lengths(data_cfg) -> list[int]:
-  """The sequence lengths training uses (one per length phase, or max_seq_length)."""
-  spec = tuple(data_cfg.length_phases)
-  return sorted({int(p[1]) for p in spec} if spec else {data_cfg.max_seq_length})
-
-
 def train_split(length: int) -> str:
   return f"train-{length}"
 

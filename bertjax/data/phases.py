@@ -20,15 +20,21 @@
 Every boundary is round(cumulative fraction * num_steps), so phases given the same
 fractions switch at the same step (the learning-rate restarts of
 `bertjax.train.optimizer` use the same rounding, `boundary`). A `Stage` is a run of
-steps with one batch shape; `stages` lists them. Each length phase reads one stream of
-rows (its own shuffle and mask seeds); its stages take consecutive blocks of it, so
-batch i's rows and masks are a function of (seed, i) alone and a restore replays them.
+steps with one batch shape. Each length phase reads one stream of rows (its own
+shuffle and mask seeds); its stages take consecutive blocks of it, so batch i's rows
+and masks are a function of (seed, i) alone and a restore replays them.
+
+Each is worked out once and passed on: `length_phases` is the one function that reads
+`config.data.length_phases` (a run's config check calls it, through
+`pipeline.check_config`), `schedule` the one that makes the stages of its result, and
+the run hands the `Schedule` to the pipeline and to the model's per-phase inputs.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Sequence
 
 from bertjax.errors import ConfigError
 
@@ -138,29 +144,51 @@ def phase_rows(rows: int, max_seq_length: int, length: int, schedule: BatchSched
   return tokens // length
 
 
-def stages(data_cfg, num_steps: int | None, rows: int,
-           schedule: BatchSchedule = BatchSchedule()) -> list[Stage]:
-  """The run's stages, in order: one per length phase (at its global rows, see
-  `phase_rows`), the first preceded by the batch-size warm-up's sizes. One-line
-  ConfigErrors: tokens that make no whole rows, a first phase whose rows the warm-up
-  cannot split into n + 1 equal parts, a warm-up as long as the first phase."""
+def row_lengths(phases: Sequence[tuple[int | None, int, int]]) -> list[int]:
+  """The row lengths of `phases` (`length_phases`' result), each once, ascending: the
+  rows a corpus is built or prepared at."""
+  return sorted({t for _, t, _ in phases})
+
+
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+  """A run's length phases and the stages of its global batch (`schedule`)."""
+
+  phases: tuple[tuple[int | None, int, int], ...]  # `length_phases`' (steps, length, P)
+  stages: tuple[Stage, ...]  # in order, the first at step 0
+  batches: BatchSchedule  # how the stages' rows were sized
+
+  @property
+  def lengths(self) -> list[int]:
+    """Each length phase's row length, in order."""
+    return [t for _, t, _ in self.phases]
+
+
+def schedule(phases: Sequence[tuple[int | None, int, int]], max_seq_length: int,
+             num_steps: int | None, rows: int, batches: BatchSchedule = BatchSchedule()
+             ) -> Schedule:
+  """The run's `Schedule` of `phases` (`length_phases(config.data, num_steps)`): a
+  stage per length phase (at its global rows, see `phase_rows`), the first preceded by
+  the batch-size warm-up's sizes. One-line ConfigErrors: tokens that make no whole
+  rows, a first phase whose rows the warm-up cannot split into n + 1 equal parts, a
+  warm-up as long as the first phase."""
   out, first = [], 0
-  for k, (steps, length, predictions) in enumerate(length_phases(data_cfg, num_steps)):
-    full = phase_rows(rows, data_cfg.max_seq_length, length, schedule)
+  for k, (steps, length, predictions) in enumerate(phases):
+    full = phase_rows(rows, max_seq_length, length, batches)
     element = 0
-    if k == 0 and schedule.warmup_tokens:
-      n = schedule.warmup_sizes
+    if k == 0 and batches.warmup_tokens:
+      n = batches.warmup_sizes
       if full % (n + 1):
         raise ConfigError(
             f"config.train.batch_warmup_sizes={n}: the first length phase's {full} rows "
             f"do not split into {n + 1} equal parts (sizes {full} * k / {n + 1}); choose "
             f"a batch_warmup_sizes + 1 that divides {full}.")
       sizes = [full * j // (n + 1) for j in range(1, n + 1)]
-      each = max(1, int(round(schedule.warmup_tokens / (length * sum(sizes)))))
+      each = max(1, int(round(batches.warmup_tokens / (length * sum(sizes)))))
       limit = steps if steps is not None else num_steps
       if limit is not None and n * each >= limit:
         raise ConfigError(
-            f"config.train.batch_warmup_tokens={schedule.warmup_tokens:,} takes {n} x "
+            f"config.train.batch_warmup_tokens={batches.warmup_tokens:,} takes {n} x "
             f"{each:,} steps, not fewer than the first length phase's {limit:,}; lower "
             "it or raise config.train.num_steps.")
       for size in sizes:
@@ -169,13 +197,13 @@ def stages(data_cfg, num_steps: int | None, rows: int,
       steps = None if steps is None else steps - n * each
     out.append(Stage(first, steps, length, full, predictions, k, element))
     first += steps or 0
-  return out
+  return Schedule(tuple(phases), tuple(out), batches)
 
 
-def check_divisible(schedule: list[Stage], devices: int, accum: int) -> None:
+def check_divisible(stages: Sequence[Stage], devices: int, accum: int) -> None:
   """Every stage's rows divide by the `devices` the batch is split over times the
   `accum` micro-batches (one-line ConfigError naming the first that does not)."""
-  for s in schedule:
+  for s in stages:
     if s.rows % (devices * accum):
       raise ConfigError(
           f"the global batch of {s.rows} rows x {s.length} tokens (from step "

@@ -28,9 +28,11 @@ Batch dict (numpy): input_ids, attention_mask, token_type_ids [b, T] int32;
 masked_lm_positions, masked_lm_ids [b, P] int32; masked_lm_weights [b, P] float32;
 next_sentence_labels [b] int32 (0 = B follows A, 1 = random B; only with NSP pairs:
 `sentence_pairs` of the objectives' fields);
-segment_ids, position_ids [b, T] int32 with config.data.isolate_documents; a length
-phase's constant inputs [b] float32 (ModernBERT's global_rope_theta).
-Evaluation batches add example_weights [b] float32 (0 for padding examples).
+segment_ids, position_ids [b, T] int32 with config.data.isolate_documents;
+span_left_positions, span_right_positions, span_relative_positions [b, P] int32 with
+span masking; a length phase's constant inputs [b] float32 (ModernBERT's
+global_rope_theta) (`batch_spec` lists them). Evaluation batches add example_weights
+[b] float32 (0 for padding examples).
 """
 
 from __future__ import annotations
@@ -285,13 +287,37 @@ def sentence_pairs(fields: Collection[str]) -> bool:
   return "next_sentence_labels" in fields
 
 
-def check_config(data_cfg, model, num_steps: int, trains_tokenizer: bool = True) -> None:
+def batch_spec(data_cfg, nsp: bool, rows: int, length: int, predictions: int,
+               inputs: Collection[str] = ()) -> dict[str, tuple[tuple[int, ...], Any]]:
+  """{field: (shape, dtype)} of a training batch of `rows` x `length` tokens with
+  `predictions` masked slots per row, as `build_pretraining_data` makes it (the module
+  docstring's batch dict; `nsp`: sentence pairs), with a length phase's constant
+  `inputs` (names): what a pod's plan compiles the train step for."""
+  B, T, P = rows, length, predictions
+  spec = {k: ((B, T), np.int32) for k in ("input_ids", "attention_mask", "token_type_ids")}
+  if nsp:
+    spec["next_sentence_labels"] = ((B,), np.int32)
+  if data_cfg.isolate_documents:
+    spec.update(segment_ids=((B, T), np.int32), position_ids=((B, T), np.int32))
+  spec.update(masked_lm_positions=((B, P), np.int32), masked_lm_ids=((B, P), np.int32),
+              masked_lm_weights=((B, P), np.float32))
+  if data_cfg.masking == "span":  # the span boundaries (`masking.mask_tokens`)
+    spec.update({k: ((B, P), np.int32) for k in (
+        "span_left_positions", "span_right_positions", "span_relative_positions")})
+  spec.update({k: ((B,), np.float32) for k in inputs})
+  return spec
+
+
+def check_config(data_cfg, model, num_steps: int, trains_tokenizer: bool = True
+                 ) -> list[tuple[int | None, int, int]]:
   """Every field of `config.data` in range (one ConfigError line each), given the
   model it feeds (`model`: the model's config dataclass) and the run's step count;
-  `trains_tokenizer`: False when the tokenizer comes from a checkpoint (init_from)."""
+  `trains_tokenizer`: False when the tokenizer comes from a checkpoint (init_from).
+  Returns the length phases (`phases.length_phases`: worked out here, once, for the
+  caller to pass on)."""
   d, tok = data_cfg, data_cfg.tokenizer
   at_least("data.max_seq_length", d.max_seq_length, MIN_SEQ_LENGTH)
-  if d.max_seq_length + model.position_offset > model.max_position_embeddings:
+  if d.max_seq_length > model.max_length:
     raise ConfigError(
         f"config.data.max_seq_length={d.max_seq_length} + config.model.position_offset="
         f"{model.position_offset} exceeds config.model.max_position_embeddings="
@@ -316,7 +342,7 @@ def check_config(data_cfg, model, num_steps: int, trains_tokenizer: bool = True)
   at_least("data.dupe_factor", d.dupe_factor, 1)
   one_of("data.packing", d.packing, builders.PACKINGS)
   one_of("data.line_breaks", d.line_breaks, sources.LINE_BREAKS)
-  length_phases(d, num_steps)
+  phases = length_phases(d, num_steps)
   masked_lm_prob_phases(d, num_steps)
   within("data.language_alpha", d.language_alpha, 0, 1)
   one_of("data.language_counts", d.language_counts, multilingual.COUNTS)
@@ -335,6 +361,7 @@ def check_config(data_cfg, model, num_steps: int, trains_tokenizer: bool = True)
           f"config.data.tokenizer.vocab_size={tok.vocab_size} is smaller than "
           f"config.model.vocab_size={model.vocab_size}: the trained tokenizer cannot "
           "fill the model's vocabulary; set both to the same size.")
+  return phases
 
 
 def _mask_schedule(cfg: masking.MaskingConfig, length: int, first: int,
@@ -364,14 +391,17 @@ def build_pretraining_data(data_cfg, tokenizer, *, batch_size: int, seed: int, n
                            num_steps: int | None = None,
                            batch_schedule: phases_lib.BatchSchedule = (
                                phases_lib.BatchSchedule()),
-                           phase_inputs: Sequence[dict[str, float]] = ()
+                           phase_inputs: Sequence[dict[str, float]] = (),
+                           schedule: phases_lib.Schedule | None = None
                            ) -> PretrainingData:
   """Builds the training stream and evaluation batches from `config.data`.
 
-  `batch_size` is the per-process batch at max_seq_length (`batch_schedule` sizes each
-  length phase's from it, by tokens and with a batch-size warm-up,
-  `bertjax.data.phases.stages`; a phase's held-out batches have its full batch's
-  rows); `phase_inputs` gives each length phase's constant per-row model inputs
+  `batch_size` is the per-process batch at max_seq_length; the run's `schedule`
+  (`bertjax.data.phases.Schedule`: its length phases and the stages of its global
+  batch, each phase's rows sized by tokens and with a batch-size warm-up) is given, or
+  worked out here from `num_steps`, `batch_size` x `process_count` and
+  `batch_schedule`; a phase's held-out batches have its full batch's rows.
+  `phase_inputs` gives each length phase's constant per-row model inputs
   (ModernBERT's `global_rope_theta`; () none), its training and held-out batches alike.
   With `nsp` (`sentence_pairs` of the run's objectives' fields: NSP reads
   next_sentence_labels) the examples are BERT's sentence pairs, otherwise packed rows
@@ -393,13 +423,14 @@ def build_pretraining_data(data_cfg, tokenizer, *, batch_size: int, seed: int, n
     raise ConfigError(f"process_index={process_index} must lie in [0, {process_count})")
   isolate = bool(data_cfg.isolate_documents)
   masking.MaskingConfig.create(data_cfg, tokenizer, np.ones(tokenizer.vocab_size))
-  phases = length_phases(data_cfg, num_steps)
-  stages = phases_lib.stages(data_cfg, num_steps, batch_size * process_count,
-                             batch_schedule)
+  schedule = schedule or phases_lib.schedule(
+      length_phases(data_cfg, num_steps), data_cfg.max_seq_length, num_steps,
+      batch_size * process_count, batch_schedule)
+  phases, stages = schedule.phases, schedule.stages
   if phase_inputs and len(phase_inputs) != len(phases):
     raise ConfigError(f"{len(phase_inputs)} phase inputs for {len(phases)} length phases")
   rates = masked_lm_prob_phases(data_cfg, num_steps)
-  lengths = sorted({t for _, t, _ in phases})
+  lengths = phases_lib.row_lengths(phases)
   sources = mixture.sources_of(data_cfg)
   counts_unit = multilingual.language_counts(data_cfg)
   fingerprint = None
@@ -438,13 +469,13 @@ def build_pretraining_data(data_cfg, tokenizer, *, batch_size: int, seed: int, n
                         f"length {length}, fewer than one batch of {rows} on each of "
                         f"{process_count} processes: use a smaller batch or a bigger "
                         "corpus")
-    schedule = _mask_schedule(
+    masks = _mask_schedule(
         dataclasses.replace(mask_cfg, max_predictions_per_seq=stage.predictions), length,
         stage.first_step, stage.steps, rates, mask_cfg.masked_lm_prob)
-    train_phases.append(Phase(stage.steps, phase_sources, weights, schedule[0][1],
-                              tuple(schedule[1:]), rows, stage.phase, stage.first_element,
+    train_phases.append(Phase(stage.steps, phase_sources, weights, masks[0][1],
+                              tuple(masks[1:]), rows, stage.phase, stage.first_element,
                               inputs_of(stage.phase)))
-    for b, c in schedule:  # (a stage of the batch-size warm-up changes no masking)
+    for b, c in masks:  # (a stage of the batch-size warm-up changes no masking)
       if not masking_phases or masking_phases[-1][1:] != (
           length, c.masked_lm_prob, c.max_predictions_per_seq):
         masking_phases.append((stage.first_step + b, length, c.masked_lm_prob,
@@ -487,7 +518,7 @@ def build_pretraining_data(data_cfg, tokenizer, *, batch_size: int, seed: int, n
                      for k, (steps, length, _) in enumerate(phases)],
           # (first step, length, global rows) of each batch shape, when they vary.
           **({"batches": [(s.first_step, s.length, s.rows) for s in stages]}
-             if len(stages) > len(phases) or batch_schedule.by_tokens else {}),
+             if len(stages) > len(phases) or schedule.batches.by_tokens else {}),
           **({"source_weights": dict(zip([s.name for s in sources],
                                          np.round(weights, 4).tolist()))}
              if weights else {}),

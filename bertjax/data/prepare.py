@@ -29,8 +29,8 @@ from ml_collections import config_flags
 
 from bertjax import writes
 from bertjax.console import cli
-from bertjax.data import (manifest, mixture, pipeline, prepare_examples, prepare_tokens,
-                          sources, vocab_extension)
+from bertjax.data import (manifest, mixture, phases, pipeline, prepare_examples,
+                          prepare_tokens, sources, vocab_extension)
 from bertjax.data import tokenizer as tok_lib
 from bertjax.errors import ConfigError
 from bertjax import objectives as objectives_lib
@@ -84,13 +84,13 @@ def prepare_config(config, *, input_spec: str | None, tokenizer_path: str | None
                         "config.init_from": init_from,
                         **{f"config.data ({s.name or 'corpus'})": s.spec
                            for s in mixture.sources_of(config.data)}})
-  pipeline.check_config(config.data, objectives.model, config.train.num_steps,
-                        trains_tokenizer=not init_from)
+  lengths = phases.row_lengths(pipeline.check_config(
+      config.data, objectives.model, config.train.num_steps, trains_tokenizer=not init_from))
   with tempfile.TemporaryDirectory() as tmp:
     if init_from:  # Tokenized as the continued run will tokenize it.
       tokenizer_path = _continued_tokenizer(config, tokenizer_path, tmp)
     yield from _prepare(config, objectives, input_spec, tokenizer_path, output, workers,
-                        chunk_documents, runner, beam_options)
+                        chunk_documents, runner, beam_options, lengths)
 
 
 def claim_output(output: str, inputs: dict[str, str]) -> None:
@@ -118,8 +118,8 @@ def _continued_tokenizer(config, given: str | None, tmp: str) -> str:
 
 
 def _prepare(config, objectives, input_spec, tokenizer_path, output, workers,
-             chunk_documents, runner, beam_options) -> Iterator[str]:
-  """`prepare_config` once its tokenizer is known."""
+             chunk_documents, runner, beam_options, lengths) -> Iterator[str]:
+  """`prepare_config` once its tokenizer is known; the examples at `lengths`."""
   nsp = pipeline.sentence_pairs(objectives.fields)
   data = config.data
   beam = _beam() if runner else None  # before any work: Beam may not be installed
@@ -143,11 +143,11 @@ def _prepare(config, objectives, input_spec, tokenizer_path, output, workers,
                                       data.text_field, line_breaks=data.line_breaks)
       yield " | ".join(f"{k} {v:,}" for k, v in totals.items())
     if runner:
-      built = beam.build(tokens, out, data, nsp=nsp, seed=config.seed,
+      built = beam.build(tokens, out, data, nsp=nsp, seed=config.seed, lengths=lengths,
                          runner=runner, options=beam_options)
     else:
-      built = prepare_examples.build(tokens, out, data, nsp=nsp,
-                                   seed=config.seed, workers=workers)
+      built = prepare_examples.build(tokens, out, data, nsp=nsp, seed=config.seed,
+                                     lengths=lengths, workers=workers)
     parts = [f"{split} {info['examples']:,}" for split, info in built["splits"].items()]
     yield (f"{name + ': ' if name else ''}examples {' | '.join(parts)} | documents "
            f"{built['documents']['train']:,} + {built['documents']['eval']:,} held out | "

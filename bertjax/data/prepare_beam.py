@@ -62,12 +62,13 @@ def parse_options(runner: str, options: str | Sequence[str]) -> beam_options.Pip
 
 
 def build(tokens: str, output: str, data_cfg, *, nsp: bool, seed: int,
-          runner: str = "DirectRunner", options: str | Sequence[str] = ()
-          ) -> dict[str, Any]:
+          lengths: Sequence[int], runner: str = "DirectRunner",
+          options: str | Sequence[str] = ()) -> dict[str, Any]:
   """`prepare_examples.build` with the units run by the Beam `runner` (its `options`,
   see `parse_options`); returns the manifest."""
   start = time.perf_counter()
-  plan = prepare_examples.plan(tokens, output, data_cfg, nsp=nsp, seed=seed)
+  plan = prepare_examples.plan(tokens, output, data_cfg, nsp=nsp, seed=seed,
+                               lengths=lengths)
   if plan.todo:
     with beam.Pipeline(options=parse_options(runner, options)) as pipeline:
       _ = (pipeline

@@ -27,7 +27,7 @@ import json
 import multiprocessing
 import os
 import time
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Sequence
 
 from etils import epath
 import numpy as np
@@ -73,7 +73,8 @@ class SplitDocuments:
     return k[(k >= 0) & (k < self._len)]
 
 
-def _settings(data_cfg, nsp: bool, seed: int, tokens: str) -> dict[str, Any]:
+def _settings(data_cfg, nsp: bool, seed: int, tokens: str, lengths: Sequence[int]
+              ) -> dict[str, Any]:
   """What the examples depend on: a rerun into the same directory must match."""
   builder = manifest.builder_name(nsp, data_cfg.packing)
   return {
@@ -82,7 +83,7 @@ def _settings(data_cfg, nsp: bool, seed: int, tokens: str) -> dict[str, Any]:
       "short_seq_prob": data_cfg.short_seq_prob if nsp else None,
       "eval_fraction": data_cfg.eval_fraction,
       "seed": seed,
-      "train_lengths": manifest.phase_lengths(data_cfg),
+      "train_lengths": list(lengths),
       "tokenizer_fingerprint": prepare_tokens.summary(tokens).get("tokenizer_fingerprint"),
       # Tokenized before the setting was recorded: a line break was a space.
       "line_breaks": prepare_tokens.summary(tokens).get("line_breaks", "space"),
@@ -170,11 +171,14 @@ class Plan(NamedTuple):
                         f"part-{shard:05d}{rows_lib.SUFFIX}")
 
 
-def plan(tokens: str, output: str, data_cfg, *, nsp: bool, seed: int) -> Plan:
+def plan(tokens: str, output: str, data_cfg, *, nsp: bool, seed: int,
+         lengths: Sequence[int]) -> Plan:
   """Checks the settings (a rerun must match the output's), writes them and the split
   directories, and lists the units still to build (a unit is done once its `.json`
-  exists). Leaves this process initialised as a worker."""
-  settings = _settings(data_cfg, nsp, seed, tokens)
+  exists) at each of `lengths` (the row lengths training reads, ascending:
+  `phases.row_lengths` of the config's length phases). Leaves this process initialised
+  as a worker."""
+  settings = _settings(data_cfg, nsp, seed, tokens, lengths)
   os.makedirs(output, exist_ok=True)
   settings_path = os.path.join(output, manifest.SETTINGS)
   if os.path.exists(settings_path):
@@ -258,13 +262,14 @@ def finish(plan_: Plan, start: float) -> dict[str, Any]:
   return out
 
 
-def build(tokens: str, output: str, data_cfg, *, nsp: bool, seed: int, workers: int = 1,
-          progress: bool = True) -> dict[str, Any]:
-  """Builds `data_cfg`'s examples from the tokenized directory `tokens` into `output`
-  with `workers` processes (0: in this one); returns the manifest. (`prepare_beam`
-  runs the same units on Apache Beam.)"""
+def build(tokens: str, output: str, data_cfg, *, nsp: bool, seed: int,
+          lengths: Sequence[int], workers: int = 1, progress: bool = True
+          ) -> dict[str, Any]:
+  """Builds `data_cfg`'s examples at `lengths` (`plan`) from the tokenized directory
+  `tokens` into `output` with `workers` processes (0: in this one); returns the
+  manifest. (`prepare_beam` runs the same units on Apache Beam.)"""
   start = time.perf_counter()
-  plan_ = plan(tokens, output, data_cfg, nsp=nsp, seed=seed)
+  plan_ = plan(tokens, output, data_cfg, nsp=nsp, seed=seed, lengths=lengths)
   with contextlib.ExitStack() as stack:
     if workers > 0:
       pool = stack.enter_context(multiprocessing.get_context("spawn").Pool(

@@ -135,7 +135,7 @@ class Embedder:
     config = pretrained.config
     self.tokenizer = pretrained.tokenizer
     self.layers = parse_layers(layers, config.num_layers)
-    self.max_length = min(max_length, config.max_position_embeddings - config.position_offset)
+    self.max_length = min(max_length, config.max_length)
     self.window = self.max_length - self.tokenizer.num_special(False)
     if self.window < 2:
       raise ConfigError(f"max_length={max_length} leaves {self.window} tokens per "

@@ -85,17 +85,12 @@ def hf_dropouts(config) -> Any:
   return dataclasses.replace(config, **{k: getattr(back, k) for k in names})
 
 
-def _max_length(config) -> int:
-  """The tokens a row of the model may hold (tokenizer_config.json's model_max_length)."""
-  return config.max_position_embeddings - config.position_offset
-
-
 def save_hf(directory: str, params: dict, config, tokenizer) -> str:
   """Writes config.json, model.safetensors and the tokenizer files of a Hugging Face
   model dir that `transformers.AutoModel*.from_pretrained` loads. Returns its
   model_type."""
   table = family_table(config.family)
-  kind = files.save_hf_tokenizer(directory, tokenizer, _max_length(config),
+  kind = files.save_hf_tokenizer(directory, tokenizer, config.max_length,
                                  table.TOKENIZER_JSON)
   hf_config, state = table.export_pretrained(params, config, tokenizer, kind)
   files.write(directory, hf_config, state)
@@ -122,7 +117,7 @@ def save_hf_finetuned(directory: str, finetuned) -> str:
     raise CheckpointError("a feature-based tagger (config.task.features) has no Hugging "
                           "Face class: use python -m bertjax.predict on it.")
   table = family_table(finetuned.model.family)
-  kind = files.save_hf_tokenizer(directory, finetuned.tokenizer, _max_length(finetuned.model),
+  kind = files.save_hf_tokenizer(directory, finetuned.tokenizer, finetuned.model.max_length,
                                  table.TOKENIZER_JSON)
   hf_config, state = table.export_finetuned(finetuned, kind)
   files.write(directory, hf_config, state)

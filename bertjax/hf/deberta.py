@@ -317,10 +317,9 @@ def export(params: dict, config: DebertaConfig, task: str | None = None,
   state = params_to_hf(params, config, task)
   arch = (TASK_CLASSES[task][0] if task else
           "DebertaV2ForMaskedLM" if "mlm" in params else "DebertaV2Model")
-  if task in ("classification", "tagging", "squad"):  # num_labels: the classifier's rows
-    rows = state["qa_outputs.weight" if task == "squad" else "classifier.weight"].shape[0]
-    extra = {**engine.label_config(labels, rows), **(extra or {})}
-  return hf_config(config, arch, extra), state
+  classifier = {"classification": "classifier.weight", "tagging": "classifier.weight",
+                "squad": "qa_outputs.weight"}.get(task)
+  return engine.exported(hf_config, config, arch, state, labels, extra, classifier)
 
 
 def _token_ids(tokenizer) -> dict[str, int]:

@@ -187,11 +187,9 @@ def export(params: dict, config: ElectraConfig, task: str | None = None,
   state = engine.write(params, param_table(config, prefix, mlm, rtd, task))
   if mlm:
     state[_DECODER] = state[prefix + _WORD_EMBEDDINGS].copy()
-  if task in ("classification", "tagging", "squad"):  # num_labels: the classifier's rows
-    rows = state[{"classification": "classifier.out_proj.weight", "squad": "qa_outputs.weight"
-                  }.get(task, "classifier.weight")].shape[0]
-    extra = {**engine.label_config(labels, rows), **(extra or {})}
-  return hf_config(config, arch, extra), state
+  classifier = {"classification": "classifier.out_proj.weight",
+                "tagging": "classifier.weight", "squad": "qa_outputs.weight"}.get(task)
+  return engine.exported(hf_config, config, arch, state, labels, extra, classifier)
 
 
 def _token_ids(tokenizer) -> dict[str, int]:

@@ -197,13 +197,8 @@ def params_to_hf(params: dict, config: EuroBertConfig, task: str | None = None
   """A Hugging Face state dict (float32 numpy, either layout in): EuroBertForMaskedLM's
   keys when `params` has 'mlm' ({} for a tied decoder without bias), a
   EuroBertFor<task>'s when `task`, else a bare EuroBertModel's."""
-  params = engine.unscanned(params, config)
-  mlm = task is None and "mlm" in params
-  prefix = "model." if mlm or task else ""
-  state = engine.write(params, param_table(config, prefix, mlm, task))
-  if mlm and config.tie_word_embeddings:
-    state["lm_head.weight"] = state[prefix + _EMBEDDINGS].copy()
-  return state
+  return engine.params_to_hf(params, config, param_table, "model.", task, _EMBEDDINGS,
+                             ("lm_head.weight",) if config.tie_word_embeddings else ())
 
 
 def export(params: dict, config: EuroBertConfig, task: str | None = None,
@@ -214,10 +209,8 @@ def export(params: dict, config: EuroBertConfig, task: str | None = None,
   state = params_to_hf(params, config, task)
   arch = (TASK_CLASSES[task][0] if task else
           "EuroBertForMaskedLM" if "lm_head.weight" in state else "EuroBertModel")
-  if task:
-    rows = state["classifier.weight"].shape[0]
-    extra = {**engine.label_config(labels, rows), **(extra or {})}
-  return hf_config(config, arch, extra), state
+  return engine.exported(hf_config, config, arch, state, labels, extra,
+                         "classifier.weight" if task else None)
 
 
 def token_ids(tokenizer) -> dict[str, int]:

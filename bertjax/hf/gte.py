@@ -295,10 +295,8 @@ class Table:
     state = self.params_to_hf(params, config, task)
     arch = (self.task_classes[task][0] if task else f"{self.classes}ForMaskedLM"
             if f"{self.mlm['dense']}.weight" in state else f"{self.classes}Model")
-    if task is not None:
-      rows = state["classifier.weight"].shape[0]
-      extra = {**engine.label_config(labels, rows), **(extra or {})}
-    return self.config_to_hf(config, arch, extra), state
+    return engine.exported(self.config_to_hf, config, arch, state, labels, extra,
+                           "classifier.weight" if task else None)
 
   def pretraining_model(self, config) -> tuple[dict[str, Any], Any]:
     """transformers' class pretraining `config` (ForMaskedLM, no pooler: it computes the

@@ -255,13 +255,8 @@ def params_to_hf(params: dict, config: ModernBertConfig, task: str | None = None
   """A Hugging Face state dict (float32 numpy, either layout in): the
   ModernBertForMaskedLM keys when `params` has 'mlm' (decoder.weight a copy of the
   embedding), a ModernBertFor<task> when `task`, else a bare ModernBertModel's."""
-  params = engine.unscanned(params, config)
-  mlm = task is None and "mlm" in params
-  prefix = "model." if mlm or task else ""
-  state = engine.write(params, param_table(config, prefix, mlm, task))
-  if mlm:
-    state["decoder.weight"] = state[prefix + _EMBEDDINGS].copy()
-  return state
+  return engine.params_to_hf(params, config, param_table, "model.", task, _EMBEDDINGS,
+                             ("decoder.weight",))
 
 
 def export(params: dict, config: ModernBertConfig, task: str | None = None,
@@ -274,10 +269,9 @@ def export(params: dict, config: ModernBertConfig, task: str | None = None,
   state = params_to_hf(params, config, task)
   arch = (TASK_CLASSES[task][0] if task else
           "ModernBertForMaskedLM" if "decoder.weight" in state else "ModernBertModel")
-  if task in ("classification", "tagging", "squad"):  # num_labels: the classifier's rows
-    rows = state["classifier.weight"].shape[0]
-    extra = {**engine.label_config(labels, rows), **(extra or {})}
-  return hf_config(config, arch, extra), state
+  labelled = task in ("classification", "tagging", "squad")  # the classifier's rows
+  return engine.exported(hf_config, config, arch, state, labels, extra,
+                         "classifier.weight" if labelled else None)
 
 
 def _token_ids(tokenizer) -> dict[str, int]:

@@ -231,6 +231,37 @@ def unscanned(params: dict, config) -> dict:
   return model_lib.family_of(config).to_layout(params, False)
 
 
+def params_to_hf(params: dict, config, param_table: Callable[..., list[Entry]],
+                 prefix: str, task: str | None = None, embedding: str = "",
+                 tied: Sequence[str] = ()) -> dict[str, np.ndarray]:
+  """A Hugging Face state dict (float32 numpy) of `params` (either layout) through a
+  family's `param_table(config, prefix, mlm, task)`: its For* classes' keys, the encoder
+  under `prefix`, when `params` has 'mlm' (and there is no `task`) or with a `task`,
+  else the bare encoder's (no prefix). With the MLM head, each key of `tied` (a decoder
+  Hugging Face ties) holds a copy of the token embedding (the key `embedding` after the
+  prefix)."""
+  params = unscanned(params, config)
+  mlm = task is None and "mlm" in params
+  prefix = prefix if mlm or task else ""
+  state = write(params, param_table(config, prefix, mlm, task))
+  for key in tied if mlm else ():
+    state[key] = state[prefix + embedding].copy()
+  return state
+
+
+def exported(hf_config: Callable[..., dict], config, architecture: str,
+             state: dict[str, np.ndarray], labels: Sequence[str] | None = None,
+             extra: dict | None = None, classifier: str | None = None
+             ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+  """(config.json, `state`) of the Hugging Face `architecture` holding a family's export:
+  `hf_config(config, architecture, extra)`, where a task head's `classifier` (its key in
+  `state`; None: a model without one) adds the id2label / label2id of its rows, named
+  by `labels` (`label_config`), ahead of `extra`."""
+  if classifier is not None:
+    extra = {**label_config(labels, state[classifier].shape[0]), **(extra or {})}
+  return hf_config(config, architecture, extra), state
+
+
 def check_shapes(params: dict, config) -> None:
   """CheckpointError naming the first parameter whose shape is not the one the
   pretraining model of `config` (unscanned, every head it has) gives it."""

@@ -193,13 +193,8 @@ def params_to_hf(params: dict, config: UltraBertConfig, task: str | None = None
   """A Hugging Face state dict (float32 numpy, either layout in): UltrabertForMaskedLM's
   keys when `params` has 'mlm', an UltrabertFor<task>'s when `task`, else a bare
   UltrabertModel's."""
-  params = engine.unscanned(params, config)
-  mlm = task is None and "mlm" in params
-  prefix = "model." if mlm or task else ""
-  state = engine.write(params, param_table(config, prefix, mlm, task))
-  if mlm and config.tie_word_embeddings:
-    state["head.decoder.weight"] = state[prefix + _EMBEDDINGS].copy()
-  return state
+  return engine.params_to_hf(params, config, param_table, "model.", task, _EMBEDDINGS,
+                             ("head.decoder.weight",) if config.tie_word_embeddings else ())
 
 
 def export(params: dict, config: UltraBertConfig, task: str | None = None,
@@ -209,10 +204,9 @@ def export(params: dict, config: UltraBertConfig, task: str | None = None,
   state = params_to_hf(params, config, task)
   arch = (TASK_CLASSES[task][0] if task else
           "UltrabertForMaskedLM" if "head.linear1.weight" in state else "UltrabertModel")
-  if task in ("classification", "tagging"):
-    rows = state["classifier.weight"].shape[0]
-    extra = {**engine.label_config(labels, rows), **(extra or {})}
-  return hf_config(config, arch, extra), state
+  labelled = task in ("classification", "tagging")  # the classifier's rows
+  return engine.exported(hf_config, config, arch, state, labels, extra,
+                         "classifier.weight" if labelled else None)
 
 
 def _token_ids(tokenizer) -> dict[str, int]:

@@ -96,6 +96,12 @@ class FamilyConfig:
     return self.hidden_size // self.num_heads
 
   @property
+  def max_length(self) -> int:
+    """The tokens a row may hold: the positions from `position_offset` (each family's
+    config answers it) to `max_position_embeddings`."""
+    return self.max_position_embeddings - self.position_offset
+
+  @property
   def num_kv_heads(self) -> int:
     """K, the key / value heads (grouped-query attention when < num_heads)."""
     return self.num_heads

@@ -17,7 +17,8 @@ from); tests/test_family_conformance.py then tests it. The file supplies exactly
    `family`, `vocab_size`, `hidden_size`, `embedding_size` (the token embedding's
    width: `hidden_size` unless the family projects), `num_layers`, `num_heads`, `head_dim`,
    `intermediate_size`, `max_position_embeddings`, `pad_token_id`,
-   `position_offset` (0 unless positions start past the padding id),
+   `position_offset` (0 unless positions start past the padding id), `max_length`
+   (the tokens a row may hold: `FamilyConfig`'s, from the two),
    `type_vocab_size` (token types it embeds, 0 for none), `nsp`, `sbo`, `pooler`
    (booleans: the heads and slot it has; class constants where it has none),
    `decoder_bias` (the MLM head's vocabulary bias), `tie_word_embeddings` (the MLM

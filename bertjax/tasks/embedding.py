@@ -218,9 +218,8 @@ def load_encoder(path: str, max_seq_length: int = 0) -> Encoder:
     logging.info("%s is no sentence-transformers folder: mean pooling, normalised.", path)
   pretrained = load_pretrained(path)
   config = pretrained.config
-  limit = config.max_position_embeddings - config.position_offset
   settings = dataclasses.replace(settings, max_seq_length=min(
-      max_seq_length or settings.max_seq_length, limit))
+      max_seq_length or settings.max_seq_length, config.max_length))
   return encoder_of(config, pretrained.params["encoder"], pretrained.tokenizer, settings)
 
 

@@ -404,10 +404,9 @@ def _check(config, model: Any) -> None:
   window longer than `task.max_seq_length` is no error here, unlike in pretraining
   (`modernbert.check_window`): the window is the pretrained model's, and rows shorter
   than it (short tasks, small buckets) are attended whole, as Hugging Face does."""
-  if config.task.max_seq_length + model.position_offset > model.max_position_embeddings:
+  if config.task.max_seq_length > model.max_length:
     raise ConfigError(f"config.task.max_seq_length={config.task.max_seq_length} exceeds "
-                      f"the model's {model.max_position_embeddings - model.position_offset} "
-                      "positions.")
+                      f"the model's {model.max_length} positions.")
   k = config.freeze.top_k_layers
   if k > model.num_layers:
     raise ConfigError(f"config.freeze.top_k_layers={k} exceeds the model's "

@@ -87,11 +87,12 @@ def get_tokenizer(config, workdir: str, fresh: Callable[[], tok_lib.Tokenizer] |
   return tokenizer
 
 
-def check_config(config: ml_collections.ConfigDict) -> None:
+def check_config(config: ml_collections.ConfigDict) -> phases.Schedule:
   """Every field of a pretraining config (configs/bert_base.py) in range, each section
   by its owner (the objectives, the model's dataclass, `trainer.check_config`,
   `pipeline.check_config`, `evaluators.evals_of`): one ConfigError line, before
-  anything slow starts (`run` and `prepare --config` call it once)."""
+  anything slow starts (`run` calls it once). Returns the run's length phases and the
+  stages of its global batch (`phases.schedule`), which `run` passes on."""
   model = objectives_lib.check(config).model
   t = config.train
   at_least("train.num_steps", t.num_steps, 1)
@@ -108,17 +109,22 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   at_least("train.eval_batches", t.eval_batches, 0)
   evaluators.evals_of(config)
   continued.check_config(config)
-  pipeline.check_config(config.data, model, t.num_steps,
-                        trains_tokenizer=not config.init_from)
-  phases.stages(config.data, t.num_steps, t.batch_size, phases.BatchSchedule.from_config(t))
-  phase_inputs(config)
+  length_phases = pipeline.check_config(config.data, model, t.num_steps,
+                                        trains_tokenizer=not config.init_from)
+  schedule = phases.schedule(length_phases, config.data.max_seq_length, t.num_steps,
+                             t.batch_size, phases.BatchSchedule.from_config(t))
+  phase_inputs(config, schedule)
+  return schedule
 
 
-def phase_inputs(config: ml_collections.ConfigDict) -> list[dict[str, float]]:
+def phase_inputs(config: ml_collections.ConfigDict,
+                 schedule: phases.Schedule | None = None) -> list[dict[str, float]]:
   """Each length phase's constant per-row inputs of the run's model (the objectives'
   exported network: `Family.phase_inputs`, a one-line ConfigError when the model
-  cannot train at a phase's length)."""
-  lengths = [t for _, t, _ in phases.length_phases(config.data, config.train.num_steps)]
+  cannot train at a phase's length), at the phases of `schedule` (the run's,
+  `check_config`'s; None: `config`'s length phases)."""
+  lengths = (schedule.lengths if schedule else
+             [t for _, t, _ in phases.length_phases(config.data, config.train.num_steps)])
   model = objectives_lib.from_config(config).model
   return model_lib.family_of(model).phase_inputs(model, lengths)
 
@@ -148,7 +154,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   writes.claim(workdir, writes.PRETRAINING, inputs=inputs(config))
   start = continued.open_run(config, workdir) if config.init_from else None
   config = start.config if start else config
-  check_config(config)
+  schedule = check_config(config)
   changes = workdir_lib.check_resume(workdir, config)
   if jax.process_index() == 0:
     writes.record(workdir, writes.PRETRAINING)
@@ -159,17 +165,16 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   objectives = objectives_lib.from_config(config)
   setup = state_lib.build_trainer(config)
   model = objectives.model
-  batches = phases.BatchSchedule.from_config(config.train)
-  phases.check_divisible(
-      phases.stages(config.data, config.train.num_steps, config.train.batch_size, batches),
-      mesh_lib.data_parallel_size(setup.mesh, setup.rules), config.train.grad_accum_steps)
+  phases.check_divisible(schedule.stages,
+                         mesh_lib.data_parallel_size(setup.mesh, setup.rules),
+                         config.train.grad_accum_steps)
   tokenizer = tokenizer or get_tokenizer(config, workdir)
   data = pipeline.build_pretraining_data(
       config.data, tokenizer, batch_size=config.train.batch_size // jax.process_count(),
       seed=config.seed, nsp=pipeline.sentence_pairs(objectives.fields),
       process_index=jax.process_index(), process_count=jax.process_count(),
       position_offset=model.position_offset, num_steps=config.train.num_steps,
-      batch_schedule=batches, phase_inputs=phase_inputs(config))
+      phase_inputs=phase_inputs(config, schedule), schedule=schedule)
   for change in changes:
     logging.info("Resuming with %s.", change)
   workdir_lib.save_config(workdir, config)
