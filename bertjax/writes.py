@@ -408,7 +408,7 @@ COMMANDS = (
              "--output whole (the tokenizer's files)",
              "with --overwrite: the tokenizer files there", "--input",
              ("output_is_input", "dst_not_empty")),
-    Contract("python -m bertjax.benchmark (--dir, --scale_dir, --workdir, --trace_dir)",
+    Contract("python -m bertjax.benchmark (--scale_dir, --workdir, --trace_dir), python -m benchmarks (--dir)",
              "its directory (run.json, the runs and data it measures, its report)",
              "its own earlier results there (a rerun keeps what it can), its --json report",
              "a run's workdir or any folder another command made",

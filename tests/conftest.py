@@ -125,7 +125,7 @@ FIRST = ("test_readme.py",)
 
 def pytest_collection_modifyitems(config, items):
   """On the CPU, FIRST's modules first (pytest-xdist hands modules out in this order);
-  on another platform, the files in the order given (`benchmark gpu`'s tests part puts
+  on another platform, the files in the order given (`benchmarks gpu`'s tests part puts
   what has not passed there first) and CPU_ONLY tests skip with their reason."""
   del config
   module = lambda item: os.path.basename(item.nodeid.split("::")[0])  # noqa: E731

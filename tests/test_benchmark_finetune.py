@@ -1,4 +1,4 @@
-"""`python -m bertjax.benchmark finetune`: the generated task, and the whole benchmark
+"""`python -m benchmarks finetune`: the generated task, and the whole benchmark
 (bertjax.finetune, bucketed and by default, next to the Hugging Face reference, one
 seed) on a tiny BERT."""
 
@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from bertjax.benchmarks import finetune
+from benchmarks import finetune
 from tests.test_readme import documented
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -31,13 +31,13 @@ def test_the_generated_task_is_deterministic_balanced_and_disjoint(tmp_path):
   assert all(5 <= len(s.split()) <= 40 for s in sentences)
 
 
-def _run(tiny_hf_bert, tmp_path, snippet):
-  """The README's command holding `snippet` on the tiny BERT and 24 sentences of 2
+def _run(tiny_hf_bert, tmp_path, snippet, *extra):
+  """reports/finetuning_speed.md's command holding `snippet` on the tiny BERT and 24 sentences of 2
   labels, one epoch: (what it printed, its JSON)."""
   out = tmp_path / "bench.json"
-  cmd = documented("README.md", snippet, f"--model={tiny_hf_bert}", "--labels=2",
+  cmd = documented("reports/finetuning_speed.md", snippet, f"--model={tiny_hf_bert}", "--labels=2",
                    "--train_per_label=8", "--dev_per_label=4", "--epochs=1", "--batch=8",
-                   "--max_seq_length=32", f"--json={out}")
+                   "--max_seq_length=32", f"--json={out}", *extra)
   proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=REPO,
                         env={**os.environ, "JAX_NUM_CPU_DEVICES": "1"})
   assert proc.returncode == 0, proc.stderr[-3000:]
@@ -46,7 +46,7 @@ def _run(tiny_hf_bert, tmp_path, snippet):
 
 @pytest.mark.slow
 def test_benchmark_cli_on_a_tiny_bert(tiny_hf_bert, tmp_path):
-  """The README's first command, one seed of each framework (bucketed and default
+  """reports/finetuning_speed.md's first command, one seed of each framework (bucketed and default
   batching): wall times, dev accuracies, the ratio to Hugging Face and the table."""
   printed, result = _run(tiny_hf_bert, tmp_path, "--batching=bucket,auto")
   assert "| bertjax_bucket |" in printed and "| hf |" in printed
@@ -63,9 +63,14 @@ def test_benchmark_cli_on_a_tiny_bert(tiny_hf_bert, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("snippet, seeds", [("--seeds=0,1 --cache=cold", 2),
-                                            ("--hf_threads=1", 1)])
-def test_the_other_documented_commands(tiny_hf_bert, tmp_path, snippet, seeds):
-  """The README's second (two seeds) and third (torch on one thread) commands."""
-  _, result = _run(tiny_hf_bert, tmp_path, snippet)
-  assert [len(result["runs"][name]) for name in ("bertjax_auto", "hf")] == [seeds, seeds]
+def test_the_other_documented_commands(tiny_hf_bert, tmp_path):
+  """reports/finetuning_speed.md's second command (two seeds) is its third's (torch on
+  one thread) but for its seeds and threads: the third run with the second's two seeds
+  covers both in one run."""
+  seeds = documented("reports/finetuning_speed.md", "--seeds=0,1 --cache=cold")
+  threads = documented("reports/finetuning_speed.md", "--hf_threads=1")
+  assert [w for w in seeds if not w.startswith("--seeds")] == [
+      w for w in threads if not w.startswith(("--seeds", "--hf_threads"))]
+  _, result = _run(tiny_hf_bert, tmp_path, "--hf_threads=1", "--seeds=0,1")
+  assert [len(result["runs"][name]) for name in ("bertjax_auto", "hf")] == [2, 2]
+  assert result["config"]["hf_threads"] == 1

@@ -1,4 +1,4 @@
-"""`python -m bertjax.benchmark gpu`, the one-call GPU check, on the CPU: its dry run
+"""`python -m benchmarks gpu`, the one-call GPU check, on the CPU: its dry run
 (the same parts and flags at tiny sizes) writes the table and the JSON with every part
 ok or skipped with its reason; a part that fails, hangs or finds the budget spent is
 recorded and the next one runs; the real plan passes no flag the dry run does not
@@ -17,7 +17,8 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from bertjax.benchmarks import gpu, gpu_report, trace
+from benchmarks import gpu, gpu_report
+from bertjax.benchmarks import trace
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # One part of each kind, a train part with the profile and one against Hugging Face
@@ -30,7 +31,7 @@ DRY_PARTS = "smoke,bert_base_128,levers,tests,modernbert_1024_hf,kernels,memory"
 def test_dry_run_writes_the_table_and_json_with_every_part_accounted(tmp_path):
   out = tmp_path / "out"
   proc = subprocess.run(
-      [sys.executable, "-m", "bertjax.benchmark", "gpu", "--dry_run", f"--out={out}",
+      [sys.executable, "-m", "benchmarks", "gpu", "--dry_run", f"--out={out}",
        f"--parts={DRY_PARTS}", "--cache_dir=",
        "--tests=tests/test_attention_paths.py::test_kernel_path"],
       cwd=REPO, capture_output=True, text=True, check=False, timeout=900)

@@ -1,4 +1,4 @@
-"""`benchmark pretrain_fidelity` at a tiny size, in this process: the docstrings of
+"""`benchmarks pretrain_fidelity` at a tiny size, in this process: the docstrings of
 Python's `json` package, a 2-layer ModernBERT, 6 steps of each side; the corpus reaches
 bertjax (its text reader, sentence split, tokenizer, 'stream' packing) and the PyTorch
 loop (transformers' tokenizer of the same text) as the same tokens; both models are
@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("optimi")
 
-from bertjax.benchmarks import docstrings, pretrain_fidelity as pf  # pylint: disable=wrong-import-position
+from benchmarks import docstrings, pretrain_fidelity as pf  # pylint: disable=wrong-import-position
 from bertjax import model as model_lib  # pylint: disable=wrong-import-position
 from bertjax.data import builders, pipeline, sources  # pylint: disable=wrong-import-position
 from bertjax.data import tokenizer as tok_lib  # pylint: disable=wrong-import-position

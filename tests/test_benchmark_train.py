@@ -153,13 +153,13 @@ def test_gpu_peaks_per_exact_device_kind(kind, name, peak):
 
 @pytest.mark.slow
 def test_modernbert_cli_against_hugging_face(tmp_path):
-  """The README's `taskset -c 0 ... benchmark train --compare=hf` on modernbert_tiny,
+  """reports/training_step.md's `taskset -c 0 ... benchmark train --compare=hf` on modernbert_tiny,
   shrunk (4 blocks: 0 and 3 global, a 16-token half-window in 1 and 2, T=64):
   ModernBertForMaskedLM with our parameters' shapes, finite losses, ModernBERT's FLOPs
   (Hugging Face's with the MLM logits at every position), the recipe's 30% masked
   positions, a speed-up."""
   out = tmp_path / "bench.json"
-  cmd = documented("README.md", "--config=configs/modernbert_tiny.py --steps=8 --compare=hf",
+  cmd = documented("reports/training_step.md", "--config=configs/modernbert_tiny.py --steps=8 --compare=hf",
                    "--config.model.hidden_size=32", "--config.model.num_heads=2",
                    "--config.model.intermediate_size=48", "--config.model.vocab_size=128",
                    "--batch=4", "--seq=64", "--steps=2", "--warmup=1", f"--json={out}")
@@ -182,11 +182,11 @@ def test_modernbert_cli_against_hugging_face(tmp_path):
 
 
 def test_bert_tiny_one_core_command_is_the_first_one_pinned():
-  """The README's one-core `taskset -c 0 ... benchmark train` of bert_tiny is its first
+  """reports/training_step.md's one-core `taskset -c 0 ... benchmark train` of bert_tiny is its first
   `benchmark train --compare=hf` pinned to core 0: the same program and flags, which
   tests/test_flops.py's test_benchmark_cli_on_bert_tiny runs on one device."""
-  one_core = documented("README.md", "taskset -c 0 python -m bertjax.benchmark train "
+  one_core = documented("reports/training_step.md", "taskset -c 0 python -m bertjax.benchmark train "
                         "--config=configs/bert_tiny.py --steps=8 --compare=hf")
   assert one_core[:3] == ["taskset", "-c", "0"]
-  assert one_core[3:] == documented("README.md", "python -m bertjax.benchmark train "
+  assert one_core[3:] == documented("reports/training_step.md", "python -m bertjax.benchmark train "
                                     "--config=configs/bert_tiny.py --steps=8 --compare=hf")

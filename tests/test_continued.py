@@ -647,10 +647,10 @@ def test_a_modernbert_and_a_bertjax_workdir_continue(corpus, tmp_path):
 
 @pytest.mark.slow
 def test_a_hugging_face_loop_continues_the_same_way(checkpoints, corpus, tmp_path):
-  """`benchmark continued_hf`: from a continued run's workdir (vocabulary extended),
+  """`benchmarks continued_hf`: from a continued run's workdir (vocabulary extended),
   the rebuilt start exported to transformers gives the run's held-out figures at step
   0, and without dropout its AdamW loop on the run's batches ends where the run does."""
-  from bertjax.benchmarks import continued_hf  # pylint: disable=g-import-not-at-top
+  from benchmarks import continued_hf  # pylint: disable=g-import-not-at-top
   c = cont_config(checkpoints["wordpiece"], corpus, num_steps=4, eval_every=4,
                   checkpoint_every=4)
   c.vocab_extension.tokens_file = _tokens_file(tmp_path)

@@ -1,4 +1,4 @@
-"""`python -m bertjax.benchmark electra_claim` (bertjax/benchmarks/electra_claim.py) at a
+"""`python -m benchmarks electra_claim` (benchmarks/electra_claim.py) at a
 tiny size: the recipes' pair at equal training FLOPs by the project's counter, both
 pretrained, each fine-tuned on a real-text task with two seeds, the table written."""
 
@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from bertjax.benchmarks import electra_claim, text_tasks
+from benchmarks import electra_claim, text_tasks
 from tests.helpers import tiny_config
 from tests.rtd_helpers import TOKENIZER, rtd_config
 
@@ -116,7 +116,7 @@ def test_held_out_reads_each_objective():
 
 
 def test_the_docstrings_corpus_is_written_once(tmp_path, monkeypatch):
-  from bertjax.benchmarks import docstrings
+  from benchmarks import docstrings
   source = tmp_path / "src"
   source.mkdir()
   document = "A module docstring of more than eight words, a document."

@@ -98,7 +98,7 @@ def test_device_peaks():
                                                  devices=jax.devices()) > 0
 
 
-# The README's commands of `benchmark train --compare=hf` on bert_tiny, shrunk (later
+# reports/training_step.md's commands of `benchmark train --compare=hf` on bert_tiny, shrunk (later
 # flags win): 2 layers of hidden 32, batches of 8 x 32, 2 timed steps.
 TINY = ("--config.model.num_layers=2", "--config.model.hidden_size=32",
         "--config.model.num_heads=2", "--config.model.intermediate_size=64",
@@ -107,13 +107,13 @@ TINY = ("--config.model.num_layers=2", "--config.model.hidden_size=32",
 
 @pytest.mark.slow
 def test_benchmark_cli_with_hf_comparison(tmp_path):
-  """The README's `python -m bertjax.benchmark train --compare=hf` of a 4-layer model
+  """reports/training_step.md's `python -m bertjax.benchmark train --compare=hf` of a 4-layer model
   at hidden 512, shrunk, on 8 CPU devices: the JSON holds both frameworks' timings,
   each one's FLOP count (Hugging Face's with the MLM logits at every position), MFU
   within (0, 1] against the peak of all 8 devices together (measured: they share the
   CPU's cores) and a speed-up."""
   out = tmp_path / "bench.json"
-  cmd = documented("README.md", "--config.model.num_layers=4 --config.model.hidden_size=512",
+  cmd = documented("reports/training_step.md", "--config.model.num_layers=4 --config.model.hidden_size=512",
                    *TINY, f"--json={out}")
   env = {**os.environ, "JAX_NUM_CPU_DEVICES": "8"}
   proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300,
@@ -180,11 +180,11 @@ def test_modernbert_hand_count():
 
 @pytest.mark.slow
 def test_benchmark_cli_on_bert_tiny(tmp_path):
-  """The README's first `benchmark train --compare=hf` (bert_tiny as configured,
+  """reports/training_step.md's first `benchmark train --compare=hf` (bert_tiny as configured,
   shrunk), on one device as a user's CPU is: both frameworks timed, a speed-up printed.
   (Its one-core `taskset -c 0` form is the same command: test_benchmark_train.py.)"""
   proc = subprocess.run(documented(
-      "README.md", "python -m bertjax.benchmark train --config=configs/bert_tiny.py "
+      "reports/training_step.md", "python -m bertjax.benchmark train --config=configs/bert_tiny.py "
       "--steps=8 --compare=hf", *TINY), capture_output=True, text=True, timeout=300,
       cwd=os.path.dirname(os.path.dirname(__file__)),
       env={**os.environ, "JAX_NUM_CPU_DEVICES": "1"})

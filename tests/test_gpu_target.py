@@ -1,5 +1,5 @@
 """Compiling for an H200 on this CPU (bertjax/benchmarks/gpu_target.py): `benchmark plan
---topology=h200 --init` and `benchmark levers --topology=h200` run XLA's GPU compiler
+--topology=h200 --init` and `benchmarks levers --topology=h200` run XLA's GPU compiler
 through JAX's CUDA plugin, in an environment of its own (the `gpu-plan` extra,
 tests/extra_env.py: the plugin stays out of the test processes). The levers' GPU
 program says what issue 46's changes do to it: the rematerialised GELU keeps fewer
@@ -33,10 +33,11 @@ def gpu_python():
       "m.version('jax-cuda13-plugin'), 'jax': m.version('jax')}))")
 
 
-def _run(python, tmp_path, *args) -> dict:
+def _run(python, tmp_path, program, *args) -> dict:
+  """`python -m PROGRAM ARGS --json=...` from the repository root: its JSON."""
   out = tmp_path / "result.json"
   env = dict(os.environ, JAX_PLATFORMS="cpu")
-  proc = subprocess.run([python, "-m", "bertjax.benchmark", *args, f"--json={out}"],
+  proc = subprocess.run([python, "-m", program, *args, f"--json={out}"],
                         cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
   assert proc.returncode == 0, proc.stderr[-3000:]
   return json.loads(out.read_text())
@@ -63,8 +64,8 @@ def test_gpu_topology_names():
 
 @pytest.mark.slow
 def test_plan_compiles_the_step_and_the_init_for_an_h200(gpu_python, tmp_path):
-  r = _run(gpu_python, tmp_path, "plan", *TINY, "--topology=h200", "--init",
-           "--mesh=-1,1,1", "--config.data.max_seq_length=128",
+  r = _run(gpu_python, tmp_path, "bertjax.benchmark", "plan", *TINY, "--topology=h200",
+           "--init", "--mesh=-1,1,1", "--config.data.max_seq_length=128",
            "--config.data.max_predictions_per_seq=20")
   assert r["chip"]["name"] == "H200 SXM" and r["chips"] == 1
   (c,) = r["candidates"]
@@ -77,8 +78,9 @@ def test_plan_compiles_the_step_and_the_init_for_an_h200(gpu_python, tmp_path):
 
 @pytest.mark.slow
 def test_levers_compare_the_h200_programs(gpu_python, tmp_path):
-  r = _run(gpu_python, tmp_path, "levers", *TINY, "--topology=h200", "--batch=16",
-           "--seq=128", "--variants=base,activations_saved,position_gather,threefry_kernel")
+  r = _run(gpu_python, tmp_path, "benchmarks", "levers", *TINY, "--topology=h200",
+           "--batch=16", "--seq=128",
+           "--variants=base,activations_saved,position_gather,threefry_kernel")
   assert r["compile_only"] and r["device"] == "NVIDIA H200" and r["dtype"] == "bfloat16"
   v = r["variants"]
   base, saved, gather, kernel = (v[k] for k in ("base", "activations_saved",

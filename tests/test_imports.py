@@ -1,9 +1,10 @@
 """The import graph of bertjax/ flows one way (read from the source with `ast`, every
 import counted, function-level ones included): every module sits on a floor of
 `FLOORS` and imports only its own floor and those below, with no cycle; nothing imports
-`configs/`, and no module reaches for another's private (`_name`) attributes. A
-program's `if __name__ == "__main__":` block is its entry point, not a library import,
-and is left out.
+`configs/` or the repository's `benchmarks/` (the reproductions: they import bertjax and
+are not installed with it), and no module reaches for another's private (`_name`)
+attributes. A program's `if __name__ == "__main__":` block is its entry point, not a
+library import, and is left out.
 
   python -m tests.test_imports   # the floors, modules per folder, cycles, back-edges
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 import ast
 import graphlib
 import os
+import tempfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = os.path.join(REPO, "bertjax")
@@ -43,15 +45,21 @@ def _nodes(tree: ast.Module):
     stack.extend(ast.iter_child_nodes(node))
 
 
+# Top-level packages of the repository that bertjax/ never imports: the recipes (read by
+# path, as --config reads them) and the reproductions (`python -m benchmarks NAME`).
+OUTSIDE = ("configs", "benchmarks")
+
+
 def _imports(path: str, module: str, modules: set[str]):
-  """(imported bertjax modules, `configs` imports, aliases of bertjax modules, tree)."""
+  """(imported bertjax modules, `configs` and `benchmarks` imports, aliases of bertjax
+  modules, tree)."""
   tree = ast.parse(open(path, encoding="utf-8").read())
   package = module if path.endswith("__init__.py") else module.rpartition(".")[0]
   found, configs, aliases = set(), [], {}
   for node in _nodes(tree):
     if isinstance(node, ast.Import):
       for a in node.names:
-        if a.name.split(".")[0] == "configs":
+        if a.name.split(".")[0] in OUTSIDE:
           configs.append(a.name)
         if a.name in modules:
           found.add(a.name)
@@ -61,7 +69,7 @@ def _imports(path: str, module: str, modules: set[str]):
       if node.level:  # relative import
         base = ".".join(package.split(".")[:len(package.split(".")) - node.level + 1]
                         + ([node.module] if node.module else []))
-      if base.split(".")[0] == "configs":
+      if base.split(".")[0] in OUTSIDE:
         configs.append(base)
       for a in node.names:
         full = f"{base}.{a.name}"
@@ -74,7 +82,8 @@ def _imports(path: str, module: str, modules: set[str]):
 
 
 def _graph():
-  """({module: modules it imports}, {module: configs imports}, [private uses])."""
+  """({module: modules it imports}, {module: its configs and benchmarks imports},
+  [private uses])."""
   modules = _module_names()
   graph, configs, private = {}, {}, []
   for module, path in modules.items():
@@ -93,7 +102,7 @@ def _graph():
   return graph, configs, private
 
 
-GRAPH, CONFIG_IMPORTS, PRIVATE = _graph()
+GRAPH, OUTSIDE_IMPORTS, PRIVATE = _graph()
 
 
 # The floors of bertjax/, bottom up: a module imports its own floor and those below.
@@ -181,8 +190,8 @@ def test_no_import_cycles():
   graphlib.TopologicalSorter(GRAPH).prepare()  # the same, by another algorithm
 
 
-def test_nothing_under_bertjax_imports_configs():
-  assert not CONFIG_IMPORTS, CONFIG_IMPORTS
+def test_nothing_under_bertjax_imports_configs_or_the_reproductions():
+  assert not OUTSIDE_IMPORTS, OUTSIDE_IMPORTS
 
 
 def test_no_module_uses_another_modules_private_names():
@@ -196,6 +205,13 @@ def test_the_graph_is_read():
   assert "bertjax.checkpoint.pretrained" in GRAPH["bertjax.api"]  # from a.b import c
   assert "bertjax.train.pretrain" in GRAPH["bertjax.main"]  # inside a function
   assert len(GRAPH) > 60
+  for source in ("import benchmarks.gpu", "from benchmarks import gpu_report",
+                 "def f():\n  from configs import bert_tiny"):
+    with tempfile.TemporaryDirectory() as d:
+      path = os.path.join(d, "planted.py")
+      with open(path, "w") as f:
+        f.write(source + "\n")
+      assert _imports(path, "bertjax.planted", set(GRAPH))[1], source
   GRAPH["bertjax.errors"].add("bertjax.train.trainer")
   try:
     assert "bertjax.errors -> bertjax.train.trainer" in back_edges()

@@ -1,5 +1,5 @@
 """One pretraining job on 1 process x 8 CPU devices and on 2 processes x 4 (each
-process one slice: `--config.mesh.dcn_data=2`; started by the README's
+process one slice: `--config.mesh.dcn_data=2`; started by docs/scaling.md's
 `launch/local.sh` command, resumed by the launch of tests/test_multihost.py) is fed
 the same global batches, masks included: process p of P feeds block p of every
 global batch, each row masked by its index in the global stream.
@@ -66,9 +66,9 @@ def _job(workdir, tmp, processes: int, run: str, xla) -> list[str]:
 
 
 def _local_sh(workdir, xla) -> None:
-  """The README's pod rehearsal, `DEVICES_PER_PROCESS=4 launch/local.sh 2
+  """docs/scaling.md's pod rehearsal, `DEVICES_PER_PROCESS=4 launch/local.sh 2
   configs/bert_tiny.py DIR --config.mesh.dcn_data=2`, with this module's config."""
-  words = documented("README.md", "launch/local.sh 2 configs/bert_tiny.py", *_extra(xla))
+  words = documented("docs/scaling.md", "launch/local.sh 2 configs/bert_tiny.py", *_extra(xla))
   env, words = dict(ENVIRON), [str(workdir) if w.startswith("/tmp/") else w for w in words]
   while "=" in words[0]:  # VAR=value before the command
     k, v = words.pop(0).split("=", 1)
@@ -87,7 +87,7 @@ def xla(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, xla):
-  """The uninterrupted job: {1: 1 process, 2: 2 processes launched by the README's
+  """The uninterrupted job: {1: 1 process, 2: 2 processes launched by docs/scaling.md's
   launch/local.sh} (gloo), workdirs."""
   tmp = tmp_path_factory.mktemp("exact")
   _job(tmp / "1", tmp, 1, "1", xla)

@@ -1,5 +1,5 @@
 """What bertjax's pretraining data does where transformers' pipeline may differ
-(issue 31, item 2; `benchmark pretrain_fidelity` measures their effect on held-out MLM):
+(issue 31, item 2; `benchmarks pretrain_fidelity` measures their effect on held-out MLM):
 a document's sentences reach the tokenizer as its running text does; FULL-SENTENCES
 against a plain stream of the documents ('stream'); a fixed number of predictions per
 row against a per-token draw (`masked_lm_draw`); special tokens never masked or

@@ -1,5 +1,5 @@
-"""The documentation runs: every ```bash (and ```python) block of README.md, docs/*.md
-and launch/README.md is executed on this CPU machine, in order, one shell per file
+"""The documentation runs: every ```bash (and ```python) block of README.md, docs/*.md,
+launch/README.md and reports/ is executed on this CPU machine, in order, one shell per file
 (variables carry from block to block; a python block runs in one interpreter), with
 /tmp/ rewritten to a temporary directory. A comment line directly under a command
 is that command's output and must be printed (numbers may differ); an output starting
@@ -43,7 +43,9 @@ import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = ["README.md"] + sorted(os.path.relpath(p, REPO) for p in glob.glob(
-    os.path.join(REPO, "docs", "*.md"))) + ["launch/README.md"]
+    os.path.join(REPO, "docs", "*.md"))) + ["launch/README.md"] + sorted(
+        os.path.relpath(p, REPO) for p in glob.glob(os.path.join(REPO, "reports", "**", "*.md"),
+                                                    recursive=True))
 NUMBER = r"\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?"
 MARKER = "@@readme-test@@"
 PYTHON_END = "END_OF_PYTHON_BLOCK"
@@ -192,15 +194,22 @@ def expected_pattern(output: str, tmp: str) -> re.Pattern:
 # Static checks: flags, paths and config fields of every command, run or not.
 
 def _module_files(words: list[str]) -> list[str]:
-  """The source files that may define the flags of `python -m bertjax.X [subcommand]`:
-  the module (a benchmark's own file) and the bertjax modules it imports (at any
-  indentation: `bertjax.hf.convert` imports its program in its `__main__` block)."""
+  """The source files that may define the flags of `python -m bertjax.X [subcommand]`
+  or `python -m benchmarks NAME`: the module (a benchmark's own file: the package's
+  bertjax/benchmarks/NAME.py, the repository's benchmarks/NAME.py) and the bertjax and
+  benchmarks modules it imports (at any indentation: `bertjax.hf.convert` imports its
+  program in its `__main__` block)."""
   module = words[words.index("-m") + 1]
   if module == "bertjax.benchmark":
     module = f"bertjax.benchmarks.{words[words.index('-m') + 2]}"
+  elif module == "benchmarks":
+    module = f"benchmarks.{words[words.index('-m') + 2]}"
   path = os.path.join(REPO, *module.split(".")) + ".py"
+  if not os.path.isfile(path):
+    return []
   files = [path]
-  for m in re.finditer(r"^\s*from (bertjax[\w.]*) import (\w+)", open(path).read(), re.M):
+  for m in re.finditer(r"^\s*from ((?:bertjax|benchmarks)[\w.]*) import (\w+)",
+                       open(path).read(), re.M):
     for candidate in (f"{m.group(1)}.{m.group(2)}", m.group(1)):
       f = os.path.join(REPO, *candidate.split(".")) + ".py"
       if os.path.isfile(f):
@@ -236,7 +245,7 @@ def check_static(cmd: str) -> list[str]:
     return [f"cannot split: {e}"]
   for w in words:  # Repository paths, as a flag value or an argument.
     value = w.split("=", 1)[-1].split(":", 1)[0]
-    if re.match(r"(configs|tests|launch|bertjax|docs)/", value) and not glob.glob(
+    if re.match(r"(configs|tests|launch|bertjax|benchmarks|docs)/", value) and not glob.glob(
         os.path.join(REPO, value)):
       problems.append(f"no such path {value}")
   config_file = next((w.split("=", 1)[-1] for w in words if re.match(
@@ -251,8 +260,12 @@ def check_static(cmd: str) -> list[str]:
           problems.append(f"no config field {m.group(1)} in {config_file}")
           break
         node = node[key]
-  if "-m" in words and words[words.index("-m") + 1].startswith("bertjax"):
+  program = words[words.index("-m") + 1] if "-m" in words else ""
+  if program.startswith("bertjax") or program == "benchmarks":
     files = _module_files(words)
+    if not files:  # e.g. a reproduction named to `python -m bertjax.benchmark`
+      name = " ".join(words[words.index("-m") + 1:][:2 if "benchmark" in program else 1])
+      return problems + [f"no module for `python -m {name}`"]
     for w in words:
       m = re.match(r"--(\w+)(=|$)", w)
       if m and not w.startswith("--config.") and not _defines(files, m.group(1)):
@@ -318,6 +331,13 @@ def test_the_parser_reads_commands_outputs_and_directives():
                           "no config field train.nope in configs/bert_tiny.py",
                           "bertjax.embed has no flag --sentences",
                           "bertjax.embed has no flag --config"]
+  # The repository's reproductions resolve to benchmarks/NAME.py, the package's tools to
+  # bertjax/benchmarks/NAME.py; a name in neither place is no module.
+  assert check_static("python -m benchmarks retrieval_example --dir=/tmp/rex --nope=1") == [
+      "benchmarks has no flag --nope"]
+  assert check_static("python -m bertjax.benchmark plan --config=configs/bert_tiny.py") == []
+  assert check_static("python -m bertjax.benchmark retrieval_example --dir=/tmp/rex") == [
+      "no module for `python -m bertjax.benchmark retrieval_example`"]
 
 
 def _to_run(doc: str) -> list[tuple[Command, str]]:
@@ -386,9 +406,7 @@ def _run_shell(commands: list[tuple[Command, str]], tmp: str) -> str:
                         text=True, env=env).stdout
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("doc", [d for d in DOCS if _to_run(d)])  # README.md first
-def test_documented_commands_run(doc, doc_runs):
+def check_run(doc: str, doc_runs) -> None:
   """Runs the file's runnable blocks in one shell, in order, and checks each command's
   exit status and shown outputs."""
   commands = _to_run(doc)
@@ -406,13 +424,11 @@ def test_documented_commands_run(doc, doc_runs):
           f"{doc}: `{text}` did not print `{shown}`:\n{body[-3000:]}")
 
 
-@pytest.mark.slow
-def test_pretrained_minilm_beats_random_init(doc_runs):
-  """The README's fine-tuning example as it ran (test_documented_commands_run): the
-  real MiniLM against the same architecture from random init on the SST-2-format
-  fixture, whose dev sentences use sentiment words absent from training, so only the
-  pretrained start can transfer."""
-  tmp, _ = doc_runs("README.md")
+def pretrained_minilm_beats_random_init(doc_runs) -> None:
+  """docs/finetuning.md's worked example as it ran: the real MiniLM against the same
+  architecture from random init on the SST-2-format fixture, whose dev sentences use
+  sentiment words absent from training, so only the pretrained start can transfer."""
+  tmp, _ = doc_runs("docs/finetuning.md")
   accuracy = {}
   for name in ("minilm_sst2", "random_sst2"):
     with open(os.path.join(tmp, name, "dev_results.json")) as f:
@@ -421,12 +437,11 @@ def test_pretrained_minilm_beats_random_init(doc_runs):
   assert accuracy["minilm_sst2"] > accuracy["random_sst2"] + 0.15, accuracy
 
 
-@pytest.mark.slow
-def test_first_command_prints_its_records_data_figures(doc_runs):
-  """README's first command as test_documented_commands_run ran it (10 steps, the whole
-  held-out set) holds out the recorded run's pairs and prints its most-frequent-token
-  baseline: those depend only on the data. Its trained accuracies need the 1,500 steps:
-  tests/test_readme_figures.py checks README's against the record of the full run."""
+def first_command_prints_its_records_data_figures(doc_runs) -> None:
+  """README's first command as it ran (10 steps, the whole held-out set) holds out the
+  recorded run's pairs and prints its most-frequent-token baseline: those depend only on
+  the data. Its trained accuracies need the 1,500 steps: tests/test_readme_figures.py
+  checks README's against the record of the full run."""
   with open(os.path.join(REPO, "tests", "golden", "readme_first_command.json")) as f:
     record = json.load(f)
   commands = _to_run("README.md")
@@ -438,3 +453,30 @@ def test_first_command_prints_its_records_data_figures(doc_runs):
   assert re.search(rf"^held-out MLM accuracy {NUMBER} vs {baseline:.4f} for always "
                    rf"predicting the most frequent token; NSP accuracy {NUMBER}$", body,
                    re.M), body[-3000:]
+
+
+# What else reads a document's run, checked where that run is (its class).
+RUN_READERS = {"README.md": first_command_prints_its_records_data_figures,
+               "docs/finetuning.md": pretrained_minilm_beats_random_init}
+
+
+def _runs_class(doc: str) -> type:
+  """A test class of the runs of `doc` (and what reads them, `RUN_READERS`): pytest-xdist
+  (`--dist loadscope`) hands each class to a worker of its own, so the documents' shells
+  run side by side instead of one after the other on one worker."""
+
+  class Runs:
+    def test_documented_commands_run(self, doc_runs):
+      check_run(doc, doc_runs)
+
+  if doc in RUN_READERS:
+    reader = RUN_READERS[doc]
+    setattr(Runs, f"test_{reader.__name__}", lambda self, doc_runs: reader(doc_runs))
+  Runs.__name__ = Runs.__qualname__ = "TestRuns_" + re.sub(r"\W", "_", doc)
+  Runs.__doc__ = f"{doc}'s runnable blocks, in one shell."
+  return pytest.mark.slow(Runs)
+
+
+for _doc in (d for d in DOCS if _to_run(d)):  # README.md first
+  _class = _runs_class(_doc)
+  globals()[_class.__name__] = _class

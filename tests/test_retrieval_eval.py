@@ -595,7 +595,7 @@ def test_mine_program(tmp_path):
 
 
 def test_search_benchmark_agreement_and_table():
-  from bertjax.benchmarks import search
+  from benchmarks import search
   scores = np.array([[0.9, 0.8] + [0.1] * 9, [0.7, 0.6] + [0.1] * 9], np.float32)
   ours = (scores, np.tile(np.arange(11), (2, 1)))
   swapped = ours[1].copy()

@@ -14,8 +14,8 @@ import subprocess
 import numpy as np
 import pytest
 
+from benchmarks import retrieval_example
 from bertjax import convert
-from bertjax.benchmarks import retrieval_example
 from bertjax.tasks import embedding, finetune
 from configs.finetune import retrieval as retrieval_config
 from tests import faults

@@ -201,7 +201,7 @@ ADAPTERS = {
     "python -m bertjax.data.prepare": Adapter(_prepare, lambda m: m.pre,
                                               lambda m: [m.pre, m.hf]),
     "python -m bertjax.data.train_tokenizer": Adapter(_train_tokenizer, lambda m: m.texts),
-    "python -m bertjax.benchmark (--dir, --scale_dir, --workdir, --trace_dir)": Adapter(
+    "python -m bertjax.benchmark (--scale_dir, --workdir, --trace_dir), python -m benchmarks (--dir)": Adapter(
         _benchmark, lambda m: m.pre, lambda m: [m.pre, m.ret]),
 }
 

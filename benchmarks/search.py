@@ -1,5 +1,5 @@
 """Exact dense search: `bertjax.tasks.retrieval_eval.top_k` against faiss's exact
-`IndexFlatIP`: `python -m bertjax.benchmark search [--docs=100000 --queries=1000,10000
+`IndexFlatIP`: `python -m benchmarks search [--docs=100000 --queries=1000,10000
 --dim=384 --k=100 --repeats=5]`.
 
 Random unit vectors (float32, [D, E] documents, [Q, E] queries, the cosine setting of a

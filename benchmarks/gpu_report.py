@@ -1,4 +1,4 @@
-"""`benchmark gpu`'s table: one line per part (status, seconds, the result in short),
+"""`benchmarks gpu`'s table: one line per part (status, seconds, the result in short),
 then each kind of result in full (train steps against Hugging Face, the attention
 kernels' errors, packed rows' memory, the profile, the tests' failures); and the
 counts of a pytest run read from its output (also when it was stopped)."""
@@ -112,7 +112,7 @@ def _short(record: dict) -> str:
     failed = sum("error" in row for row in r["rows"])
     return "; ".join(f"worst {d} error {e:.1e} ({where})" for d, (e, where) in
                      worst.items()) + (f"; {failed} failed" if failed else "")
-  if kind == "levers":  # `benchmark levers`: each variant's pipelined step.
+  if kind == "levers":  # `benchmarks levers`: each variant's pipelined step.
     return "; ".join(f"{n} " + (f"{v['step_ms_pipelined']:.1f} ms" if "skipped" not in v
                                 else "skipped") for n, v in r["variants"].items())
   if kind == "memory":
@@ -123,7 +123,7 @@ def _short(record: dict) -> str:
 
 
 def levers_table(result: dict) -> str:
-  """`benchmark levers`' table: each variant's times (when run) and the bytes its
+  """`benchmarks levers`' table: each variant's times (when run) and the bytes its
   kernels move against base's, by source (the sources that differ)."""
   variants = {n: r for n, r in result["variants"].items() if "skipped" not in r}
   base = variants.get("base") or next(iter(variants.values()), None)
@@ -150,7 +150,7 @@ def levers_table(result: dict) -> str:
 
 
 def table(result: dict) -> str:
-  """The whole report (`benchmark gpu` prints it last and writes it to gpu.txt)."""
+  """The whole report (`benchmarks gpu` prints it last and writes it to gpu.txt)."""
   parts, v = result["parts"], result["versions"]
   smoke = parts.get("smoke", {}).get("result") or {}
   devices = ", ".join(dict.fromkeys(smoke.get("devices", ["?"])))

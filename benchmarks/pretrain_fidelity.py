@@ -2,11 +2,11 @@
 loop (transformers' model of the family, `hf_reference.pretraining_optimizer` and
 `train_step`) on real text, over seeds, with each process's whole time.
 
-  python -m bertjax.benchmark pretrain_fidelity --seeds=0,1,2 --arms=hf,bertjax,\
+  python -m benchmarks pretrain_fidelity --seeds=0,1,2 --arms=hf,bertjax,\
 bertjax_stream,bertjax_per_token,bertjax_specials,bertjax_numpy_rng,bertjax_normal_init,\
 bertjax_hf_init
-  python -m bertjax.benchmark pretrain_fidelity --config=configs/bert_tiny.py
-  python -m bertjax.benchmark pretrain_fidelity --layout=lines --packages=all --max_mb=8 \
+  python -m benchmarks pretrain_fidelity --config=configs/bert_tiny.py
+  python -m benchmarks pretrain_fidelity --layout=lines --packages=all --max_mb=8 \
       --held_out_rows=packed --arms=hf,bertjax,bertjax_lines_apart
 
 The text: the docstrings of the installed Python packages (`docstrings.documents`: the
@@ -66,8 +66,8 @@ import numpy as np
 from absl import flags
 from ml_collections import config_flags
 
+from benchmarks import docstrings
 from bertjax import writes
-from bertjax.benchmarks import docstrings
 
 _START = time.time()  # This process's start, near enough (its imports come after).
 
@@ -461,7 +461,7 @@ def train_arm(f, arm: str, seed: int, directory: str, cores: queue.Queue) -> dic
   """Runs `arm` with `seed` in a process of its own (`--only`); with --jobs above 1,
   pinned to a core of `cores` that no other run holds meanwhile, as `taskset` would.
   Its result with the wall time and the load when it started."""
-  cmd = [sys.executable, "-m", "bertjax.benchmark", "pretrain_fidelity",
+  cmd = [sys.executable, "-m", "benchmarks", "pretrain_fidelity",
          *[a for a in sys.argv if a.startswith("--config")], f"--dir={directory}",
          f"--only={arm}", f"--seed={seed}", f"--steps={f.steps}",
          f"--torch_threads={f.torch_threads}"]

@@ -1,4 +1,4 @@
-"""`python -m bertjax.benchmark continued_hf --workdir=RUN --output=DIR`: the continued
+"""`python -m benchmarks continued_hf --workdir=RUN --output=DIR`: the continued
 pretraining a bertjax run did (`config.init_from`, `bertjax/train/continued.py`), done
 again by a plain Hugging Face PyTorch loop, and the two side by side.
 

@@ -1,4 +1,4 @@
-"""The GPU check: `python -m bertjax.benchmark gpu [--out=DIR --budget_s=510
+"""The GPU check: `python -m benchmarks gpu [--out=DIR --budget_s=510
 --parts=a,b --dry_run]`.
 
 Runs, each part in a process of its own with a time cap (a failure, a crash or a hang
@@ -25,7 +25,7 @@ levers and the GPU tests:
   bert_base_128_dropout_hf
                    the recipe as is, attention dropout 0.1 (the XLA path), against
                    Hugging Face with its dropout (target 1.3x)
-  levers           `benchmark levers` at bert_base_128's sizes (one process, one compile
+  levers           `benchmarks levers` at bert_base_128's sizes (one process, one compile
                    a variant): the former programs (activations' residuals kept,
                    positions gathered), the PRNG implementation, the threefry kernel in
                    the step, XLA flags (no CUDA graphs, no Triton GEMM, cuDNN
@@ -84,10 +84,10 @@ import time
 
 from absl import flags
 
-from bertjax.benchmarks import gpu_report
+from benchmarks import gpu_report
 
 FLAGS = flags.FLAGS
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The tests part's first files: what has not passed on a GPU (the H200 sessions of
 # 2026-11-27 stopped inside test_modernbert_numerics; test_electra_numerics' released
 # networks failed there, since fixed; test_model's one-hot embeddings and
@@ -143,7 +143,10 @@ def test_files(first: list[str]) -> list[str]:
 
 
 def _bench(name: str, *args: str) -> list[str]:
-  return ["-m", "bertjax.benchmark", name, *args, "--json={json}"]
+  """A benchmark's argv: this folder's own (`python -m benchmarks gpu`, `levers`), else
+  the package's tool (`python -m bertjax.benchmark train`, `kernels`)."""
+  ours = os.path.isfile(os.path.join(REPO, "benchmarks", f"{name}.py"))
+  return ["-m", "benchmarks" if ours else "bertjax.benchmark", name, *args, "--json={json}"]
 
 
 def plan(dry: bool, tests: list[str]) -> list[Part]:
@@ -342,9 +345,9 @@ def _init_with_kernel() -> str:
   `Setup.init_params` uses) against the unrolled rounds'."""
   import numpy as np  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
+  from benchmarks import recipe  # pylint: disable=g-import-not-at-top
   from bertjax.parallel import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
   from bertjax.train import compilation, state as state_lib  # pylint: disable=g-import-not-at-top
-  from bertjax.benchmarks import recipe  # pylint: disable=g-import-not-at-top
   config = recipe("bert_tiny")
   trainer = state_lib.build_trainer(config, mesh_lib.create_mesh(config.mesh,
                                                                  jax.devices()[:1]))

@@ -1,8 +1,8 @@
 """ELECTRA's claim at a CPU's size (Clark et al. 2020, Table 1: at equal pretraining
 compute the replaced-token-detection discriminator fine-tunes better than the MLM):
 
-  python -m bertjax.benchmark electra_claim --out=/tmp/electra_claim --mlm_steps=600
-  python -m bertjax.benchmark electra_claim --out=/tmp/electra_claim_doc --corpus=docstrings
+  python -m benchmarks electra_claim --out=/tmp/electra_claim --mlm_steps=600
+  python -m benchmarks electra_claim --out=/tmp/electra_claim_doc --corpus=docstrings
 
 1. Pretrains `configs/bert_tiny.py` with masked-LM alone (objectives ('mlm',): BERT's
    80/10/10 masking, no NSP) for `--mlm_steps` steps, training the WordPiece
@@ -23,7 +23,7 @@ compute the replaced-token-detection discriminator fine-tunes better than the ML
    config.seed (arms mlm_s1, electra_s1, ...), the table then closing with each
    recipe's spread between pretraining runs and MLM's lead with its standard error.
 3. Fine-tunes each pretrained encoder (the MLM model's; ELECTRA's discriminator) on the
-   real-text tasks of `bertjax.benchmarks.text_tasks` (default debian_sections,
+   real-text tasks of `benchmarks.text_tasks` (default debian_sections,
    stdlib_few, stdlib_next: each task's batch, epochs and length; `--lr` for both,
    3e-4 being ELECTRA-Small's fine-tuning rate, Table 7) with each of `--seeds`, and
    reports dev accuracy (mean, spread) per task and model as a markdown table, with
@@ -55,8 +55,8 @@ import jax
 import ml_collections
 from absl import flags
 
+from benchmarks import docstrings, recipe, text_tasks
 from bertjax import objectives as objectives_lib
-from bertjax.benchmarks import docstrings, recipe, text_tasks
 from bertjax.checkpoint import files
 
 DEFAULT_TASKS = ("debian_sections", "stdlib_few", "stdlib_next")
@@ -89,11 +89,11 @@ def define_flags() -> None:
 
 def corpus_path(spec: str, out: str) -> str:
   """`spec`, or for 'docstrings' OUT/docstrings/train.txt: the docstrings of Python's
-  standard library, numpy and scipy as `benchmark pretrain_fidelity` writes them (its
+  standard library, numpy and scipy as `benchmarks pretrain_fidelity` writes them (its
   95% training share; 7.5 MB, 2.2M WordPiece tokens with Python 3.11), written once."""
   if spec != DOCSTRINGS:
     return spec
-  from bertjax.benchmarks import pretrain_fidelity as pf  # pylint: disable=g-import-not-at-top
+  from benchmarks import pretrain_fidelity as pf  # pylint: disable=g-import-not-at-top
   directory = os.path.join(out, DOCSTRINGS)
   path = os.path.join(directory, "train.txt")
   if not os.path.exists(path):

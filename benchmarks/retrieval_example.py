@@ -2,7 +2,7 @@
 model on real text nobody here wrote, with bertjax and with sentence-transformers'
 own trainer side by side, every model scored by the same code.
 
-  python -m bertjax.benchmark retrieval_example --dir=/tmp/rex --seeds=0,1,2 \\
+  python -m benchmarks retrieval_example --dir=/tmp/rex --seeds=0,1,2 \\
       --arms=zero_shot,bertjax,sentence_transformers
 
 The data (`docstrings.pairs`, `write_dataset`): the docstrings of Python's standard library and the
@@ -50,9 +50,9 @@ import ml_collections
 import numpy as np
 from absl import flags
 
+from benchmarks import docstrings
+from benchmarks.pretrain_fidelity import summary
 from bertjax import writes
-from bertjax.benchmarks import docstrings
-from bertjax.benchmarks.pretrain_fidelity import summary
 
 _START = time.time()  # This process's start, near enough.
 ARMS = ("zero_shot", "bertjax", "bertjax_gradcache", "sentence_transformers")
@@ -189,7 +189,7 @@ def train_sentence_transformers(f, setup: dict, seed: int, steps: int, out: str)
 
 
 def _repo() -> str:
-  return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def score(folder: str, beir: str, max_seq_length: int) -> dict[str, float]:
@@ -235,7 +235,7 @@ def main(argv) -> None:
         run = {"steps": steps}
         if arm != "zero_shot":
           start = time.time()
-          subprocess.run([sys.executable, "-m", "bertjax.benchmark", "retrieval_example",
+          subprocess.run([sys.executable, "-m", "benchmarks", "retrieval_example",
                           f"--dir={f.dir}", f"--only={arm}", f"--seed={seed}",
                           f"--steps={steps}", *[a for a in sys.argv[2:]
                                                 if a.split("=")[0] in _PASSED]],
