@@ -45,32 +45,30 @@ def _run(tiny_hf_bert, tmp_path, snippet, *extra):
 
 
 @pytest.mark.slow
-def test_benchmark_cli_on_a_tiny_bert(tiny_hf_bert, tmp_path):
-  """reports/finetuning_speed.md's first command, one seed of each framework (bucketed and default
-  batching): wall times, dev accuracies, the ratio to Hugging Face and the table."""
-  printed, result = _run(tiny_hf_bert, tmp_path, "--batching=bucket,auto")
+def test_the_documented_commands_in_one_run(tiny_hf_bert, tmp_path):
+  """reports/finetuning_speed.md's three commands differ only in their seeds, batchings and
+  torch's threads: one run with all of them (two seeds of bucketed and default batching,
+  torch on one thread) covers each. Wall times, dev accuracies, the ratio to Hugging
+  Face and the table."""
+  commands = [documented("reports/finetuning_speed.md", s) for s in (
+      "--batching=bucket,auto", "--seeds=0,1 --cache=cold", "--hf_threads=1")]
+  rest = lambda cmd: [w for w in cmd if not w.startswith(  # noqa: E731
+      ("--seeds", "--batching", "--hf_threads"))]
+  assert rest(commands[0]) == rest(commands[1]) == rest(commands[2])
+  printed, result = _run(tiny_hf_bert, tmp_path, "--batching=bucket,auto", "--seeds=0,1",
+                         "--hf_threads=1")
   assert "| bertjax_bucket |" in printed and "| hf |" in printed
   assert "| bertjax_auto |" in printed
   assert result["config"]["train"] == 16 and result["config"]["dev"] == 8
-  for name in ("bertjax_bucket", "bertjax_auto", "hf"):
-    run = result["runs"][name][0]
-    assert run["wall_s"] > 0 and run["cpu_s"] > 0 and 0 <= run["accuracy"] <= 1
-    assert len(run["load"]) == 2
-    # Compilation timed apart (cold cache: every program compiled; none for PyTorch).
-    assert (0 < run["compile_s"] < run["wall_s"] and run["programs"] > 0) == (name != "hf")
-  ratio = result["bertjax_bucket"]["wall_ratio_vs_hf"]["mean"]
-  assert ratio == result["runs"]["bertjax_bucket"][0]["wall_s"] / result["runs"]["hf"][0]["wall_s"]
-
-
-@pytest.mark.slow
-def test_the_other_documented_commands(tiny_hf_bert, tmp_path):
-  """reports/finetuning_speed.md's second command (two seeds) is its third's (torch on
-  one thread) but for its seeds and threads: the third run with the second's two seeds
-  covers both in one run."""
-  seeds = documented("reports/finetuning_speed.md", "--seeds=0,1 --cache=cold")
-  threads = documented("reports/finetuning_speed.md", "--hf_threads=1")
-  assert [w for w in seeds if not w.startswith("--seeds")] == [
-      w for w in threads if not w.startswith(("--seeds", "--hf_threads"))]
-  _, result = _run(tiny_hf_bert, tmp_path, "--hf_threads=1", "--seeds=0,1")
-  assert [len(result["runs"][name]) for name in ("bertjax_auto", "hf")] == [2, 2]
   assert result["config"]["hf_threads"] == 1
+  for name in ("bertjax_bucket", "bertjax_auto", "hf"):
+    assert len(result["runs"][name]) == 2
+    for run in result["runs"][name]:
+      assert run["wall_s"] > 0 and run["cpu_s"] > 0 and 0 <= run["accuracy"] <= 1
+      assert len(run["load"]) == 2
+      # Compilation timed apart (cold cache: every program compiled; none for PyTorch).
+      assert (0 < run["compile_s"] < run["wall_s"] and run["programs"] > 0) == (name != "hf")
+  walls = lambda name: [run["wall_s"] for run in result["runs"][name]]  # noqa: E731
+  ratio = result["bertjax_bucket"]["wall_ratio_vs_hf"]["mean"]
+  assert ratio == pytest.approx(sum(
+      a / b for a, b in zip(walls("bertjax_bucket"), walls("hf"))) / 2, rel=1e-12)
