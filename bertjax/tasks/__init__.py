@@ -5,6 +5,7 @@ from __future__ import annotations
 from bertjax.errors import ConfigError
 from bertjax.tasks.classification import Classification
 from bertjax.tasks.multiple_choice import MultipleChoice
+from bertjax.tasks.rerank import Rerank
 from bertjax.tasks.span_ner import SpanNER
 from bertjax.tasks.squad import SquadQA
 from bertjax.tasks.tagging import Tagging
@@ -16,6 +17,7 @@ TASKS = {
     "squad": SquadQA,
     "span_ner": SpanNER,
     "multiple_choice": MultipleChoice,
+    "rerank": Rerank,
 }
 
 

@@ -43,7 +43,7 @@ from bertjax import model as model_lib, writes
 from bertjax.model import stack
 from bertjax.model.config import dtype_of
 from bertjax.parallel import mesh as mesh_lib
-from bertjax.tasks import base, batching, finetuned, get_task, retrieval
+from bertjax.tasks import base, batching, finetuned, get_task, rerank, retrieval
 from bertjax.train import compilation, optimizer, state as state_lib, trainer as trainer_lib
 from bertjax.train.step import Objective
 from bertjax.train.trainer import Evaluator, Trainer
@@ -65,6 +65,8 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   trainer_lib.check_config(config)
   at_least("task.max_seq_length", config.task.max_seq_length, MIN_SEQ_LENGTH)
   at_least("freeze.top_k_layers", config.freeze.top_k_layers, -1)
+  if config.task.name == rerank.NAME:
+    rerank.check_config(config)
 
 
 @dataclasses.dataclass
@@ -95,8 +97,10 @@ def load_start(config: ml_collections.ConfigDict) -> Start:
     if changed:  # A bertjax-pretrained checkpoint fine-tunes as its export would.
       logging.info("Fine-tuning with the dropouts Hugging Face's class holds for these "
                    "weights: %s.", ", ".join(f"{k} {a} -> {b}" for k, (a, b) in changed.items()))
-    return Start(model, pretrained.params["encoder"], pretrained.tokenizer, finetuned.start_head(
-        pretrained, config.init_from, config.init_keep_head, config.task.name))
+    head = (rerank.start_head(config, pretrained) if config.task.name == rerank.NAME else
+            finetuned.start_head(pretrained, config.init_from, config.init_keep_head,
+                                 config.task.name))
+    return Start(model, pretrained.params["encoder"], pretrained.tokenizer, head)
   if not config.tokenizer:
     raise ConfigError("set config.init_from (a pretrained checkpoint) or, to train from "
                       "scratch, config.tokenizer (a vocab.txt / tokenizer dir).")
@@ -534,6 +538,8 @@ def train(config: ml_collections.ConfigDict, workdir: str, start: Start | None =
                            lambda: load_start(config),
                            functools.partial(make_optimizer, config),
                            functools.partial(begin, config, workdir, opened))
+  if config.task.name == rerank.NAME:  # A cross-encoder folder's head and activation.
+    config = rerank.resolve(config)
   opened = open_run(config, workdir, start)
   start, resuming = opened.start, opened.resuming
   task = get_task(config.task.name)(config.task, start.tokenizer, config.task.max_seq_length)
