@@ -338,7 +338,8 @@ def exported_files(directory: str, task_cfg) -> None:
   """The sentence-transformers files of a CrossEncoder folder beside its transformers
   *ForSequenceClassification model: modules.json (the Transformer at the root),
   config_sentence_transformers.json (its activation_fn) and sentence_bert_config.json
-  (max_seq_length)."""
+  (the Transformer's task: sequence classification, its logits the scores). The
+  length is the tokenizer's model_max_length, where CrossEncoder reads it."""
   def dump(name, value):
     with open(os.path.join(directory, name), "w", encoding="utf-8") as f:
       json.dump(value, f, indent=2)
@@ -349,8 +350,10 @@ def exported_files(directory: str, task_cfg) -> None:
   dump("config_sentence_transformers.json", {
       "activation_fn": ACTIVATION_PATHS[activation_of(task_cfg)], "model_type": "CrossEncoder",
       "prompts": {}, "default_prompt_name": None})
-  dump("sentence_bert_config.json", {"max_seq_length": task_cfg.max_seq_length,
-                                     "do_lower_case": False})
+  dump("sentence_bert_config.json", {  # sentence-transformers 6.2.0's CrossEncoder's.
+      "transformer_task": "sequence-classification",
+      "modality_config": {"text": {"method": "forward", "method_output_name": "logits"}},
+      "module_output_name": "scores"})
 
 
 def folder_settings(directory: str) -> dict[str, Any]:
