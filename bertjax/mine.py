@@ -11,7 +11,8 @@ and with a margin any candidate scoring too close to its positive: a likely fals
 negative) give --num_negatives negatives: sentence-transformers' `mine_hard_negatives`
 rule, NV-Retriever's TopK-PercPos 95% being --relative_margin=0.05
 (`bertjax.tasks.mining`). --out gets a row a pair in sentence-transformers' columns:
-anchor, positive, negative (or negative_1..negative_n).
+anchor, positive, negative (or negative_1..negative_n); with --output_format=
+labeled-pair or labeled-list, a reranker's training rows (`configs/finetune/rerank.py`).
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ def main(argv):
       f.anchor_column, f.positive_column,
       range_min=f.range_min, range_max=f.range_max, num_negatives=f.num_negatives,
       absolute_margin=f.absolute_margin, relative_margin=f.relative_margin,
-      max_score=f.max_score, min_score=f.min_score, overwrite=f.overwrite,
+      max_score=f.max_score, min_score=f.min_score, output_format=f.output_format,
+      overwrite=f.overwrite,
       model_path=f.model)
   print(summary(counts, f.out))
 
@@ -78,6 +80,10 @@ def define_flags() -> None:
                      "positive - |positive| x this (0.05: NV-Retriever's TopK-PercPos 95%).")
   flags.DEFINE_float("max_score", None, "Drop candidates scoring above this.")
   flags.DEFINE_float("min_score", None, "Drop candidates scoring below this.")
+  flags.DEFINE_enum("output_format", "", list(mining.OUTPUT_FORMATS), "'' (triplets, "
+                    "n-tuples with several negatives), or a reranker's: 'labeled-pair' "
+                    "(anchor, document, label), 'labeled-list' (anchor, [documents], "
+                    "labels), as sentence-transformers' mine_hard_negatives writes them.")
   flags.DEFINE_bool("overwrite", False, "Replace an existing --out file.")
 
 

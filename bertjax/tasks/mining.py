@@ -21,7 +21,13 @@ sentence-transformers; `range_max` defaults to 10 and `num_negatives` to 1 here.
 Output rows use the pairs' own column names: `{anchor, positive, negative}` for one
 negative (an anchor's every positive gets a row; a pair without a negative gets none),
 `{anchor, positive, negative_1, ..., negative_n}` for several (only the pairs that
-found all n), sentence-transformers' "triplet" and "n-tuple" formats.
+found all n), sentence-transformers' "triplet" and "n-tuple" formats. For rerankers
+(`output_format`, its other two): "labeled-pair", a row (anchor, document, label) an
+anchor's positive (label 1), then one each of its negatives found (label 0), anchor
+by anchor; "labeled-list", a row a pair: (anchor, [its positive, the negatives found],
+labels [1, 0, ...]), the document list in the positive's column and the labels in
+`labels` (a pair that found no negative gets none; one that found fewer than n, a
+shorter list).
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ from bertjax.tasks import retrieval_eval
 EncodeKind = Callable[[list[str], str], np.ndarray]
 RANGE_MAX = 10
 NUM_NEGATIVES = 1
+OUTPUT_FORMATS = ("", "labeled-pair", "labeled-list")  # '': triplet / n-tuple
 
 
 def read_pairs(path: str, anchor_column: str = "anchor",
@@ -121,7 +128,7 @@ def mine_hard_negatives(
     absolute_margin: float | None = None, relative_margin: float | None = None,
     max_score: float | None = None, min_score: float | None = None,
     anchor_column: str = "anchor", positive_column: str = "positive",
-    block: int = retrieval_eval.BLOCK, query_block: int = retrieval_eval.QUERY_BLOCK,
+    output_format: str = "", block: int = retrieval_eval.BLOCK, query_block: int = retrieval_eval.QUERY_BLOCK,
 ) -> tuple[list[dict[str, str]], dict[str, int]]:
   """Rows of (anchor, positive, negative(s)) mined for the pairs (module docstring).
 
@@ -131,7 +138,8 @@ def mine_hard_negatives(
   encode(texts, kind) -> [N, E], kind 'query' for anchors, 'document' for the corpus.
 
   Returns (rows, counts): rows as dicts keyed by `anchor_column`, `positive_column` and
-  `negative` (num_negatives 1) or `negative_1`...; counts: `pairs`, `anchors`,
+  `negative` (num_negatives 1) or `negative_1`... (`output_format` '', else the
+  module docstring's labeled rows); counts: `pairs`, `anchors`,
   `corpus`, `rows`, `short` (pairs short of negatives, left out) and, per filter,
   `skipped_<name>` (candidates it dropped).
   """
@@ -141,6 +149,10 @@ def mine_hard_negatives(
     raise DataError("no pair to mine negatives for.")
   margins = {"absolute_margin": absolute_margin, "relative_margin": relative_margin,
              "max_score": max_score, "min_score": min_score}
+  if output_format not in OUTPUT_FORMATS:
+    raise ConfigError(f"output_format={output_format!r}: use one of "
+                      f"{[f for f in OUTPUT_FORMATS if f]} (or leave it out: triplets, or "
+                      "n-tuples with several negatives).")
   _check(range_min, range_max, num_negatives, margins)
   for name, texts in (("anchor", anchors), ("positive", positives),
                       ("corpus", corpus or [])):
@@ -198,6 +210,20 @@ def mine_hard_negatives(
   rows = []
   short = 0
   for q, query in enumerate(queries):
+    negatives = [documents[d] for d, ok in zip(chosen[q], found[q]) if ok]
+    if output_format == "labeled-pair":
+      rows += [{anchor_column: query, positive_column: documents[p], "label": 1}
+               for p in own[q]]
+      rows += [{anchor_column: query, positive_column: d, "label": 0} for d in negatives]
+      continue
+    if output_format == "labeled-list":
+      for p in own[q]:
+        if negatives:
+          rows.append({anchor_column: query, positive_column: [documents[p], *negatives],
+                       "labels": [1] + [0] * len(negatives)})
+        else:
+          short += 1
+      continue
     for p in own[q]:
       pair = {anchor_column: query, positive_column: documents[p]}
       if num_negatives == 1:
