@@ -226,3 +226,37 @@ def test_one_line_errors(tmp_path, published):
   with pytest.raises(DataError, match="pair template") as e:
     rerank.tokenized_pairs(single_only, ["a query"], ["a document"], 16)
   assert "\n" not in str(e.value)
+
+
+@pytest.mark.slow
+def test_rerank_program_scores_pairs_and_reranks_a_run(published, tmp_path):
+  """`python -m bertjax.rerank` on a cross-encoder folder: scored pairs (CrossEncoder's
+  scores) and a reranked run whose printed figures are CrossEncoderRerankingEvaluator's
+  (always_rerank_positives false) over the run's candidates."""
+  import subprocess, sys  # pylint: disable=g-import-not-at-top,multiple-imports
+  directory, ce = published
+  pairs = _write(tmp_path / "pairs.jsonl", [{"query": q, "document": d, "id": i}
+                                            for i, (q, d) in enumerate(_pairs())])
+  run = _beir(str(tmp_path / "beir"))
+  out, reranked = tmp_path / "scores.jsonl", tmp_path / "reranked.trec"
+  prog = lambda *a: subprocess.run([sys.executable, "-m", "bertjax.rerank",
+                                    f"--model={directory}", *a], capture_output=True,
+                                   text=True, timeout=300, cwd=os.path.dirname(
+                                       os.path.dirname(__file__)))
+  done = prog(f"--pairs={pairs}", f"--out={out}")
+  assert done.returncode == 0, done.stderr
+  rows = [json.loads(l) for l in out.read_text().splitlines()]
+  assert [r["id"] for r in rows] == list(range(len(_pairs())))
+  np.testing.assert_allclose([r["score"] for r in rows], ce.predict(_pairs()), atol=1e-5)
+  done = prog(f"--beir={tmp_path / 'beir'}", f"--run={run}", f"--out={reranked}")
+  assert done.returncode == 0, done.stderr
+  split = retrieval_eval.read_beir(str(tmp_path / "beir"))
+  samples = rerank_eval.beir_samples(split, rerank_eval.read_run(run))
+  want = CrossEncoderRerankingEvaluator(samples, always_rerank_positives=False)(ce)
+  for k in ("map", "mrr@10", "ndcg@10"):
+    line = next(l for l in done.stdout.splitlines() if l.startswith(k + " "))
+    base, ours = map(float, line.split()[1:])
+    assert abs(ours - want[k]) < 1e-4 and abs(base - want["base_" + k]) < 1e-4, k
+  assert len(reranked.read_text().splitlines()) == 3 * len(QUERIES)
+  again = prog(f"--pairs={pairs}", f"--out={out}")
+  assert again.returncode == 2 and "exists" in again.stderr.splitlines()[-1]

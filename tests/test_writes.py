@@ -26,7 +26,7 @@ from bertjax.checkpoint import files
 from bertjax.console import cli
 from bertjax.data import prepare, train_tokenizer
 from bertjax.hf import files as hf_files
-from bertjax.tasks import finetune, mining, predict
+from bertjax.tasks import finetune, mining, predict, rerank_eval
 from bertjax.train import pretrain
 from configs.finetune import glue, retrieval as retrieval_config
 from tests import faults
@@ -153,6 +153,11 @@ def _mine(made, input, output, overwrite=False):  # pylint: disable=redefined-bu
                    overwrite=overwrite, model_path=made.hf)
 
 
+def _rerank(made, input, output, overwrite=False):  # pylint: disable=redefined-builtin
+  score = lambda pairs: np.asarray([len(q) - len(d) for q, d in pairs], np.float32)
+  rerank_eval.score_file(input, output, score, overwrite, model_path=made.hf)
+
+
 def _plot(made, input, output, overwrite=False):  # pylint: disable=redefined-builtin
   plot.draw(os.path.dirname(input) if input.endswith(files.METRICS_FILE) else made.pre,
             output, overwrite)
@@ -196,6 +201,8 @@ ADAPTERS = {
                                          input=lambda m: fixture("sst2_dev.tsv")),
     "python -m bertjax.embed": Adapter(_embed, lambda m: m.hf),
     "python -m bertjax.mine": Adapter(_mine, lambda m: m.hf, input=lambda m: m.ret_train),
+    "python -m bertjax.rerank": Adapter(_rerank, lambda m: m.hf,
+                                        input=lambda m: m.ret_train),
     "python -m bertjax.plot": Adapter(
         _plot, lambda m: m.pre, input=lambda m: os.path.join(m.pre, files.METRICS_FILE)),
     "python -m bertjax.data.prepare": Adapter(_prepare, lambda m: m.pre,

@@ -277,3 +277,77 @@ def score_pairs(predictions: Sequence[float], examples: Sequence[dict], at_k: in
   """The reranking measures of the dev pairs' `predictions` (`read_dev`'s examples)."""
   first = [float(x) if np.ndim(x) == 0 else float(np.asarray(x)[-1]) for x in predictions]
   return scored(examples[0]["plan"], first, at_k)
+
+
+# ---- The scoring command (python -m bertjax.rerank) -------------------------------
+
+
+def read_pairs(path: str, query_column: str = "", document_column: str = ""
+               ) -> list[dict]:
+  """The rows of a JSON-lines file of (query, document) pairs (columns: query / anchor
+  / question and document / positive / answer / ..., or those named)."""
+  from bertjax.tasks import rerank  # pylint: disable=g-import-not-at-top
+  if not os.path.isfile(path):
+    raise DataError(f"pairs file {path} does not exist; give JSON lines of query and "
+                    "document.")
+  rows = [r for _, r in retrieval_eval.json_lines(path)]
+  if not rows or not all(isinstance(r, dict) for r in rows):
+    raise DataError(f"{path} holds no pair (JSON objects, a pair a line).")
+  names = list(rows[0])
+  q = query_column or next((c for c in rerank.QUERY_COLUMNS if c in names), "")
+  d = document_column or next((c for c in rerank.DOCUMENT_COLUMNS if c in names and c != q),
+                              "")
+  for n, r in enumerate(rows, 1):
+    for column in (q, d):
+      if not column or not isinstance(r.get(column), str) or not r[column].strip():
+        raise DataError(f"{path}:{n} has no text in column {column or 'query/document'!r} "
+                        f"(it has: {', '.join(map(str, r))}); name the columns with "
+                        "--query_column and --document_column.")
+  return [{"query": r[q], "document": r[d], "row": r} for r in rows]
+
+
+def score_file(pairs_path: str, out_path: str, score: Score, overwrite: bool = False,
+               model_path: str = "", query_column: str = "", document_column: str = ""
+               ) -> int:
+  """Each pair of `pairs_path` with its `score` added, as JSON lines to `out_path`
+  (`bertjax.writes.output_file`); returns the number of pairs."""
+  from bertjax import writes  # pylint: disable=g-import-not-at-top
+  import json  # pylint: disable=g-import-not-at-top
+  with writes.output_file(out_path, overwrite, {"--pairs": pairs_path,
+                                                "--model": model_path}) as tmp:
+    rows = read_pairs(pairs_path, query_column, document_column)
+    scores = np.asarray(score([(r["query"], r["document"]) for r in rows]))
+    with open(tmp, "w", encoding="utf-8") as f:
+      for r, s in zip(rows, scores):
+        value = float(s) if np.ndim(s) == 0 else [float(x) for x in s]
+        f.write(json.dumps({**r["row"], "score": value}, ensure_ascii=False) + "\n")
+  return len(rows)
+
+
+def rerank_run(beir: str, run_path: str, out_path: str, score: Score, top_k: int = 100,
+               split: str = "test", overwrite: bool = False, model_path: str = "",
+               at_k: int = AT_K) -> dict[str, float]:
+  """Reranks each judged query's best `top_k` candidates of `run_path` (a TREC run, or
+  'bm25' for bm25s' over the corpus) in the BEIR directory `beir`; writes the reranked
+  run (TREC lines, the candidates by the reranker's score) to `out_path`; returns
+  the reranked figures and the first stage's (base_*), `CrossEncoderRerankingEvaluator`
+  with always_rerank_positives=False (only the candidates are scored)."""
+  from bertjax import writes  # pylint: disable=g-import-not-at-top
+  with writes.output_file(out_path, overwrite, {"--run": run_path, "--beir": beir,
+                                                "--model": model_path}) as tmp:
+    split_data = retrieval_eval.read_beir(beir, split)
+    run = first_stage(split_data, run_path, top_k, beir)
+    samples = beir_samples(split_data, run, run_path)
+    judged = [s["query_id"] for s in samples]
+    pairs = [(split_data.queries[q], retrieval_eval.document_text(split_data.corpus[d]))
+             for q in judged for d in run.get(q, [])]
+    scores = np.asarray(score(pairs), np.float64).reshape(len(pairs), -1)[:, -1]
+    reranked, offset = {}, 0
+    for q in judged:
+      docs = run.get(q, [])
+      reranked[q] = {d: float(s) for d, s in zip(docs, scores[offset:offset + len(docs)])}
+      offset += len(docs)
+    retrieval_eval.write_run(reranked, tmp, tag="bertjax-rerank")
+    p = plan(samples, always_rerank_positives=False)
+    by_pair = dict(zip(pairs, scores))
+    return scored(p, [by_pair[pair] for pair in p.pairs], at_k)
