@@ -52,7 +52,7 @@ from bertjax.errors import ConfigError
 from bertjax.hf import convert, files, table as engine
 from bertjax.model import FAMILIES, layers, stack
 from bertjax.tasks import finetuned as finetuned_lib
-from configs.finetune import glue, ner, span_ner, squad, swag
+from configs.finetune import glue, ner, rerank, span_ner, squad, swag
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -96,6 +96,7 @@ TASK_CONFIGS = {
     "squad": lambda: squad.get_config().task,
     "multiple_choice": lambda: swag.get_config().task,
     "span_ner": lambda: span_ner.get_config("attention").task,
+    "rerank": lambda: rerank.get_config().task,
 }
 LABELS = ["a", "b", "c"]
 
@@ -677,10 +678,11 @@ def _task(name: str):
 def _task_batch(name: str, tiny: Tiny) -> dict:
   """The padded rows' ids, mask and token types, no segment_ids or position_ids (the
   encoder's defaults, as fine-tuning's unpacked batches), [B, T]; multiple choice: one question
-  of B choices, [1, B, T]; for span NER, two spans a row."""
+  of B choices, [1, B, T]; rerank: one group of B (query, document) pairs, [1, B, T];
+  for span NER, two spans a row."""
   ids, mask, types, _, _ = tiny.padded
   batch = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
-  if name == "multiple_choice":
+  if name in ("multiple_choice", "rerank"):
     return {k: v[None] for k, v in batch.items()}
   if name == "span_ner":
     batch["span_start"] = np.array([[0, 5]] * B, np.int32)
@@ -760,7 +762,8 @@ def test_task_head_runs_and_exports_to_transformers(tiny, heads, name):
   task, batch, params, outputs = heads[name]
   ours = _logits(task, outputs)
   rows = {"multiple_choice": (1, B), "squad": (B, T, 2), "span_ner": (B, 2, 3),
-          "tagging": (B, T, 3), "tagging_features": (B, T, 3), "classification": (B, 3)}
+          "tagging": (B, T, 3), "tagging_features": (B, T, 3), "classification": (B, 3),
+          "rerank": (1, B, 1)}
   assert ours.shape == rows[name] and np.isfinite(ours).all(), ours.shape
   if task.feature_based or task.name not in tiny.table.TASK_CLASSES:
     return
