@@ -134,7 +134,7 @@ def param_table(config: ModelConfig, prefix: str, mlm: str | None) -> list[Entry
   return table
 
 
-def _lookup(state_dict: dict, key: str) -> np.ndarray:
+def lookup(state_dict: dict, key: str) -> np.ndarray:
   """`key`, or its name in older checkpoints (LayerNorm gamma / beta, RoBERTa's
   decoder bias)."""
   if key in state_dict:
@@ -158,7 +158,7 @@ def params_from_hf(state_dict: dict[str, np.ndarray], config: ModelConfig) -> di
   engine.check_tied(state_dict, ("cls.predictions.decoder.weight", "lm_head.decoder.weight"),
                     prefix + _WORD_EMBEDDINGS)
   return engine.read(state_dict, param_table(config, prefix, mlm_style(state_dict)), config,
-                     _lookup)
+                     lookup)
 
 
 # ---- Export: bertjax -> Hugging Face ----------------------------------------------

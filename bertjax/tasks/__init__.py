@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from bertjax.errors import ConfigError
+from bertjax.tasks.base import EMBEDDING_TASK
 from bertjax.tasks.classification import Classification
 from bertjax.tasks.multiple_choice import MultipleChoice
 from bertjax.tasks.rerank import Rerank
@@ -19,11 +20,6 @@ TASKS = {
     "multiple_choice": MultipleChoice,
     "rerank": Rerank,
 }
-
-
-# An embedding model ('retrieval', `bertjax.tasks.retrieval`) is no per-example Task:
-# its loss spans the batch; fine-tuning trains it on its own data and evaluation.
-EMBEDDING_TASK = "retrieval"
 
 
 def get_task(name: str):

@@ -22,6 +22,10 @@ from bertjax.data.tokenizer import Tokenizer
 from bertjax.errors import DataError
 from bertjax.model import family_of
 
+# An embedding model ('retrieval', `bertjax.tasks.retrieval`) is no per-example Task:
+# its loss spans the batch; fine-tuning trains it on its own data and evaluation.
+EMBEDDING_TASK = "retrieval"
+
 TOKEN_KEYS = ("input_ids", "attention_mask", "token_type_ids")
 
 

@@ -35,7 +35,8 @@ from bertjax.errors import ConfigError, DataError
 from bertjax.hf import convert, sentence_transformers as st
 from bertjax.model import family_of
 from bertjax.parallel import mesh as mesh_lib
-from bertjax.tasks import EMBEDDING_TASK, pooling
+from bertjax.tasks import pooling
+from bertjax.tasks.base import EMBEDDING_TASK
 
 KINDS = ("query", "document")
 NAME = EMBEDDING_TASK  # config.task.name of a run training an embedding model

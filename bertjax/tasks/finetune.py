@@ -43,7 +43,7 @@ from bertjax import model as model_lib, writes
 from bertjax.model import stack
 from bertjax.model.config import dtype_of
 from bertjax.parallel import mesh as mesh_lib
-from bertjax.tasks import base, batching, finetuned, get_task, rerank, retrieval
+from bertjax.tasks import base, batching, finetuned, get_task, rerank, reranker, retrieval
 from bertjax.train import compilation, optimizer, state as state_lib, trainer as trainer_lib
 from bertjax.train.step import Objective
 from bertjax.train.trainer import Evaluator, Trainer
@@ -97,7 +97,7 @@ def load_start(config: ml_collections.ConfigDict) -> Start:
     if changed:  # A bertjax-pretrained checkpoint fine-tunes as its export would.
       logging.info("Fine-tuning with the dropouts Hugging Face's class holds for these "
                    "weights: %s.", ", ".join(f"{k} {a} -> {b}" for k, (a, b) in changed.items()))
-    head = (rerank.start_head(config, pretrained) if config.task.name == rerank.NAME else
+    head = (reranker.start_head(config, pretrained) if config.task.name == rerank.NAME else
             finetuned.start_head(pretrained, config.init_from, config.init_keep_head,
                                  config.task.name))
     return Start(model, pretrained.params["encoder"], pretrained.tokenizer, head)

@@ -46,7 +46,7 @@ class Pairs:
     return len(self.anchors)
 
 
-def _table(path: str):
+def read_table(path: str):
   """The pyarrow Table of a JSON-lines, Parquet or CSV / TSV file."""
   import pyarrow as pa  # pylint: disable=g-import-not-at-top
   if not os.path.isfile(path):
@@ -85,7 +85,7 @@ def negative_columns(names: Sequence[str], configured: Sequence[str]) -> list[st
 def read_pairs(path: str, task_cfg, name: str = "") -> Pairs:
   """The examples of one file (the module docstring's columns, named by `task_cfg`:
   anchor_column, positive_column, negative_columns, teacher_column)."""
-  table = _table(path)
+  table = read_table(path)
   names = table.column_names
   negatives = negative_columns(names, task_cfg.negative_columns)
   wanted = [task_cfg.anchor_column, task_cfg.positive_column, *negatives]

@@ -51,9 +51,7 @@ from bertjax.tasks import base, pairs as pairs_lib, rerank_eval, rerank_losses
 from bertjax.model import family_of
 
 NAME = "rerank"
-QUERY_COLUMNS = ("query", "anchor", "question")
-DOCUMENT_COLUMNS = ("document", "documents", "positive", "answer", "response", "passage",
-                    "docs")
+QUERY_COLUMNS, DOCUMENT_COLUMNS = rerank_eval.QUERY_COLUMNS, rerank_eval.DOCUMENT_COLUMNS
 LABEL_COLUMNS = ("label", "labels", "score", "scores")
 # CrossEncoder's activation_fn paths (config_sentence_transformers.json).
 ACTIVATION_PATHS = {"sigmoid": "torch.nn.modules.activation.Sigmoid",
@@ -117,7 +115,7 @@ def _texts(values: list, path: str, column: str) -> list[str]:
 
 def read_groups(path: str, task_cfg) -> list[Group]:
   """The training examples of a JSON-lines, Parquet or CSV file (module docstring)."""
-  table = pairs_lib._table(path)  # pylint: disable=protected-access
+  table = pairs_lib.read_table(path)
   names = table.column_names
   if not table.num_rows:
     raise DataError(f"{path} holds no rows.")
@@ -408,30 +406,3 @@ def resolve(config):
       logging.info("config.init_from=%s scores %d labels, config.task.num_labels=%d: a "
                    "fresh head.", c.init_from, folder["num_labels"], c.task.num_labels)
   return c
-
-
-def start_head(config, pretrained):
-  """The head a rerank run starts from: a kept bertjax head (`finetuned.start_head`),
-  the classification head of a cross-encoder folder (`resolve`), or None (fresh)."""
-  from bertjax.checkpoint.pretrained import TaskHead  # pylint: disable=g-import-not-at-top
-  from bertjax.hf import convert, files  # pylint: disable=g-import-not-at-top
-  from bertjax.tasks import finetuned  # pylint: disable=g-import-not-at-top
-  if not config.init_keep_head or pretrained.head is not None:
-    if pretrained.head is not None and pretrained.head.name == "classification":
-      pretrained = dataclasses.replace(pretrained, head=TaskHead(
-          NAME, pretrained.head.labels, pretrained.head.params))
-    return finetuned.start_head(pretrained, config.init_from, config.init_keep_head, NAME)
-  with open(os.path.join(config.init_from, "config.json"), encoding="utf-8") as f:
-    hf = json.load(f)
-  state = files.read_state_dict(config.init_from)
-  model, params, task = convert.table_of(hf).load(hf, state)
-  head = params.get("head") if task == "classification" else None
-  if head is None and model.family == "bert":  # BERT's reader leaves task heads out.
-    from bertjax.hf import bert, table  # pylint: disable=g-import-not-at-top
-    entries, _ = bert.task_head_table("classification", hf["model_type"], model)
-    head = table.read(state, [e for e in entries if e.path[0] == "head"], model,
-                      bert._lookup).get("head")  # pylint: disable=protected-access
-  if head is None:
-    return None
-  labels = [f"LABEL_{i}" for i in range(config.task.num_labels)]
-  return TaskHead(NAME, labels, head)

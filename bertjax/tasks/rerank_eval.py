@@ -35,6 +35,10 @@ from bertjax.errors import ConfigError, DataError
 from bertjax.tasks import retrieval_eval
 
 AT_K = 10
+# The columns a (query, document) row's query and document are found under, in order.
+QUERY_COLUMNS = ("query", "anchor", "question")
+DOCUMENT_COLUMNS = ("document", "documents", "positive", "answer", "response", "passage",
+                    "docs")
 Score = Callable[[list[tuple[str, str]]], np.ndarray]
 
 
@@ -286,7 +290,6 @@ def read_pairs(path: str, query_column: str = "", document_column: str = ""
                ) -> list[dict]:
   """The rows of a JSON-lines file of (query, document) pairs (columns: query / anchor
   / question and document / positive / answer / ..., or those named)."""
-  from bertjax.tasks import rerank  # pylint: disable=g-import-not-at-top
   if not os.path.isfile(path):
     raise DataError(f"pairs file {path} does not exist; give JSON lines of query and "
                     "document.")
@@ -294,8 +297,8 @@ def read_pairs(path: str, query_column: str = "", document_column: str = ""
   if not rows or not all(isinstance(r, dict) for r in rows):
     raise DataError(f"{path} holds no pair (JSON objects, a pair a line).")
   names = list(rows[0])
-  q = query_column or next((c for c in rerank.QUERY_COLUMNS if c in names), "")
-  d = document_column or next((c for c in rerank.DOCUMENT_COLUMNS if c in names and c != q),
+  q = query_column or next((c for c in QUERY_COLUMNS if c in names), "")
+  d = document_column or next((c for c in DOCUMENT_COLUMNS if c in names and c != q),
                               "")
   for n, r in enumerate(rows, 1):
     for column in (q, d):

@@ -22,7 +22,7 @@ import numpy as np
 
 from bertjax.checkpoint import workdir as workdir_lib
 from bertjax.errors import CheckpointError
-from bertjax.tasks import base, embedding, rerank
+from bertjax.tasks import base, embedding, finetuned, rerank
 
 
 @dataclasses.dataclass
@@ -83,6 +83,33 @@ def task_config(**overrides) -> ml_collections.ConfigDict:
   return t
 
 
+def start_head(config, pretrained):
+  """The head a rerank run starts from: a kept bertjax head (`finetuned.start_head`),
+  the classification head of a cross-encoder folder (`resolve`), or None (fresh)."""
+  from bertjax.checkpoint.pretrained import TaskHead  # pylint: disable=g-import-not-at-top
+  from bertjax.hf import convert, files  # pylint: disable=g-import-not-at-top
+  if not config.init_keep_head or pretrained.head is not None:
+    if pretrained.head is not None and pretrained.head.name == "classification":
+      pretrained = dataclasses.replace(pretrained, head=TaskHead(
+          rerank.NAME, pretrained.head.labels, pretrained.head.params))
+    return finetuned.start_head(pretrained, config.init_from, config.init_keep_head,
+                                rerank.NAME)
+  with open(os.path.join(config.init_from, "config.json"), encoding="utf-8") as f:
+    hf = json.load(f)
+  state = files.read_state_dict(config.init_from)
+  model, params, task = convert.table_of(hf).load(hf, state)
+  head = params.get("head") if task == "classification" else None
+  if head is None and model.family == "bert":  # BERT's reader leaves task heads out.
+    from bertjax.hf import bert, table  # pylint: disable=g-import-not-at-top
+    entries, _ = bert.task_head_table("classification", hf["model_type"], model)
+    head = table.read(state, [e for e in entries if e.path[0] == "head"], model,
+                      bert.lookup).get("head")
+  if head is None:
+    return None
+  labels = [f"LABEL_{i}" for i in range(config.task.num_labels)]
+  return TaskHead(rerank.NAME, labels, head)
+
+
 def load_reranker(path: str, max_seq_length: int = 0) -> Reranker:
   """The reranker of a rerank workdir (its settings from its config) or of a folder
   holding a *ForSequenceClassification model (a published cross-encoder: its labels,
@@ -113,7 +140,7 @@ def load_reranker(path: str, max_seq_length: int = 0) -> Reranker:
                     max_seq_length=min(max_seq_length or settings["max_seq_length"] or 512,
                                        pretrained.config.max_length),
                     loss="bce" if settings["num_labels"] == 1 else "cross_entropy")
-  head = rerank.start_head(ml_collections.ConfigDict(
+  head = start_head(ml_collections.ConfigDict(
       {"init_keep_head": True, "init_from": path, "task": cfg}),
       dataclasses.replace(pretrained, head=None))
   if head is None:
