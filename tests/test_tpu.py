@@ -272,3 +272,24 @@ def test_post_ln_rotary_families_compile_for_tpu(v5e_4, family):
   text = compiled.as_text()
   assert text.count('custom_call_target="tpu_custom_call"') == 3
   assert not re.search(r"\b512,512\]", text)
+
+
+@needs_libtpu
+def test_a_rerankers_plan_compiles_its_groups_for_tpu(v5e_4):
+  """configs/finetune/rerank.py plans as fine-tuning trains it: a batch of groups of
+  task.group_size (query, document) pairs [B, G, T] on the TPU compiler, whose FLOPs
+  bound the model FLOPs of B * G pairs; without a group size, one line."""
+  from configs.finetune import rerank as rerank_config
+  config = rerank_config.get_config("bert_tiny")
+  config.model.update(dtype="bfloat16", num_layers=1)
+  config.task.update(group_size=4, max_seq_length=32)
+  spec = plan_lib.batch_spec(config, 8)
+  assert spec["input_ids"] == ((8, 4, 32), np.int32) and spec["pair_mask"][0] == (8, 4)
+  assert plan_lib.row_length(config) == 32
+  r = plan_lib.plan(config, v5e_4, 8)
+  assert r["fits"] and r["per_chip_batch"] == 2
+  assert r["model_flops"] <= r["flops"] < 2 * r["model_flops"], r
+  config.task.group_size = 0
+  with pytest.raises(ConfigError, match="group_size") as e:
+    plan_lib.batch_spec(config, 8)
+  assert "\n" not in str(e.value)

@@ -181,6 +181,12 @@ def is_retrieval(config) -> bool:
   return "task" in config and config.task.name == "retrieval"
 
 
+def is_rerank(config) -> bool:
+  """Whether `config` trains a reranker (configs/finetune/rerank.py): fine-tuning's
+  step over groups of task.group_size (query, document) pairs (`bertjax.tasks.rerank`)."""
+  return "task" in config and config.task.name == "rerank"
+
+
 def batch_spec(config, batch_size: int) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
   """Shapes and dtypes of the global batch of `batch_size` examples a plan compiles the
   step for, from their owners: the contrastive step's (`retrieval.batch_spec`), or
@@ -190,6 +196,9 @@ def batch_spec(config, batch_size: int) -> dict[str, tuple[tuple[int, ...], np.d
   if is_retrieval(config):
     from bertjax.tasks import retrieval  # pylint: disable=g-import-not-at-top
     return retrieval.batch_spec(config, batch_size)
+  if is_rerank(config):
+    from bertjax.tasks import rerank  # pylint: disable=g-import-not-at-top
+    return rerank.batch_spec(config, batch_size)
   nsp = pipeline.sentence_pairs(objectives_lib.from_config(config).fields)
   return pipeline.batch_spec(config.data, nsp, batch_size, config.data.max_seq_length,
                              config.data.max_predictions_per_seq)
@@ -198,7 +207,7 @@ def batch_spec(config, batch_size: int) -> dict[str, tuple[tuple[int, ...], np.d
 def row_length(config) -> int:
   """T, the tokens of a row of the batch the plan compiles (`batch_spec`'s ids)."""
   spec = batch_spec(config, 1)
-  return spec["query_input_ids" if is_retrieval(config) else "input_ids"][0][1]
+  return spec["query_input_ids" if is_retrieval(config) else "input_ids"][0][-1]
 
 
 def shard_bytes(tree, shardings) -> int:
@@ -235,6 +244,8 @@ def compile_step(config, devices, batch_size: int):
   mesh = mesh_lib.create_mesh(config.mesh, devices)
   if is_retrieval(config):
     trainer = _retrieval_setup(config, mesh, batch_size)
+  elif is_rerank(config):
+    trainer = _rerank_setup(config, mesh, batch_size)
   else:
     trainer = state_lib.build_trainer(config, mesh)
   with (jax.set_mesh(trainer.mesh), nn.logical_axis_rules(trainer.rules),
@@ -281,12 +292,27 @@ def _retrieval_setup(config, mesh, batch_size: int):
                          finetune.make_optimizer(config, model_cfg, 1000), mesh)[1]
 
 
+def _rerank_setup(config, mesh, batch_size: int):
+  """Fine-tuning's `Setup` of a reranker of `config.model` (random weights)."""
+  from bertjax import model as model_lib  # pylint: disable=g-import-not-at-top
+  from bertjax.tasks import finetune, rerank  # pylint: disable=g-import-not-at-top
+  model_cfg = model_lib.config_from(config.model)
+  sample = {k: np.zeros((1, *shape[1:]), dtype)
+            for k, (shape, dtype) in batch_spec(config, batch_size).items()}
+  task = rerank.Rerank(config.task, None, config.task.max_seq_length)
+  return finetune.build(config, task, model_cfg, sample, 1000, mesh)
+
+
 def model_flops(config, batch_size: int) -> float:
   """Model FLOPs of a step: pretraining's objectives', or the contrastive step's."""
   if is_retrieval(config):
     from bertjax import model as model_lib  # pylint: disable=g-import-not-at-top
     from bertjax.tasks import retrieval  # pylint: disable=g-import-not-at-top
     return retrieval.train_flops(config, model_lib.config_from(config.model), batch_size)
+  if is_rerank(config):
+    from bertjax import model as model_lib  # pylint: disable=g-import-not-at-top
+    from bertjax.tasks import rerank  # pylint: disable=g-import-not-at-top
+    return rerank.train_flops(config, model_lib.config_from(config.model), batch_size)
   spec = batch_spec(config, batch_size)
   T, P = spec["input_ids"][0][1], spec["masked_lm_positions"][0][1]
   return objectives_lib.from_config(config).train_flops(batch_size, T, P)["total"]
@@ -429,6 +455,8 @@ def main(argv) -> None:
     print(f"L={m.num_layers} H={m.hidden_size} V={m.vocab_size}, global batch {batch_size}"
           f" x {row_length(config)} tokens"
           + (" (queries and documents: a contrastive step)" if is_retrieval(config) else "")
+          + (f" (groups of {config.task.group_size} pairs: a reranker's step)"
+             if is_rerank(config) else "")
           + f", {platform_dtype(config, topo.devices[0].platform)} compute, scan_layers="
           f"{m.scan_layers}, attention {m.attention_impl or repr('')}, "
           f"{config.train.optimizer}; {f.topology}{slices}: {len(topo.devices)} x "
@@ -436,7 +464,7 @@ def main(argv) -> None:
           f"{topo.hbm_bytes / GIB:.2f} GiB a chip"
           + (f" ({chip.source})" if chip and not f.hbm_gb else " (--hbm_gb)")
           + (". CPU compiler: temporaries are an estimate." if not chip else ""))
-    if not is_retrieval(config) and config.data.length_phases:
+    if "task" not in config and config.data.length_phases:
       print(f"config.data.length_phases={tuple(config.data.length_phases)}: planned at "
             f"one length, max_seq_length={config.data.max_seq_length} with "
             f"{config.data.max_predictions_per_seq} predictions; plan each phase with "

@@ -209,6 +209,32 @@ def tokenized_pairs(tokenizer, queries: Sequence[str], documents: Sequence[str],
   return base.encode_rows(tokenizer, rows, max_length)
 
 
+def batch_spec(config, batch_size: int) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+  """Shapes and dtypes of a global training batch of `batch_size` groups of
+  task.group_size (query, document) pairs at task.max_seq_length: what a pod's plan
+  compiles for (a plan needs the group size set: 16 for a positive and 15 negatives)."""
+  T, G = config.task.max_seq_length, config.task.group_size
+  if G < 1:
+    raise ConfigError("a rerank plan needs config.task.group_size, the pairs of a group "
+                      "(e.g. 16: a positive and 15 negatives).")
+  spec = {k: ((batch_size, G, T), np.int32) for k in base.TOKEN_KEYS}
+  spec.update(labels=((batch_size, G), np.float32), pair_mask=((batch_size, G), np.float32),
+              example_weights=((batch_size,), np.float32))
+  return spec
+
+
+def train_flops(config, model_cfg, batch_size: int) -> float:
+  """Model FLOPs of a step of `batch_spec`'s batch: the encoder's forward and backward
+  over every pair of every group (`stack.train_flops` without the MLM head; the
+  one-logit head's are negligible)."""
+  from bertjax.model import stack  # pylint: disable=g-import-not-at-top
+  family = family_of(model_cfg)
+  terms = stack.train_flops(dataclasses.replace(family, head_flops=None), model_cfg,
+                            batch_size * config.task.group_size, config.task.max_seq_length,
+                            0)
+  return terms["total"] - terms["mlm_head"]
+
+
 class Rerank(base.Task):
   name = NAME
   default_metric = "ndcg@10"
