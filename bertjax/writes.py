@@ -385,6 +385,13 @@ COMMANDS = (
              "SRC; a run's workdir as DST; a non-empty DST without --overwrite",
              ("dst_is_src", "dst_not_empty", "dst_of_another_model", "interrupted_export",
               "workdir_of_another_run")),
+    Contract("python -m bertjax.merge",
+             "DST whole: the merged model as a Hugging Face folder (--to=hf) or a bertjax "
+             "workdir (--to=bertjax)",
+             "with --overwrite: DST's model files (EXPORT_NAMES); other files stay",
+             "--src, --base; a run's workdir as DST; a non-empty DST without --overwrite",
+             ("dst_is_src", "dst_not_empty", "dst_of_another_model", "interrupted_export",
+              "workdir_of_another_run")),
     Contract("python -m bertjax.predict",
              "--output (default CHECKPOINT/predictions.jsonl) or --glue_dir's TASK.tsv",
              "that file, with --overwrite", "--input, the checkpoint's other files",

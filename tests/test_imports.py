@@ -124,7 +124,7 @@ FLOORS = (
     ("bertjax.benchmarks",),  # `python -m bertjax.benchmark NAME`
     ("bertjax", "bertjax.api", "bertjax.main", "bertjax.finetune", "bertjax.predict",
      "bertjax.embed", "bertjax.fill_mask", "bertjax.convert", "bertjax.plot", "bertjax.mine",
-     "bertjax.rerank", "bertjax.benchmark"),  # the programs and the Python API
+     "bertjax.rerank", "bertjax.merge", "bertjax.benchmark"),  # the programs and the Python API
 )
 
 

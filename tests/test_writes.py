@@ -21,7 +21,7 @@ import pytest
 from absl import flags
 from absl.testing import flagsaver
 
-from bertjax import convert, plot, writes
+from bertjax import convert, merge, plot, writes
 from bertjax.checkpoint import files
 from bertjax.console import cli
 from bertjax.data import prepare, train_tokenizer
@@ -128,6 +128,11 @@ def _convert(made, src, dst, overwrite=False):
   assert kind == "bert"
 
 
+def _merge(made, src, dst, overwrite=False):
+  kind = merge.merge_checkpoints([src, src], dst, overwrite=overwrite)
+  assert kind == "bert"
+
+
 def _predict(made, input, output, overwrite=False):  # pylint: disable=redefined-builtin
   predict.write(made.sst2, input, output, overwrite=overwrite)
 
@@ -197,6 +202,7 @@ ADAPTERS = {
     "python -m bertjax.finetune": Adapter(_finetune, lambda m: m.ret,
                                           lambda m: [m.pre, m.sst2, m.hf]),
     "python -m bertjax.convert": Adapter(_convert, lambda m: m.pre, lambda m: [m.ret]),
+    "python -m bertjax.merge": Adapter(_merge, lambda m: m.pre, lambda m: [m.ret]),
     "python -m bertjax.predict": Adapter(_predict, lambda m: m.sst2,
                                          input=lambda m: fixture("sst2_dev.tsv")),
     "python -m bertjax.embed": Adapter(_embed, lambda m: m.hf),
@@ -254,7 +260,7 @@ def _workdir_is_init_from(a, m, tmp, monkeypatch):
 def _workdir_of_another_run(a, m, tmp, monkeypatch):
   out = []
   for other in a.others(m):
-    out.append(([other], lambda o=other: a.run(m, workdir=o) if a.run is not _convert
+    out.append(([other], lambda o=other: a.run(m, workdir=o) if a.run not in EXPORTS
                  else a.run(m, src=m.hf, dst=o, overwrite=True), refused(other)))
   return out
 
@@ -268,6 +274,9 @@ def _resume_changed(a, m, tmp, monkeypatch):
 def _failing_input_after_finished_run(a, m, tmp, monkeypatch):
   w = a.own(m)
   return [([w], lambda: a.run(m, workdir=w, bad_input=True), refused())]
+
+
+EXPORTS = (_convert, _merge)  # the commands writing --dst from --src
 
 
 def _dst_is_src(a, m, tmp, monkeypatch):
@@ -287,7 +296,7 @@ def _user_folder(tmp, name="mine") -> str:
 
 def _dst_not_empty(a, m, tmp, monkeypatch):
   d = _user_folder(tmp)
-  run = (lambda: a.run(m, src=a.own(m), dst=d)) if a.run is _convert else (
+  run = (lambda: a.run(m, src=a.own(m), dst=d)) if a.run in EXPORTS else (
       lambda: a.run(m, input=m.texts, output=d))
   return [([d], run, refused("is not empty", "--overwrite"))]
 
