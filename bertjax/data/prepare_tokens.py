@@ -49,6 +49,35 @@ def encode_document(sentences: list[list[int]], word_starts: np.ndarray) -> byte
           + np.packbits(word_starts[ids]).tobytes())
 
 
+def encode_documents(ids: np.ndarray, lengths: np.ndarray, units: np.ndarray,
+                     word_starts: np.ndarray) -> tuple[list[bytes], np.ndarray]:
+  """`encode_document`'s records of a chunk's documents at once, from the flat ids of
+  their units (ids int32 [N], lengths [U] in order, `units` [D] units a document): a
+  document's empty units are left out, a document with none is not written. Returns
+  (records, kept [U] bool: the units written)."""
+  kept = lengths > 0
+  doc_of = np.repeat(np.arange(len(units)), units)
+  sentences = np.bincount(doc_of[kept], minlength=len(units))  # written units a doc
+  tokens = np.bincount(doc_of, weights=lengths, minlength=len(units)).astype(np.int64)
+  ends = np.cumsum(tokens)
+  # Every written document's header [n, lengths...], one after the other.
+  written = sentences > 0
+  header = np.empty(int(written.sum()) + int(kept.sum()), np.int32)
+  header_ends = np.cumsum(np.where(written, sentences + 1, 0))
+  is_count = np.zeros(len(header), bool)
+  is_count[(header_ends - sentences - 1)[written]] = True
+  header[is_count] = sentences[written]
+  header[~is_count] = lengths[kept]
+  starts = word_starts[ids]
+  records = []
+  for d in np.flatnonzero(written).tolist():
+    a, b = int(ends[d] - tokens[d]), int(ends[d])
+    h = int(header_ends[d])
+    records.append(header[h - int(sentences[d]) - 1:h].tobytes() + ids[a:b].tobytes()
+                   + np.packbits(starts[a:b]).tobytes())
+  return records, kept
+
+
 def decode_document(record: bytes) -> tuple[list[np.ndarray], np.ndarray]:
   """Inverse of `encode_document`: (sentences as int32 arrays, word starts [N] bool)."""
   n = int(np.frombuffer(record, np.int32, 1)[0])
@@ -136,21 +165,18 @@ def _write_shard(args: tuple[str, list[list[str]]]) -> dict[str, int]:
   """Tokenizes one chunk of documents into `path` (atomically); returns its counts."""
   from array_record.python import array_record_module  # pylint: disable=g-import-not-at-top
   path, documents = args
-  flat = [s for d in documents for s in tok_lib.unit_texts(d, _worker_line_breaks)]
-  ids = _worker_tokenizer.tokenize_batch(flat)
-  counts = {"documents": 0, "sentences": 0, "tokens": 0, "characters": 0}
+  units = [tok_lib.unit_texts(d, _worker_line_breaks) for d in documents]
+  ids, lengths = _worker_tokenizer.tokenize_units(units)
+  records, kept = encode_documents(ids, lengths, np.fromiter(map(len, units), np.int64,
+                                                             len(units)),
+                                   _worker_word_starts)
+  characters = np.fromiter((len(s) for d in documents for s in d), np.int64, len(kept))
+  counts = {"documents": len(records), "sentences": int(kept.sum()),
+            "tokens": int(lengths.sum()), "characters": int(characters[kept].sum())}
   tmp = path + ".tmp"
   writer = array_record_module.ArrayRecordWriter(tmp, "group_size:1")
-  k = 0
-  for doc in documents:
-    sentences = [(s, text) for s, text in zip(ids[k:k + len(doc)], doc) if s]
-    k += len(doc)
-    if sentences:
-      writer.write(encode_document([s for s, _ in sentences], _worker_word_starts))
-      counts["documents"] += 1
-      counts["sentences"] += len(sentences)
-      counts["tokens"] += sum(len(s) for s, _ in sentences)
-      counts["characters"] += sum(len(text) for _, text in sentences)
+  for record in records:
+    writer.write(record)
   writer.close()
   with open(path.replace(".array_record", ".json"), "w") as f:
     json.dump(counts, f)

@@ -4,10 +4,12 @@ pieces' own ids with BERT's special tokens)."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 from typing import Sequence
 
+import numpy as np
 import sentencepiece as spm
 from tokenizers import normalizers
 
@@ -49,6 +51,8 @@ class SentencePieceBackend:
       self.specials = dict(self.FAIRSEQ, **{"<mask>": self.mask_id})
       self.split_re = re.compile(r"(\s*<mask>|<s>|</s>|<pad>|<unk>)")
     self.special_tokens = {v: k for k, v in self.specials.items()}
+    # A text without any of these characters holds no special token.
+    self._marks = "[" if self.bert else "<"
 
   def _to_ids(self, spm_ids: list[int]) -> list[int]:
     if self.bert:
@@ -59,6 +63,39 @@ class SentencePieceBackend:
   def _piece_of(self, i: int) -> int:
     """The SentencePiece id of our id `i` (not a special token's)."""
     return i if self.bert else i - 1
+
+  def encode_units(self, documents: Sequence[Sequence[str]]
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """`encode_batch` of every unit of `documents`, flat: (ids int32 [N], lengths int64
+    [units]). Units holding no special token's first character (no '<' in XLM-R's
+    layout, no '[' in DeBERTa's) are encoded in one library call, their ids mapped in
+    numpy; the others as `encode_batch` encodes them."""
+    texts = [t for d in documents for t in d]
+    marks = self._marks
+    special = [i for i, t in enumerate(texts) if any(m in t for m in marks)]
+    plain = texts
+    if special:
+      chosen = set(special)
+      plain = [t for i, t in enumerate(texts) if i not in chosen]
+    if self.lowercase:
+      plain = list(map(normalizers.Lowercase().normalize_str, plain))
+    encoded = self.sp.encode(plain) if plain else []
+    lengths = np.fromiter(map(len, encoded), np.int64, len(encoded))
+    ids = np.fromiter(itertools.chain.from_iterable(encoded), np.int32, int(lengths.sum()))
+    if not self.bert:  # fairseq's mapping, as `_to_ids`
+      unk = ids == self.sp.unk_id()
+      ids += 1
+      ids[unk] = self.FAIRSEQ["<unk>"]
+    if not special:
+      return ids, lengths
+    lists = np.split(ids, np.cumsum(lengths)[:-1]) if len(lengths) else []
+    it = iter(lists)
+    others = iter(self.encode_batch([texts[i] for i in special]))
+    chosen = set(special)
+    out = [next(others) if i in chosen else next(it) for i in range(len(texts))]
+    lengths = np.fromiter(map(len, out), np.int64, len(out))
+    return (np.fromiter(itertools.chain.from_iterable(out), np.int32, int(lengths.sum())),
+            lengths)
 
   def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
     parts = [self.split_re.split(t) for t in texts]

@@ -111,12 +111,16 @@ def split_sentences(text: str) -> list[str]:
   if not text:
     return []
   parts = _SENTENCE_END.split(text)
-  # split() keeps the captured closing quote: glue it back onto its sentence.
+  if len(parts) == 1:
+    return parts
+  # split() keeps the captured closing quote: glue it back onto its sentence. Every
+  # piece is non-empty and unpadded: the text has single spaces and none at its ends, a
+  # split point follows [.!?] and its whitespace precedes a letter, digit or opening mark.
   sentences = [parts[0]]
   for i in range(1, len(parts), 2):
     sentences[-1] += parts[i]
     sentences.append(parts[i + 1])
-  return [s.strip() for s in sentences if s.strip()]
+  return sentences
 
 
 def resolve_paths(spec: str) -> list[str]:

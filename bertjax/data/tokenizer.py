@@ -62,13 +62,44 @@ def _splits_at_whitespace(tok: tokenizers.Tokenizer) -> bool:
           and not any(re.search(r"\s", t["content"]) for t in state.get("added_tokens", [])))
 
 
+# Whitespace other than the space (as Python's str.isspace counts it, a superset of
+# Unicode's White_Space that the libraries' regexes use), and runs of spaces.
+_NOT_SINGLE_SPACES = re.compile(r"[^\S ]|  | $")
+
+
+def _splits_before_spaces(tok: tokenizers.Tokenizer) -> bool:
+  """True when a text of words separated by single spaces has the concatenation of its
+  pieces' ids, the pieces being the first word and each later word with the space
+  before it ('a b c' -> 'a', ' b', ' c'): GPT-2's byte-level pre-tokenizer
+  (ByteLevel with its regex, no prefix space), which attaches a space to the token
+  after it and never ends a token with one, behind no normalizer or a lower-casing one,
+  and no added token holding a space or taking the space after it (rstrip,
+  single_word)."""
+  state = json.loads(tok.to_str())
+  pre, norm = state.get("pre_tokenizer") or {}, state.get("normalizer") or {}
+  norms = norm.get("normalizers", [norm]) if norm else []
+  return (pre.get("type") == "ByteLevel" and pre.get("use_regex", True)
+          and not pre.get("add_prefix_space")
+          and all(n.get("type") == "Lowercase" for n in norms)
+          and not any(re.search(r"\s", t["content"]) or t.get("rstrip") or t.get("single_word")
+                      for t in state.get("added_tokens", [])))
+
+
+def _spaced_pieces(text: str) -> list[str]:
+  """'a b c' -> ['a', ' b', ' c'] (' b c' -> [' b', ' c']), for `_splits_before_spaces`."""
+  words = text.split(" ")
+  return [w for w in words[:1] if w] + [" " + w for w in words[1:]]
+
+
 class _HFBackend:
   """A `tokenizers.Tokenizer` (WordPiece, BPE or any tokenizer.json).
 
   For WordPiece behind BERT's pre-tokenizer, `encode_batch` tokenizes each distinct
   whitespace-separated word once and reuses its ids (bounded cache): the same ids as
   tokenizing the whole text (tests/test_tokenizer.py), ~2x faster on natural text where
-  words repeat.
+  words repeat. Byte-level BPE (GPT-2's pre-tokenizer) alike, its words each with the
+  space before it (`_splits_before_spaces`), a text with other whitespace than single
+  spaces between words tokenized whole.
   """
 
   def __init__(self, tok: tokenizers.Tokenizer):
@@ -77,8 +108,10 @@ class _HFBackend:
     self.tok = tok
     self.vocab_size = tok.get_vocab_size(with_added_tokens=True)
     self.wordpiece = isinstance(tok.model, models.WordPiece)  # '##' continuations
+    # The word cache's keys: whitespace-separated words, or space-prefixed ones.
+    self._spaced = not _splits_at_whitespace(tok) and _splits_before_spaces(tok)
     self._words: dict[str, tuple[int, ...]] | None = (
-        {} if _splits_at_whitespace(tok) else None)
+        {} if self._spaced or _splits_at_whitespace(tok) else None)
 
   def _encode(self, texts: list[str]) -> list[list[int]]:
     return [e.ids for e in self.tok.encode_batch_fast(texts, add_special_tokens=False)]
@@ -87,8 +120,12 @@ class _HFBackend:
     texts = list(texts)
     if self._words is None:
       return self._encode(texts)
-    whole = [i for i, t in enumerate(texts) if _SPLIT_MISMATCH.search(t)]
-    words = [t.split() for t in texts]
+    if self._spaced:
+      whole = [i for i, t in enumerate(texts) if _NOT_SINGLE_SPACES.search(t)]
+      words = list(map(_spaced_pieces, texts))
+    else:
+      whole = [i for i, t in enumerate(texts) if _SPLIT_MISMATCH.search(t)]
+      words = [t.split() for t in texts]
     cache = self._words
     new = list(set(itertools.chain.from_iterable(words)).difference(cache))
     if len(cache) + len(new) > _WORD_CACHE_SIZE:
@@ -99,6 +136,33 @@ class _HFBackend:
     for i, ids in zip(whole, self._encode([texts[i] for i in whole])):
       out[i] = ids
     return out
+
+  def encode_units(self, documents: Sequence[Sequence[str]]
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """The ids of every unit (text) of `documents`, flat: (ids int32 [N], lengths int64
+    [units]), the units in order; the same ids as `encode_batch` of the units.
+
+    With the word cache, `encode_batch` of the units. Otherwise each document is one
+    pre-tokenized input (`is_pretokenized`: each unit normalised and pre-tokenized on
+    its own, as a text of its own is; its tokens' word ids name their unit): one
+    Encoding a document instead of one a unit, the library's per-text cost paid per
+    document (stage 1 of prepare: ~10% of a byte-level BPE's time)."""
+    if self._words is not None:
+      return flatten(self.encode_batch([u for d in documents for u in d]))
+    documents = [list(d) for d in documents]
+    encodings = self.tok.encode_batch(documents, is_pretokenized=True,
+                                      add_special_tokens=False)
+    counts = np.fromiter(map(len, encodings), np.int64, len(encodings))
+    total = int(counts.sum())
+    ids = np.fromiter(itertools.chain.from_iterable(e.ids for e in encodings), np.int32,
+                      total)
+    words = [e.word_ids for e in encodings]
+    units = np.fromiter(map(len, documents), np.int64, len(documents))
+    if any(None in w for w in words):  # a token of no unit: cannot be split by unit
+      return flatten(self.encode_batch([u for d in documents for u in d]))
+    first = np.repeat(np.cumsum(units) - units, counts)  # each token's document's 1st unit
+    unit_of = np.fromiter(itertools.chain.from_iterable(words), np.int64, total) + first
+    return ids, np.bincount(unit_of, minlength=int(units.sum())).astype(np.int64)
 
   def id_to_token(self, i: int) -> str | None:
     return self.tok.id_to_token(i)
@@ -159,6 +223,20 @@ class Tokenizer:
       if bad:
         raise DataError(f"the tokenizer takes text (str), got {bad[0]}.") from None
       return self._backend.encode_batch([sources.repair_unicode(t) for t in texts])
+
+  def tokenize_units(self, documents: Sequence[Sequence[str]]
+                     ) -> tuple[np.ndarray, np.ndarray]:
+    """Ids of every unit of `documents` (each a list of texts), flat: (ids int32 [N],
+    lengths int64 [units]); the same ids as `tokenize_batch` of the units in order, in
+    the arrays stage 1 of prepare writes (no list a unit). Lone surrogates as there."""
+    try:
+      return self._backend.encode_units(documents)
+    except TypeError:  # not a str, or a str that is not valid Unicode
+      bad = [type(t).__name__ for d in documents for t in d if not isinstance(t, str)]
+      if bad:
+        raise DataError(f"the tokenizer takes text (str), got {bad[0]}.") from None
+      return self._backend.encode_units(
+          [[sources.repair_unicode(t) for t in d] for d in documents])
 
   def num_special(self, pair: bool) -> int:
     """How many special tokens `build_inputs` adds to a single text or a pair."""
@@ -311,6 +389,13 @@ def check_same_vocabulary(given: Tokenizer, used: Tokenizer, given_name: str,
     if token(given, i) != token(used, i):
       raise ConfigError(f"{given_name} differs from the tokenizer {used_name} was trained "
                         f"with (id {i}: {token(given, i)!r} vs {token(used, i)!r}): {fix}.")
+
+
+def flatten(id_lists: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
+  """Lists of ids as (ids int32 [N], lengths int64 [len(id_lists)])."""
+  lengths = np.fromiter(map(len, id_lists), np.int64, len(id_lists))
+  return (np.fromiter(itertools.chain.from_iterable(id_lists), np.int32,
+                      int(lengths.sum())), lengths)
 
 
 def running_text(document: Sequence[str]) -> list[str]:
