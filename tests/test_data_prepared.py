@@ -426,3 +426,25 @@ def test_beam_runner_without_beam_is_one_config_error(prepared, monkeypatch):
                                     tokenizer_path=None, output=str(prepared / "no"),
                                     workers=0, runner="DirectRunner"))
   assert "\n" not in str(e.value)
+
+
+def test_a_chunks_records_are_each_documents_encode_document():
+  """Stage 1 writes a chunk's records from its flat ids at once (`encode_documents`):
+  each is `encode_document` of the document's non-empty units, a document of none
+  written not at all."""
+  rng = np.random.default_rng(0)
+  units = np.array([3, 0, 2, 1, 4, 2, 1], np.int64)
+  lengths = rng.integers(0, 4, int(units.sum())).astype(np.int64)
+  lengths[3:5] = 0  # the third document: empty units only
+  ids = rng.integers(0, 50, int(lengths.sum())).astype(np.int32)
+  word_starts = rng.random(50) < 0.5
+  records, kept = prepare_tokens.encode_documents(ids, lengths, units, word_starts)
+  pieces = np.split(ids, np.cumsum(lengths)[:-1])
+  expected, u = [], 0
+  for n in units:
+    sentences = [p for p in pieces[u:u + n] if len(p)]
+    u += n
+    if sentences:
+      expected.append(prepare_tokens.encode_document(sentences, word_starts))
+  assert records == expected and len(records) < len(units)
+  np.testing.assert_array_equal(kept, lengths > 0)

@@ -107,6 +107,79 @@ def test_word_cache_gives_the_same_ids_as_whole_texts(wordpiece_dir, lower):
   assert tok.tokenize_batch(texts[::-1]) == whole[::-1]
 
 
+# Texts as stage 1 of prepare hands them over: sentences, each after a document's first
+# with the space before it (`tokenizer.running_text`), and runs, ends and kinds of
+# spaces that send a text down the whole-text path.
+SPACED = [" " + t for t in TRICKY] + ["a  b", "a b ", " a", "a\xa0b c", "x \u3000y",
+                                      " [MASK] y", "it's  <mask> ok", "don't stop 's"]
+
+
+def _texts():
+  from bertjax.data import sources
+  docs = sources.load_documents("embedded")[:40]
+  return (TRICKY + SAMPLES + SPACED
+          + [s for d in docs for s in tokenizer_lib.running_text(d)])
+
+
+@pytest.mark.parametrize("lower", [False, True])
+def test_byte_level_bpe_word_cache_gives_the_same_ids_as_whole_texts(lower):
+  """Byte-level BPE (GPT-2's pre-tokenizer) caches each word with the space before it;
+  the ids equal the library's on whole texts (cold and warm cache), with a lower-casing
+  normalizer too; with a prefix space or another pre-tokenizer there is no cache."""
+  tok = tokenizer_lib.train_tokenizer(CORPUS, "byte_level_bpe", vocab_size=400)
+  backend = tok._backend  # pylint: disable=protected-access
+  if lower:
+    backend = type(backend)(_with(backend.tok, normalizer=tokenizer_lib.normalizers.Lowercase()))
+  assert backend._spaced  # pylint: disable=protected-access
+  texts = _texts()
+  whole = [e.ids for e in backend.tok.encode_batch(texts, add_special_tokens=False)]
+  assert backend.encode_batch(texts) == whole
+  assert backend.encode_batch(texts[::-1]) == whole[::-1]
+  prefixed = _with(backend.tok, pre_tokenizer=tokenizer_lib.pre_tokenizers.ByteLevel(
+      add_prefix_space=True))
+  assert type(backend)(prefixed)._words is None  # pylint: disable=protected-access
+
+
+def _with(tok, **parts):
+  """A copy of the `tokenizers.Tokenizer` `tok` with `parts` (normalizer=...) set."""
+  import tokenizers  # pylint: disable=g-import-not-at-top
+  copy = tokenizers.Tokenizer.from_str(tok.to_str())
+  for k, v in parts.items():
+    setattr(copy, k, v)
+  return copy
+
+
+def test_tokenize_units_gives_tokenize_batch_ids(wordpiece_dir, spm_path):
+  """`tokenize_units` (stage 1 of prepare: a chunk's documents at once, the ids flat)
+  gives `tokenize_batch`'s ids of the units in order, empty units and special tokens
+  included: WordPiece and byte-level BPE (the word cache), a byte-level BPE with a prefix
+  space (each document one pre-tokenized input), SentencePiece in XLM-R's and DeBERTa's
+  layouts (one library call, the special tokens' units apart)."""
+  bpe = tokenizer_lib.train_tokenizer(CORPUS, "byte_level_bpe", vocab_size=400)
+  kinds = {
+      "wordpiece": tokenizer_lib.load_tokenizer(os.path.join(wordpiece_dir, "vocab.txt")),
+      "byte_level_bpe": bpe,
+      "pretokenized": tokenizer_lib.from_library(_with(
+          bpe.library, pre_tokenizer=tokenizer_lib.pre_tokenizers.ByteLevel(
+              add_prefix_space=True))),
+      "sentencepiece": tokenizer_lib.load_tokenizer(spm_path),
+      "sentencepiece_bert": tokenizer_lib.train_tokenizer(CORPUS, "sentencepiece_bert",
+                                                          vocab_size=200),
+  }
+  texts = _texts()
+  documents = [texts[i:i + n] for i, n in zip(range(0, len(texts), 7), [3, 0, 7, 1, 5] * 99)]
+  documents.append(["", "a", ""])
+  units = [u for d in documents for u in d]
+  for name, tok in kinds.items():
+    if name == "pretokenized":
+      assert tok._backend._words is None, name  # pylint: disable=protected-access
+    ids, lengths = tok.tokenize_units(documents)
+    expected = tok.tokenize_batch(units)
+    assert ids.dtype == np.int32 and lengths.dtype == np.int64, name
+    assert lengths.tolist() == [len(e) for e in expected], name
+    assert ids.tolist() == [i for e in expected for i in e], name
+
+
 def test_wordpiece_dir_reads_do_lower_case(wordpiece_dir, tmp_path):
   import shutil
   shutil.copy(os.path.join(wordpiece_dir, "vocab.txt"), tmp_path / "vocab.txt")

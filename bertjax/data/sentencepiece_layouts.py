@@ -13,6 +13,8 @@ import numpy as np
 import sentencepiece as spm
 from tokenizers import normalizers
 
+from bertjax.data.hf_backend import flatten
+
 SENTENCEPIECE_FILE = "sentencepiece.bpe.model"  # the name Hugging Face's XLM-R dirs use
 SPM_FILE = "spm.model"  # DeBERTa's layout: the name its Hugging Face dirs use
 
@@ -92,10 +94,7 @@ class SentencePieceBackend:
     it = iter(lists)
     others = iter(self.encode_batch([texts[i] for i in special]))
     chosen = set(special)
-    out = [next(others) if i in chosen else next(it) for i in range(len(texts))]
-    lengths = np.fromiter(map(len, out), np.int64, len(out))
-    return (np.fromiter(itertools.chain.from_iterable(out), np.int32, int(lengths.sum())),
-            lengths)
+    return flatten([next(others) if i in chosen else next(it) for i in range(len(texts))])
 
   def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
     parts = [self.split_re.split(t) for t in texts]
