@@ -179,12 +179,16 @@ def test_training_data_shapes(tmp_path, published):
   tuples = _write(tmp_path / "t.jsonl", [{"anchor": q, "positive": DOCS[i], "negative_1":
                                           DOCS[i + 1], "negative_2": DOCS[i + 2]}
                                          for i, q in enumerate(QUERIES)])
-  for path, G, labels in ((pairs, 1, [[0], [1]]), (lists, 4, [[1, 0, 0, 0], [1, 0, 0, 0]]),
-                          (tuples, 3, [[1, 0, 0], [1, 0, 0]])):
+  # Labeled pairs are pairs, [N, T] (packed in training: 'cls' slots); lists and
+  # tuples groups [N, G, T].
+  for path, shape, labels in ((pairs, (5, 32), [0, 1]),
+                              (lists, (4, 4, 32), [[1, 0, 0, 0], [1, 0, 0, 0]]),
+                              (tuples, (4, 3, 32), [[1, 0, 0], [1, 0, 0]])):
     task = rerank.Rerank(_task_cfg(max_seq_length=32), tok, 32)
     examples = task.read(path, "train")
     f = task.featurize(examples, train=True)
-    assert f.arrays["input_ids"].shape == (len(examples), G, 32)
+    assert f.arrays["input_ids"].shape == shape
+    assert task.packing == ("cls" if len(shape) == 2 else "")
     np.testing.assert_array_equal(f.arrays["labels"][:2], labels)
   assert f.arrays["pair_mask"].sum() == 12
   lists_f = rerank.Rerank(_task_cfg(max_seq_length=32), tok, 32)

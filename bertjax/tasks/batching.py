@@ -97,6 +97,12 @@ def _first_fit(lengths: Sequence[int], capacity: int) -> list[list[int]]:
   return rows
 
 
+def packed_row_count(lengths: Sequence[int], T: int) -> int:
+  """The rows a packed batch of examples of `lengths` takes on one device: first fit
+  into rows of T tokens, rounded up to a power of two (`packed`)."""
+  return _pow2(len(_first_fit([int(n) for n in lengths], T)))
+
+
 def _layouts(valid: np.ndarray, lengths: np.ndarray, groups: int, T: int
              ) -> list[list[list[int]]]:
   """Per data-parallel group of the batch, its rows: the batch positions of the

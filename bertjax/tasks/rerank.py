@@ -67,18 +67,22 @@ def activation_of(task_cfg) -> str:
 
 class RerankHead(nn.Module):
   """The classification head (`ClassifierHead`'s layers and names: the family's
-  *ForSequenceClassification) over each pair of [B, G, T] groups -> logits [B, G, K]."""
+  *ForSequenceClassification) over each pair of [B, G, T] groups -> logits [B, G, K];
+  of [B, T] pairs (or a packed batch's slots) -> logits [B, K]."""
 
   config: Any  # the model config (any family)
   num_outputs: int
 
   @nn.compact
   def __call__(self, out: dict, batch: dict, deterministic: bool) -> dict:
-    B, G = batch["input_ids"].shape[:2]
     family = family_of(self.config)
     x = family.task_features(self.config, out, deterministic, pooled=True)  # [B*G, E]
     logits = family.output_layer(self.config, self.num_outputs, "classifier")(x)
-    return {"logits": logits.astype(jnp.float32).reshape(B, G, -1)}
+    logits = logits.astype(jnp.float32)
+    if batch["input_ids"].ndim == 2:  # pairs, one a row or packed (`Rerank.packing`)
+      return {"logits": logits}
+    B, G = batch["input_ids"].shape[:2]
+    return {"logits": logits.reshape(B, G, -1)}
 
 
 @dataclasses.dataclass
@@ -254,6 +258,10 @@ class Rerank(base.Task):
         groups = with_in_batch_negatives(groups, self.cfg.num_negatives, self.cfg.get(
             "seed", 0))
       G = self.group_size(groups)
+      # Groups of one pair (labeled pairs, pointwise losses) are pairs: one a row, so
+      # that fine-tuning's packing puts several short ones in a row of
+      # max_seq_length, each isolated (`batching.packed`, 'cls' slots).
+      self.packing = "cls" if G == 1 else ""
       long = next((i for i, g in enumerate(groups) if len(g.documents) > G), None)
       if long is not None:
         raise DataError(f"{path}, row {long + 1}: a list of {len(groups[long].documents)} "
@@ -272,6 +280,13 @@ class Rerank(base.Task):
     """Train: input_ids ... [N, G, T], labels / pair_mask [N, G]. Dev: the pairs of the
     candidate lists, one a row ([N, 1, T])."""
     T = self.max_seq_length
+    if self.packing:  # Pairs: [N, T] rows, labels [N] (`read`).
+      pairs = [(e["query"], e["document"], e["label"]) if not train else
+               (e["query"], e["documents"][0], e["labels"][0]) for e in examples]
+      arrays = tokenized_pairs(self.tokenizer, [q for q, _, _ in pairs],
+                               [d for _, d, _ in pairs], T)
+      arrays["labels"] = np.asarray([l for _, _, l in pairs], np.float32)
+      return base.Features(arrays, np.arange(len(pairs)), [None] * len(pairs))
     if not train:  # Pairs of the dev lists (rerank_eval.read_dev).
       arrays = tokenized_pairs(self.tokenizer, [e["query"] for e in examples],
                                [e["document"] for e in examples], T)
@@ -304,12 +319,15 @@ class Rerank(base.Task):
     return RerankHead(config, self.cfg.num_labels)
 
   def loss(self, outputs, batch):
-    mask = batch["pair_mask"] * batch["example_weights"][:, None]
-    labels = batch["labels"]
+    logits, labels = outputs["logits"], batch["labels"]
+    if "pair_mask" in batch:
+      mask = batch["pair_mask"] * batch["example_weights"][:, None]
+    else:  # pairs ([B] or packed [rows, K]): groups of one
+      logits = logits.reshape(-1, 1, logits.shape[-1])
+      labels, mask = labels.reshape(-1, 1), batch["example_weights"].reshape(-1, 1)
     if self.cfg.loss == "cross_entropy":
       labels = labels.astype(jnp.int32)
-    total, count = rerank_losses.loss_of(self.cfg.loss, outputs["logits"], labels, mask,
-                                         self.cfg)
+    total, count = rerank_losses.loss_of(self.cfg.loss, logits, labels, mask, self.cfg)
     if self.cfg.loss in ("lambda", "ranknet") and self.cfg.lambda_k:
       # NDCG@k's pairs depend on the model's order: the batch's mean, a term a batch.
       return total / jnp.maximum(count, 1.0), jnp.ones(())
@@ -329,7 +347,8 @@ class Rerank(base.Task):
 
   def decode(self, outputs, features, examples):
     """Each dev pair's score (CrossEncoder.predict's)."""
-    s = self.scores(outputs["logits"][:, 0])
+    logits = outputs["logits"]
+    s = self.scores(logits[:, 0] if logits.ndim == 3 else logits)
     return [float(x) if np.ndim(x) == 0 else [float(v) for v in x] for x in s]
 
   def score(self, predictions, examples):

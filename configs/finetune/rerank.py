@@ -68,7 +68,9 @@ def get_config(arg=None):
   c.task.qrels_split = "test"
   c.task.always_rerank_positives = True
   c.task.at_k = 10  # MRR@k and nDCG@k.
-  c.task.batching = "bucket"
+  # 'auto': labeled pairs (groups of one) packed several to a row of max_seq_length,
+  # each isolated (bertjax/tasks/batching.py); lists and tuples bucketed.
+  c.task.batching = "auto"
   c.data.train = ""
   c.data.dev = ""
   c.train.batch_size = 64  # Groups a step (each of group_size pairs).
