@@ -81,10 +81,6 @@ def define_flags() -> None:
   flags.DEFINE_integer("steps", 0, "Internal: --only's steps.")
 
 
-def _repo() -> str:
-  return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
 def prepare(f) -> dict:
   """The dataset, the mined rows and the bi-encoder's run in --dir (once)."""
   path = os.path.join(f.dir, "setup.json")
@@ -111,7 +107,7 @@ def prepare(f) -> dict:
                   f"--pairs={mined_from}", f"--corpus={candidates}",
                   f"--out={setup['labeled_pairs']}",
                   "--output_format=labeled-pair", f"--num_negatives={f.num_negatives}",
-                  "--relative_margin=0.05"], check=True, cwd=_repo())
+                  "--relative_margin=0.05"], check=True, cwd=retrieval_example.repo())
   groups = {}
   with open(setup["labeled_pairs"]) as fh:
     for n, line in enumerate(fh, 1):
@@ -143,7 +139,7 @@ def bertjax_steps(setup: dict, batch_size: int) -> int:
 def train_bertjax(f, setup: dict, seed: int, out: str) -> None:
   """`python -m bertjax.finetune` then `python -m bertjax.convert` into `out`."""
   workdir = out + "_workdir"
-  subprocess.run([
+  retrieval_example.finetune_and_export([
       sys.executable, "-m", "bertjax.finetune", "--config=configs/finetune/rerank.py",
       f"--workdir={workdir}", f"--config.init_from={f.model or retrieval_example.default_model()}",
       f"--config.data.train={setup['labeled_pairs']}", f"--config.data.dev={setup['dev']}",
@@ -151,24 +147,15 @@ def train_bertjax(f, setup: dict, seed: int, out: str) -> None:
       f"--config.task.max_seq_length={f.max_seq_length}",
       f"--config.train.batch_size={f.batch_size}", f"--config.train.learning_rate={f.lr}",
       "--config.train.num_epochs=1", "--config.train.log_every=20",
-      "--config.compilation_cache_dir="], check=True, cwd=_repo())
-  subprocess.run([sys.executable, "-m", "bertjax.convert", "--to=hf", f"--src={workdir}",
-                  f"--dst={out}"], check=True, cwd=_repo())
+      "--config.compilation_cache_dir="], workdir, out)
 
 
 def train_sentence_transformers(f, setup: dict, seed: int, steps: int, out: str) -> None:
   """sentence-transformers' own CrossEncoderTrainer with the same recipe."""
-  try:
-    import accelerate  # pylint: disable=g-import-not-at-top,unused-import
-    import datasets  # pylint: disable=g-import-not-at-top
-  except ImportError:
-    raise SystemExit("the sentence_transformers arm needs what sentence-transformers' "
-                     "trainer does: pip install datasets accelerate") from None
+  retrieval_example.trainer_ready(f)
+  import datasets  # pylint: disable=g-import-not-at-top
   from sentence_transformers import cross_encoder  # pylint: disable=g-import-not-at-top
   from sentence_transformers.cross_encoder import losses  # pylint: disable=g-import-not-at-top
-  if f.torch_threads:
-    import torch  # pylint: disable=g-import-not-at-top
-    torch.set_num_threads(f.torch_threads)
   import transformers  # pylint: disable=g-import-not-at-top
   transformers.set_seed(seed)  # The fresh head's draw, as the trainer's seed would.
   model = cross_encoder.CrossEncoder(f.model or retrieval_example.default_model(),
@@ -266,7 +253,7 @@ def main(argv) -> None:
                         f"--dir={f.dir}", f"--only={arm}", f"--seed={seed}",
                         f"--steps={steps}", *[a for a in sys.argv[2:]
                                               if a.split("=")[0] in _PASSED]],
-                       check=True, cwd=_repo())
+                       check=True, cwd=retrieval_example.repo())
         runs[key] = {"steps": steps, "process_s": time.time() - start}
         runs[key].update(score(out, setup, f, f"{arm}_seed{seed}"))
         with open(runs_path, "w") as fh:

@@ -154,24 +154,37 @@ def train_bertjax(f, setup: dict, seed: int, out: str, gradcache: bool) -> None:
          f"--config.task.mini_batch_size={f.batch_size if gradcache else 0}",
          "--config.train.num_epochs=1", "--config.train.log_every=50",
          "--config.compilation_cache_dir="]
-  subprocess.run(cmd, check=True, cwd=_repo())
+  finetune_and_export(cmd, workdir, out)
+
+
+def finetune_and_export(cmd: list[str], workdir: str, out: str) -> None:
+  """The finetune command `cmd` (training `workdir`), then `python -m bertjax.convert
+  --to=hf` of it into `out`, each from the repository's root."""
+  subprocess.run(cmd, check=True, cwd=repo())
   subprocess.run([sys.executable, "-m", "bertjax.convert", "--to=hf", f"--src={workdir}",
-                  f"--dst={out}"], check=True, cwd=_repo())
+                  f"--dst={out}"], check=True, cwd=repo())
+
+
+def trainer_ready(f) -> None:
+  """sentence-transformers' trainers need `datasets` and `accelerate` (one line if
+  absent); torch on --torch_threads threads when given."""
+  try:
+    import accelerate  # pylint: disable=g-import-not-at-top,unused-import
+    import datasets  # pylint: disable=g-import-not-at-top,unused-import
+  except ImportError:
+    raise SystemExit("the sentence_transformers arm needs what sentence-transformers' "
+                     "trainer does: pip install datasets accelerate") from None
+  if f.torch_threads:
+    import torch  # pylint: disable=g-import-not-at-top
+    torch.set_num_threads(f.torch_threads)
 
 
 def train_sentence_transformers(f, setup: dict, seed: int, steps: int, out: str) -> None:
   """sentence-transformers' own trainer with the same recipe (module docstring)."""
-  try:
-    import accelerate  # pylint: disable=g-import-not-at-top,unused-import
-    import datasets  # pylint: disable=g-import-not-at-top
-  except ImportError:
-    raise SystemExit("the sentence_transformers arm needs what sentence-transformers' "
-                     "trainer does: pip install datasets accelerate") from None
+  trainer_ready(f)
+  import datasets  # pylint: disable=g-import-not-at-top
   import sentence_transformers as st  # pylint: disable=g-import-not-at-top
   from sentence_transformers.sentence_transformer import losses  # pylint: disable=g-import-not-at-top
-  if f.torch_threads:
-    import torch  # pylint: disable=g-import-not-at-top
-    torch.set_num_threads(f.torch_threads)
   model = st.SentenceTransformer(f.model or default_model(), device="cpu")
   model.max_seq_length = f.max_seq_length
   train = datasets.Dataset.from_json(setup["train_path"])
@@ -188,7 +201,7 @@ def train_sentence_transformers(f, setup: dict, seed: int, steps: int, out: str)
   model.save(out)
 
 
-def _repo() -> str:
+def repo() -> str:
   return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -239,7 +252,7 @@ def main(argv) -> None:
                           f"--dir={f.dir}", f"--only={arm}", f"--seed={seed}",
                           f"--steps={steps}", *[a for a in sys.argv[2:]
                                                 if a.split("=")[0] in _PASSED]],
-                         check=True, cwd=_repo())
+                         check=True, cwd=repo())
           run["process_s"] = time.time() - start
         runs[key] = run
       if runs[key].get("scored_at") != f.max_seq_length:  # New, or scored at another length.
