@@ -198,6 +198,40 @@ def test_listnet_listmle(name):
   np.testing.assert_allclose(got, want, rtol=RTOL)
 
 
+@pytest.mark.parametrize("name,order", [("listmle", "labels"), ("plistmle", "input"),
+                                        ("plistmle", "labels")])
+def test_listmle_by_labels_and_plistmle(name, order):
+  """Distinct labels, so that torch's unstable sort and ours rank a list alike; a list
+  of 130 documents reaches PListMLE's weight clamp (n > 127)."""
+  rng = np.random.default_rng(9)
+  lengths = LENGTHS + [130]
+  q, d, _, table = _lists(rng, lengths)
+  labels = [rng.permutation(n).astype(np.float32) for n in lengths]
+  if name == "listmle":
+    ref = st_losses.ListMLELoss(_Table(table), respect_input_order=order == "input")
+  else:
+    ref = st_losses.PListMLELoss(_Table(table), respect_input_order=order == "input")
+  want = ref([q, d], [torch.tensor(l) for l in labels]).item()
+  logits, lab, mask = _grouped(q, d, labels, table, 132)
+  got = _ours(losses.loss_of, name, logits[..., None], lab, mask,
+              _cfg(loss=name, list_order=order))
+  np.testing.assert_allclose(got, want, rtol=RTOL)
+  assert want != 0
+
+
+@pytest.mark.parametrize("alpha", [1.0, 0.3])
+def test_adrmse(alpha):
+  """Graded labels with ties (their mean rank), lists padded to the group size."""
+  rng = np.random.default_rng(10)
+  q, d, labels, table = _lists(rng, LENGTHS)
+  want = st_losses.ADRMSELoss(_Table(table), alpha=alpha)(
+      [q, d], [torch.tensor(l) for l in labels]).item()
+  logits, lab, mask = _grouped(q, d, labels, table, 8)
+  got = _ours(losses.adrmse, logits, lab, mask, alpha=alpha)
+  np.testing.assert_allclose(got, want, rtol=RTOL)
+  assert want != 0
+
+
 def test_gradients_finite_through_padding():
   """A padded group's gradient is finite and zero at the padding."""
   rng = np.random.default_rng(8)
@@ -214,7 +248,7 @@ def _cfg(**kw):
   c = ml_collections.ConfigDict(dict(
       loss="bce", loss_activation="", pos_weight=0.0, scale=10.0, lambda_scheme="ndcg2pp",
       lambda_k=0, sigma=1.0, reduction_log="binary", mu=10.0, num_negatives=4,
-      num_labels=1))
+      num_labels=1, list_order="input", adrmse_alpha=1.0))
   c.update(kw)
   return c
 
@@ -224,7 +258,8 @@ def _cfg(**kw):
     ({"lambda_scheme": "ndcg3"}, "lambda_scheme"),
     ({"loss": "bce", "num_labels": 3}, "num_labels=3"),
     ({"loss": "cross_entropy", "num_labels": 1}, "num_labels"),
-    ({"loss_activation": "tanh"}, "loss_activation")])
+    ({"loss_activation": "tanh"}, "loss_activation"),
+    ({"list_order": "score"}, "list_order")])
 def test_config_errors(kw, match):
   with pytest.raises(ConfigError, match=match):
     losses.check_config(_cfg(**kw))

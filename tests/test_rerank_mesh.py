@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
+from bertjax.errors import ConfigError
 from bertjax.parallel import mesh as mesh_lib
 from bertjax.tasks import base, finetune, rerank, reranker as reranker_lib
 from tests.test_rerank_export import _reranker
@@ -58,3 +59,48 @@ def test_eight_devices_equal_one_with_the_whole_batch(tmp_path):
     assert eight[0] == pytest.approx(one[0], rel=1e-6), loss
     _assert_trees_close(eight[1], one[1], 1e-5)
     assert one[0] > 0, loss
+
+
+def _batch(rng, vocab_size, B, G, T):
+  ids = rng.integers(5, vocab_size, (B, G, T)).astype(np.int32)
+  lengths = rng.integers(4, T + 1, (B, G))
+  mask = (np.arange(T) < lengths[..., None]).astype(np.int32)
+  pair_mask = (np.arange(G) < rng.integers(2, G + 1, B)[:, None]).astype(np.float32)
+  batch = {"input_ids": ids * mask, "attention_mask": mask,
+           "token_type_ids": np.zeros_like(ids), "pair_mask": pair_mask,
+           "labels": rng.integers(0, 3, (B, G)).astype(np.float32) * pair_mask,
+           "example_weights": np.asarray([1] * (B - 1) + [0], np.float32)}
+  batch["labels"][:, 0] = 2  # A positive first (MNRL).
+  return batch
+
+
+@pytest.mark.slow
+def test_mini_batches_give_the_whole_batch_in_less_memory(tmp_path):
+  """`task.mini_batch_size` (GradCache; MNRL with it is sentence-transformers'
+  CachedMultipleNegativesRankingLoss): the loss and gradients of 8 pairs at a time are
+  the whole batch's at once, on one device and on 8; the compiled step's temporary
+  memory shrinks with the mini-batch."""
+  ours = _reranker("bert", str(tmp_path / "tokenizer"))
+  batch = _batch(np.random.default_rng(1), ours.config.vocab_size, B, G, T)
+  model = base.FinetuneModel(ours.config, ours.task.head(ours.config))
+  whole, cached = (rerank.Rerank(reranker_lib.task_config(
+      loss="mnrl", max_seq_length=T, mini_batch_size=m), ours.tokenizer, T) for m in (0, 8))
+  one = _loss_and_grads(whole, model, ours.params, batch, jax.devices()[:1])
+  for devices in (jax.devices()[:1], jax.devices()[:8]):
+    got = _loss_and_grads(cached, model, ours.params, batch, devices)
+    assert got[0] == pytest.approx(one[0], rel=1e-6)
+    _assert_trees_close(got[1], one[1], 1e-5)
+  big = _batch(np.random.default_rng(2), ours.config.vocab_size, 2, 32, 64)
+  temp = {}
+  for m in (0, 8):
+    task = rerank.Rerank(reranker_lib.task_config(loss="mnrl", max_seq_length=64,
+                                                  mini_batch_size=m), ours.tokenizer, 64)
+    obj = finetune.objective(task, model, {k: v[:1] for k, v in big.items()})
+    grad = jax.jit(jax.grad(lambda p, b: obj.loss(obj.sums(p, b, None), obj.counts(b))))
+    temp[m] = grad.lower(ours.params, big).compile().memory_analysis().temp_size_in_bytes
+  assert temp[8] < temp[0] / 3, temp
+  with pytest.raises(ConfigError, match="mini_batch_size=5 does not divide the 64 pairs"):
+    task = rerank.Rerank(reranker_lib.task_config(loss="mnrl", max_seq_length=64,
+                                                  mini_batch_size=5), ours.tokenizer, 64)
+    obj = finetune.objective(task, model, {k: v[:1] for k, v in big.items()})
+    jax.eval_shape(lambda p, b: obj.sums(p, b, None), ours.params, big)

@@ -133,6 +133,13 @@ class Task(abc.ABC):
     """The Flax head over the encoder's outputs (called as head(out, batch, det)),
     for the model config `config` of any family (its hooks: `family_of(config)`)."""
 
+  def train_outputs(self, model: nn.Module, params, batch: dict, rng: jax.Array | None
+                    ) -> dict:
+    """The model's outputs on a training batch (`rng` None: no dropout); one apply.
+    A task may compute them in pieces (rerank: `task.mini_batch_size`)."""
+    return model.apply({"params": params}, batch, deterministic=rng is None,
+                       rngs=None if rng is None else {"dropout": rng})
+
   @abc.abstractmethod
   def loss(self, outputs: dict, batch: dict) -> tuple[jax.Array, jax.Array]:
     """(summed loss, number of loss terms) of a batch; rows with `example_weights` 0

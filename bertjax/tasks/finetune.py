@@ -231,9 +231,7 @@ def objective(task: base.Task, model: base.FinetuneModel, sample: dict) -> Objec
   abstract = nn.unbox(jax.eval_shape(init, jax.random.key(0)))
 
   def sums(params, batch, rng):
-    out = model.apply({"params": params}, batch, deterministic=rng is None,
-                      rngs=None if rng is None else {"dropout": rng})
-    return {"loss": task.loss(out, batch)[0]}
+    return {"loss": task.loss(task.train_outputs(model, params, batch, rng), batch)[0]}
 
   def counts(batch):
     shapes = jax.eval_shape(lambda p, b: model.apply({"params": p}, b), abstract, batch)

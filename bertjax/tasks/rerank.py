@@ -47,7 +47,7 @@ from absl import logging
 
 from bertjax.data.tokenizer import truncate_longest_first
 from bertjax.errors import ConfigError, DataError
-from bertjax.tasks import base, pairs as pairs_lib, rerank_eval, rerank_losses
+from bertjax.tasks import base, contrastive, pairs as pairs_lib, rerank_eval, rerank_losses
 from bertjax.model import family_of
 
 NAME = "rerank"
@@ -318,6 +318,39 @@ class Rerank(base.Task):
   def head(self, config) -> nn.Module:
     return RerankHead(config, self.cfg.num_labels)
 
+  def train_outputs(self, model, params, batch, rng):
+    """With `mini_batch_size` (sentence-transformers' mini_batch_size of
+    CachedMultipleNegativesRankingLoss, for any loss here): the encoder reads that many
+    rows at a time (a group's pairs one a row, or packed rows) under GradCache
+    (`contrastive.embed_in_chunks`): the step holds one mini-batch's activations, and
+    its loss and gradients are the whole batch's at once to rounding."""
+    mini = self.cfg.mini_batch_size
+    if not mini:
+      return super().train_outputs(model, params, batch, rng)
+    grouped = batch["input_ids"].ndim == 3  # [B, G, T] groups; else [B, T] rows
+    lead = batch["input_ids"].shape[:-1]
+    keys = ("input_ids", "attention_mask", "token_type_ids") + (
+        () if grouped else tuple(k for k in ("position_ids", "segment_ids",
+                                             "cls_positions") if k in batch))
+    inputs = {k: batch[k].reshape(-1, batch[k].shape[-1]) if grouped else batch[k]
+              for k in keys}
+    n_rows = inputs["input_ids"].shape[0]
+    if n_rows > mini and n_rows % mini:
+      raise ConfigError(
+          f"config.task.mini_batch_size={mini} does not divide the {n_rows} "
+          f"{'pairs (groups x group_size)' if grouped else 'packed rows'} the encoder "
+          "reads in a step; use a divisor of it.")
+
+    def logits(chunk, key):
+      out = model.apply({"params": params}, chunk, deterministic=key is None,
+                        rngs=None if key is None else {"dropout": key})["logits"]
+      return out.reshape(out.shape[0], -1)
+
+    flat = contrastive.embed_in_chunks(logits, inputs, rng, mini)
+    if "cls_positions" in batch:  # packed rows: [rows, K slots, labels]
+      return {"logits": flat.reshape(n_rows, batch["cls_positions"].shape[1], -1)}
+    return {"logits": flat.reshape(*lead, -1)}
+
   def loss(self, outputs, batch):
     logits, labels = outputs["logits"], batch["labels"]
     if "pair_mask" in batch:
@@ -361,9 +394,9 @@ def check_task(t) -> None:
   if t.activation not in ("", *rerank_losses.ACTIVATIONS):
     raise ConfigError(f"config.task.activation={t.activation!r}: use '' (Sigmoid for one "
                       f"label, else identity) or one of {rerank_losses.ACTIVATIONS}.")
-  if t.group_size < 0 or t.at_k < 1:
-    raise ConfigError("config.task.group_size must be >= 0 (0: the longest list) and "
-                      "config.task.at_k >= 1.")
+  if t.group_size < 0 or t.at_k < 1 or t.mini_batch_size < 0:
+    raise ConfigError("config.task.group_size and mini_batch_size must be >= 0 (0: the "
+                      "longest list; at once) and config.task.at_k >= 1.")
 
 
 def check_config(config) -> None:

@@ -30,8 +30,16 @@ pair; 0: the padding of a list shorter than the group size G, or of a row of wei
 - 'ranknet': RankNetLoss: LambdaLoss without weights.
 - 'listnet': ListNetLoss: cross-entropy of the softmax of the logits against the
   softmax of the labels; the mean over the rows.
-- 'listmle': ListMLELoss (respect_input_order=True): the list as given is the ranking
-  (best first), -log of its Plackett-Luce probability; the mean over the rows.
+- 'listmle': ListMLELoss: the ranking is the list as given (best first;
+  `list_order='input'`, its respect_input_order=True) or the labels' order, ties in
+  the input's order ('labels'); -log of its Plackett-Luce probability; the mean over
+  the rows.
+- 'plistmle': PListMLELoss: ListMLE with its default position weights (the i-th of n
+  documents 2^(n - i - c) - 2^-c, c = max(n - 127, 0), normalised to sum 1 a list).
+- 'adrmse': ADRMSELoss (Rank-DistiLLM): each document's true rank by label (ties at
+  their mean rank) against its approximate rank 1 + sum_j sigmoid(alpha (s_j - s_i))
+  (`adrmse_alpha`), the squared error discounted by 1 / log2(1 + true rank); the mean
+  over the documents of the batch.
 """
 
 from __future__ import annotations
@@ -44,9 +52,10 @@ import jax.numpy as jnp
 from bertjax.errors import ConfigError
 
 LOSSES = ("bce", "cross_entropy", "mse", "mnrl", "margin_mse", "lambda", "ranknet",
-          "listnet", "listmle")
+          "listnet", "listmle", "plistmle", "adrmse")
 # The losses over a list ([B, G] groups); the others are pointwise or a positive first.
-LISTWISE = ("lambda", "ranknet", "listnet", "listmle")
+LISTWISE = ("lambda", "ranknet", "listnet", "listmle", "plistmle", "adrmse")
+LIST_ORDERS = ("input", "labels")  # listmle / plistmle: the ranking a list is scored by
 SCHEMES = ("ndcg2pp", "ndcg2", "ndcg1", "lambdarank", "none")
 ACTIVATIONS = ("identity", "sigmoid")
 # Each loss's default activation_fn (sentence-transformers'): MNRL's Sigmoid, else none.
@@ -186,19 +195,55 @@ def listnet(logits, labels, mask, act: str = "identity"):
   return jnp.sum(jnp.where(rows, terms, 0.0)), _count(rows)
 
 
-def listmle(logits, labels, mask, act: str = "identity"):
-  """ListMLELoss (PListMLELoss without lambda weights, respect_input_order=True): the
-  list's order as given is the ranking (the documents best first, as its data
-  supplies them; labels unread); per list, -sum_i log(exp(s_i) / sum_{j >= i}
-  exp(s_j)) over its real documents; the mean over the lists."""
-  del labels
+def plistmle(logits, labels, mask, act: str = "identity", order: str = "input",
+             weighted: bool = True):
+  """PListMLELoss (`weighted`; ListMLELoss without): per list, -sum_i w_i log(exp(s_i)
+  / sum_{j >= i} exp(s_j)) over its real documents, ranked as `order` says; the mean
+  over the lists. Its weights are set by the real documents' count and positions."""
   x = activation(logits.astype(jnp.float32), act)
   m = mask > 0
-  s = jnp.where(m, x, jnp.finfo(jnp.float32).min)
+  if order == "labels":  # best label first; a stable sort keeps ties in input order
+    y = jnp.where(m, labels.astype(jnp.float32), -jnp.inf)
+    idx = jnp.argsort(-y, axis=1, stable=True)
+    x, ranked = jnp.take_along_axis(x, idx, 1), jnp.take_along_axis(m, idx, 1)
+  else:
+    ranked = m
+  s = jnp.where(ranked, x, jnp.finfo(jnp.float32).min)
   tail = jnp.flip(jax.lax.cumlogsumexp(jnp.flip(s, 1), axis=1), 1)
-  logp = jnp.where(m, x - tail, 0.0)
+  logp = x - tail
+  if weighted:  # PListMLELambdaWeight on the unsorted mask, as sentence-transformers
+    # Its 2^(n - i - c) - 2^-c scaled by 2^(1 + c - n) (exact: a power of two), which
+    # normalising cancels: 2^(1 - i) - 2^(1 - n). Unscaled, a list of 128 or more
+    # weighs up to 2^126, whose normaliser's reciprocal is below float32's normal range.
+    mf = m.astype(jnp.float32)
+    n = jnp.sum(mf, axis=1, keepdims=True)
+    ranks = jnp.arange(1, m.shape[1] + 1, dtype=jnp.float32)[None]
+    w = (jnp.power(2.0, 1.0 - ranks) - jnp.power(2.0, 1.0 - n)) * mf
+    logp = logp * (w / (jnp.sum(w, axis=1, keepdims=True) + 1e-10))  # a list of 1: 0
+  logp = jnp.where(ranked, logp, 0.0)
   rows = jnp.any(m, axis=1)
   return -jnp.sum(jnp.where(rows, jnp.sum(logp, axis=1), 0.0)), _count(rows)
+
+
+def listmle(logits, labels, mask, act: str = "identity", order: str = "input"):
+  """ListMLELoss: `plistmle` without position weights."""
+  return plistmle(logits, labels, mask, act, order, weighted=False)
+
+
+def adrmse(logits, labels, mask, act: str = "identity", alpha: float = 1.0):
+  """ADRMSELoss's (sum of the discounted squared rank errors, number of documents)."""
+  m = mask > 0
+  x = jnp.where(m, activation(logits.astype(jnp.float32), act), PAD_LOGIT)
+  y = jnp.where(m, labels.astype(jnp.float32), 0.0)
+  valid_j = m[:, None, :]
+  greater = jnp.sum((y[:, None, :] > y[:, :, None]) & valid_j, axis=-1).astype(jnp.float32)
+  equal = jnp.sum((y[:, None, :] == y[:, :, None]) & valid_j, axis=-1).astype(jnp.float32)
+  true_ranks = greater + (equal + 1.0) / 2.0
+  mf = m.astype(jnp.float32)
+  pairwise = jax.nn.sigmoid(alpha * (x[:, None, :] - x[:, :, None])) * mf[:, None, :]
+  approx = 1.0 + jnp.sum(pairwise, axis=2) - 0.5 * mf
+  terms = jnp.square(true_ranks - approx) / jnp.log2(true_ranks + 1.0)
+  return jnp.sum(jnp.where(m, terms, 0.0)), _count(m)
 
 
 def loss_of(name: str, logits, labels, mask, task_cfg):
@@ -222,7 +267,10 @@ def loss_of(name: str, logits, labels, mask, task_cfg):
                        act=act)
   if name == "listnet":
     return listnet(logits[..., 0], labels, mask, act)
-  return listmle(logits[..., 0], labels, mask, act)
+  if name == "adrmse":
+    return adrmse(logits[..., 0], labels, mask, act, task_cfg.adrmse_alpha)
+  return plistmle(logits[..., 0], labels, mask, act, task_cfg.list_order,
+                  weighted=name == "plistmle")
 
 
 def check_config(task_cfg) -> None:
@@ -235,6 +283,9 @@ def check_config(task_cfg) -> None:
   if task_cfg.lambda_scheme not in SCHEMES:
     raise ConfigError(f"config.task.lambda_scheme={task_cfg.lambda_scheme!r}: use one of "
                       f"{SCHEMES}.")
+  if task_cfg.list_order not in LIST_ORDERS:
+    raise ConfigError(f"config.task.list_order={task_cfg.list_order!r}: use one of "
+                      f"{LIST_ORDERS}.")
   if task_cfg.reduction_log not in ("binary", "natural"):
     raise ConfigError(f"config.task.reduction_log={task_cfg.reduction_log!r}: use "
                       "'binary' or 'natural'.")

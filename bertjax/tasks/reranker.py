@@ -78,7 +78,8 @@ def task_config(**overrides) -> ml_collections.ConfigDict:
       name=rerank.NAME, max_seq_length=512, num_labels=1, activation="", loss="bce",
       loss_activation="", pos_weight=0.0, scale=10.0, num_negatives=4,
       lambda_scheme="ndcg2pp", lambda_k=0, sigma=1.0, mu=10.0, reduction_log="binary",
-      group_size=0, at_k=10, always_rerank_positives=True))
+      list_order="input", adrmse_alpha=1.0, mini_batch_size=0, group_size=0, at_k=10,
+      always_rerank_positives=True))
   t.update(overrides)
   return t
 

@@ -36,7 +36,7 @@ def get_config(arg=None):
   c.task.activation = ""
   # Loss by name (bertjax/tasks/rerank_losses.py, each sentence-transformers 6.2.0's):
   # 'bce', 'cross_entropy', 'mse', 'mnrl', 'margin_mse', 'lambda', 'ranknet',
-  # 'listnet', 'listmle'.
+  # 'listnet', 'listmle', 'plistmle', 'adrmse'.
   c.task.loss = "bce"
   # The activation applied to the logits inside the loss: '' the loss's own default
   # (MNRL: 'sigmoid'; the others: 'identity'), or 'sigmoid' / 'identity'.
@@ -52,6 +52,14 @@ def get_config(arg=None):
   c.task.sigma = 1.0
   c.task.mu = 10.0
   c.task.reduction_log = "binary"
+  # listmle / plistmle: the ranking a list is scored by: 'input' (the list's own order,
+  # best first: respect_input_order=True) or 'labels' (by label, ties in input order).
+  c.task.list_order = "input"
+  c.task.adrmse_alpha = 1.0  # adrmse: the sigmoid's sharpness in the approximate ranks.
+  # The encoder reads this many rows (pairs, or packed rows) at a time under GradCache,
+  # any loss: memory of one mini-batch, the whole batch's gradient (sentence-
+  # transformers' CachedMultipleNegativesRankingLoss is 'mnrl' with this). 0: at once.
+  c.task.mini_batch_size = 0
   # (query, document) pairs a training example: 0 the longest list of the data (1 for
   # labeled pairs); shorter lists padded, longer ones refused. One shape: one compile.
   c.task.group_size = 0
