@@ -33,11 +33,10 @@ def _loss_and_grads(task, model, params, batch, devices):
   return float(value), jax.device_get(grads)
 
 
-@pytest.mark.slow
-def test_eight_devices_equal_one_with_the_whole_batch(tmp_path):
-  ours = _reranker("bert", str(tmp_path / "tokenizer"))
-  rng = np.random.default_rng(0)
-  ids = rng.integers(5, ours.config.vocab_size, (B, G, T)).astype(np.int32)
+def _batch(rng, vocab_size, B, G, T):  # pylint: disable=redefined-outer-name
+  """B groups of G pairs of up to T tokens: random ids and lengths, lists of 2..G pairs,
+  graded labels with a positive first, the last group of weight 0."""
+  ids = rng.integers(5, vocab_size, (B, G, T)).astype(np.int32)
   lengths = rng.integers(4, T + 1, (B, G))
   mask = (np.arange(T) < lengths[..., None]).astype(np.int32)
   pair_mask = (np.arange(G) < rng.integers(2, G + 1, B)[:, None]).astype(np.float32)
@@ -46,6 +45,13 @@ def test_eight_devices_equal_one_with_the_whole_batch(tmp_path):
            "labels": rng.integers(0, 3, (B, G)).astype(np.float32) * pair_mask,
            "example_weights": np.asarray([1] * (B - 1) + [0], np.float32)}
   batch["labels"][:, 0] = 2  # A positive first (MNRL).
+  return batch
+
+
+@pytest.mark.slow
+def test_eight_devices_equal_one_with_the_whole_batch(tmp_path):
+  ours = _reranker("bert", str(tmp_path / "tokenizer"))
+  batch = _batch(np.random.default_rng(0), ours.config.vocab_size, B, G, T)
   model = base.FinetuneModel(ours.config, ours.task.head(ours.config))
   for loss, k in (("bce", 0), ("mnrl", 0), ("lambda", 0), ("lambda", 2), ("listnet", 0)):
     task = rerank.Rerank(reranker_lib.task_config(loss=loss, lambda_k=k,
@@ -59,19 +65,6 @@ def test_eight_devices_equal_one_with_the_whole_batch(tmp_path):
     assert eight[0] == pytest.approx(one[0], rel=1e-6), loss
     _assert_trees_close(eight[1], one[1], 1e-5)
     assert one[0] > 0, loss
-
-
-def _batch(rng, vocab_size, B, G, T):
-  ids = rng.integers(5, vocab_size, (B, G, T)).astype(np.int32)
-  lengths = rng.integers(4, T + 1, (B, G))
-  mask = (np.arange(T) < lengths[..., None]).astype(np.int32)
-  pair_mask = (np.arange(G) < rng.integers(2, G + 1, B)[:, None]).astype(np.float32)
-  batch = {"input_ids": ids * mask, "attention_mask": mask,
-           "token_type_ids": np.zeros_like(ids), "pair_mask": pair_mask,
-           "labels": rng.integers(0, 3, (B, G)).astype(np.float32) * pair_mask,
-           "example_weights": np.asarray([1] * (B - 1) + [0], np.float32)}
-  batch["labels"][:, 0] = 2  # A positive first (MNRL).
-  return batch
 
 
 @pytest.mark.slow
