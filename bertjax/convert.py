@@ -3,7 +3,8 @@ workdir (or a Hugging Face dir) to a Hugging Face dir (of a workdir training sev
 networks, the exported one in DST and each other in DST/<name>: an ELECTRA pair's
 discriminator and DST/generator), a fine-tuning workdir to the
 matching Hugging Face `*For<Task>` dir (an embedding model's, 'retrieval', to a
-sentence-transformers folder; a reranker's, 'rerank', to a CrossEncoder folder), or a Hugging Face dir to a bertjax workdir
+sentence-transformers folder; a reranker's, 'rerank', to a CrossEncoder folder; a sparse
+model's, 'sparse', to a SparseEncoder folder), or a Hugging Face dir to a bertjax workdir
 (`bertjax.hf.convert` holds the conversion)."""
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from bertjax.checkpoint import pretrained as pretrained_lib, workdir
 from bertjax.console import cli
 from bertjax.errors import CheckpointError
 from bertjax.hf import convert
-from bertjax.tasks import embedding, finetuned, rerank, reranker
+from bertjax.tasks import embedding, finetuned, rerank, reranker, sparse
 
 
 def _is_workdir(path: str) -> bool:
@@ -30,6 +31,11 @@ def _is_workdir(path: str) -> bool:
 def _is_embedding_model(path: str) -> bool:
   """Whether `path` is a fine-tuning workdir of an embedding model ('retrieval')."""
   return workdir.task_info(path)["name"] == embedding.NAME
+
+
+def _is_sparse_model(path: str) -> bool:
+  """Whether `path` is a fine-tuning workdir of a sparse model ('sparse')."""
+  return workdir.task_info(path)["name"] == sparse.NAME
 
 
 def _is_reranker(path: str) -> bool:
@@ -65,13 +71,15 @@ def convert_checkpoint(to: str, src: str, dst: str, overwrite: bool = False) -> 
   if to == "hf" and _is_workdir(src):
     family = workdir.saved_model(src).family  # checked before the weights
     convert.family_table(family)
-    if workdir.is_finetuned(src) and not _is_embedding_model(src):
+    if workdir.is_finetuned(src) and not (_is_embedding_model(src) or _is_sparse_model(src)):
       convert.check_exportable("classification" if _is_reranker(src)
                                else workdir.task_info(src)["name"], family)
   with writes.export_dir(dst, overwrite, {"--src": src},
                          writes.CONVERSION if to == "bertjax" else "") as out:
     if to == "hf" and workdir.is_finetuned(src) and _is_embedding_model(src):
       return f"sentence-transformers ({embedding.export(out, embedding.load_encoder(src))})"
+    if to == "hf" and workdir.is_finetuned(src) and _is_sparse_model(src):
+      return f"SparseEncoder ({sparse.export(out, src)})"
     if to == "hf" and workdir.is_finetuned(src) and _is_reranker(src):
       return f"CrossEncoder ({reranker.export(out, reranker.load_reranker(src))})"
     if to == "hf" and workdir.is_finetuned(src):

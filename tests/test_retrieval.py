@@ -148,11 +148,12 @@ def tiny():
   return model, nn.unbox(params), batch
 
 
-def _loss_and_grads(model, params, batch, task, devices, rng=None):
-  """The objective's loss and gradient with the batch sharded over `devices`."""
+def _loss_and_grads(model, params, batch, task, devices, rng=None, obj=None):
+  """The objective's loss and gradient (`obj`, default the contrastive one of `task`)
+  with the batch sharded over `devices`."""
   mesh = jax.make_mesh((len(devices), 1, 1), mesh_lib.AXES, devices=devices,
                        axis_types=(jax.sharding.AxisType.Auto,) * 3)
-  obj = retrieval.objective(model, task, batch)
+  obj = obj or retrieval.objective(model, task, batch)
   loss = lambda p, b, r: obj.loss(obj.sums(p, b, r), obj.counts(b))
   shard = mesh_lib.batch_sharding(mesh, RULES)
   replicated = NamedSharding(mesh, PartitionSpec())

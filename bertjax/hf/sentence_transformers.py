@@ -82,6 +82,33 @@ def write(directory: str, settings: Settings, embedding_dimension: int) -> None:
       "similarity_fn_name": settings.similarity})
 
 
+_ST_TRANSFORMER = _TRANSFORMER[1]  # sentence-transformers 6's name of its Transformer
+SPLADE_DIR = "1_SpladePooling"
+_SPLADE = "sentence_transformers.sparse_encoder.modules.splade_pooling.SpladePooling"
+
+
+def write_sparse(directory: str, settings: Settings, vocab_size: int, pooling: str,
+                 activation: str) -> None:
+  """The sentence-transformers files of a SPLADE model in `directory`, which already
+  holds the transformers *ForMaskedLM model: a `SparseEncoder` folder as
+  sentence-transformers 6 writes one (its Transformer with transformer_task
+  'fill-mask', then SpladePooling; dot-product similarity)."""
+  _dump(os.path.join(directory, MODULES_FILE), [
+      {"idx": 0, "name": "0", "path": "", "type": _ST_TRANSFORMER},
+      {"idx": 1, "name": "1", "path": SPLADE_DIR, "type": _SPLADE}])
+  os.makedirs(os.path.join(directory, SPLADE_DIR), exist_ok=True)
+  _dump(os.path.join(directory, SPLADE_DIR, "config.json"), {
+      "pooling_strategy": pooling, "activation_function": activation,
+      "embedding_dimension": vocab_size})
+  _dump(os.path.join(directory, "sentence_bert_config.json"), {
+      "transformer_task": "fill-mask", "max_seq_length": settings.max_seq_length,
+      "do_lower_case": settings.do_lower_case})
+  _dump(os.path.join(directory, "config_sentence_transformers.json"), {
+      "model_type": "SparseEncoder",
+      "prompts": {k: v for k, v in settings.prompts.items() if v},
+      "default_prompt_name": None, "similarity_fn_name": "dot"})
+
+
 def is_folder(directory: str) -> bool:
   """Whether `directory` is a sentence-transformers folder (it has modules.json)."""
   return os.path.isfile(os.path.join(directory, MODULES_FILE))

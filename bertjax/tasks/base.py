@@ -25,6 +25,7 @@ from bertjax.model import family_of
 # An embedding model ('retrieval', `bertjax.tasks.retrieval`) is no per-example Task:
 # its loss spans the batch; fine-tuning trains it on its own data and evaluation.
 EMBEDDING_TASK = "retrieval"
+SPARSE_TASK = "sparse"  # A SPLADE model (`bertjax.tasks.sparse`), on the same trainer.
 
 TOKEN_KEYS = ("input_ids", "attention_mask", "token_type_ids")
 

@@ -213,6 +213,27 @@ def embed_in_chunks(embed: Callable[[dict, jax.Array | None], jax.Array], inputs
   return jnp.swapaxes(out, 0, 1).reshape(n_rows, -1)
 
 
+def embed_columns(model, params, batch: dict, rng: jax.Array | None, mini_batch_size: int
+                  ) -> tuple[jax.Array, jax.Array]:
+  """`model`'s embeddings of the batch's queries [B, E] and documents [B, C, E], each
+  column embedded `mini_batch_size` texts at a time under GradCache when set
+  (`embed_in_chunks`); dropout from `rng` (None: deterministic)."""
+  def embed(inputs, key):
+    return model.apply({"params": params}, inputs["input_ids"], inputs["attention_mask"],
+                       deterministic=key is None,
+                       rngs=None if key is None else {"dropout": key})
+  keys = (None, None) if rng is None else jax.random.split(rng)
+  queries = embed_in_chunks(embed, {
+      "input_ids": batch["query_input_ids"],
+      "attention_mask": batch["query_attention_mask"]}, keys[0], mini_batch_size)
+  B, C, T = batch["doc_input_ids"].shape
+  documents = embed_in_chunks(embed, {
+      "input_ids": batch["doc_input_ids"].reshape(B * C, T),
+      "attention_mask": batch["doc_attention_mask"].reshape(B * C, T)}, keys[1],
+      mini_batch_size)
+  return queries, documents.reshape(B, C, -1)
+
+
 def check_config(task_cfg, hidden_size: int | None = None) -> None:
   """The loss settings of `config.task`, in range (one ConfigError line each)."""
   if task_cfg.loss not in LOSSES:

@@ -225,13 +225,16 @@ def load_encoder(path: str, max_seq_length: int = 0) -> Encoder:
 
 
 def encoder_of(config, encoder_params, tokenizer: tok_lib.Tokenizer,
-               settings: st.Settings) -> Encoder:
+               settings: st.Settings, model: nn.Module | None = None,
+               params: dict | None = None) -> Encoder:
   """The `Encoder` of an encoder's config and parameters (replicated on this process's
-  devices, `local_mesh`), its tokenizer and `settings`."""
-  model = EmbeddingModel(config, settings.pooling, settings.normalize)
+  devices, `local_mesh`), its tokenizer and `settings`: an `EmbeddingModel` of the
+  settings' pooling, or `model` with its `params` (a sparse model's encoder and MLM
+  head)."""
+  model = model or EmbeddingModel(config, settings.pooling, settings.normalize)
   mesh, rules = local_mesh()
   replicated = NamedSharding(mesh, PartitionSpec())
-  params = jax.device_put({"encoder": encoder_params}, replicated)
+  params = jax.device_put(params or {"encoder": encoder_params}, replicated)
   return Encoder(Embedder(model, tokenizer, settings, mesh, rules,
                           jax.tree.map(lambda _: replicated, params)), params, config)
 

@@ -43,7 +43,8 @@ from bertjax import model as model_lib, writes
 from bertjax.model import stack
 from bertjax.model.config import dtype_of
 from bertjax.parallel import mesh as mesh_lib
-from bertjax.tasks import base, batching, finetuned, get_task, rerank, reranker, retrieval
+from bertjax.tasks import (base, batching, finetuned, get_task, rerank, reranker, retrieval,
+                           sparse)
 from bertjax.train import compilation, optimizer, state as state_lib, trainer as trainer_lib
 from bertjax.train.step import Objective
 from bertjax.train.trainer import Evaluator, Trainer
@@ -78,6 +79,7 @@ class Start:
   encoder_params: Any
   tokenizer: tok_lib.Tokenizer
   head: Any = None  # TaskHead of a fine-tuned init_from kept by config.init_keep_head
+  mlm_params: Any = None  # its MLM head's, for a sparse model (config.task.name 'sparse')
 
 
 def load_start(config: ml_collections.ConfigDict) -> Start:
@@ -100,7 +102,8 @@ def load_start(config: ml_collections.ConfigDict) -> Start:
     head = (reranker.start_head(config, pretrained) if config.task.name == rerank.NAME else
             finetuned.start_head(pretrained, config.init_from, config.init_keep_head,
                                  config.task.name))
-    return Start(model, pretrained.params["encoder"], pretrained.tokenizer, head)
+    return Start(model, pretrained.params["encoder"], pretrained.tokenizer, head,
+                 _mlm_params(config, pretrained))
   if not config.tokenizer:
     raise ConfigError("set config.init_from (a pretrained checkpoint) or, to train from "
                       "scratch, config.tokenizer (a vocab.txt / tokenizer dir).")
@@ -110,6 +113,19 @@ def load_start(config: ml_collections.ConfigDict) -> Start:
     raise ConfigError(f"config.model.vocab_size={model.vocab_size} is smaller than the "
                       f"tokenizer's {tokenizer.vocab_size}; raise it.")
   return Start(model, None, tokenizer)
+
+
+def _mlm_params(config, pretrained) -> Any:
+  """The MLM head's parameters of `pretrained` when `config` trains a sparse model
+  (None otherwise); a ConfigError line when it has none."""
+  if config.task.name != sparse.NAME:
+    return None
+  if "mlm" not in pretrained.params:
+    raise ConfigError(
+        f"config.init_from={config.init_from} has no MLM head (its heads: "
+        f"{[h for h in pretrained.params if h != 'encoder'] or 'none'}): a sparse model pools "
+        "the MLM head's logits; start from a checkpoint with one (of ELECTRA, the generator).")
+  return pretrained.params["mlm"]
 
 
 def _refuse_other_tokenizer(config, tokenizer: tok_lib.Tokenizer, source: str) -> None:
@@ -526,9 +542,9 @@ def train(config: ml_collections.ConfigDict, workdir: str, start: Start | None =
           ) -> dict[str, float]:
   """`run` of a checked config (a sweep checks once, then trains each point): `start`
   (the loaded pretrained encoder) lets a sweep load it once. An embedding model
-  ('retrieval') trains on its own data, objective and evaluation
-  (`bertjax.tasks.retrieval.train`)."""
-  if config.task.name == retrieval.NAME:
+  ('retrieval') or a sparse one ('sparse') trains on its own data, objective and
+  evaluation (`bertjax.tasks.retrieval.train`)."""
+  if config.task.name in (retrieval.NAME, sparse.NAME):
     config = retrieval.resolve(config)
     retrieval.check_config(config)
     opened = open_run(config, workdir, start)

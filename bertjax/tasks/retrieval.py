@@ -34,7 +34,8 @@ from bertjax.checkpoint import files
 from bertjax.errors import ConfigError
 from bertjax.hf import sentence_transformers as st
 from bertjax.parallel import mesh as mesh_lib
-from bertjax.tasks import contrastive, embedding, pairs as pairs_lib, pooling, retrieval_eval
+from bertjax.tasks import (contrastive, embedding, pairs as pairs_lib, pooling, retrieval_eval,
+                           sparse)
 from bertjax.train import compilation, state as state_lib
 from bertjax.train.step import Objective
 from bertjax.train.trainer import Evaluator, Trainer
@@ -72,6 +73,8 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   """The retrieval settings of `config` in range (one ConfigError line each)."""
   pooling.check(config.task.pooling or "mean")
   contrastive.check_config(config.task)
+  if config.task.name == sparse.NAME:
+    sparse.check_config(config.task)
   if config.train.grad_accum_steps != 1:
     raise ConfigError(
         f"config.train.grad_accum_steps={config.train.grad_accum_steps} would split the "
@@ -164,27 +167,15 @@ def batch_arrays(source: Source, index: np.ndarray, max_length: int, pad_id: int
 
 def objective(model: embedding.EmbeddingModel, task_cfg, sample: dict) -> Objective:
   """The contrastive objective (`contrastive.loss_sums` over the global batch) of
-  `model`'s query and document embeddings, each column embedded a mini-batch at a time
-  under GradCache when `task_cfg.mini_batch_size` (`contrastive.embed_in_chunks`).
-  Metrics: the in-batch accuracy (queries whose positive scores highest)."""
+  `model`'s query and document embeddings (`contrastive.embed_columns`). Metrics: the in-batch accuracy
+  (queries whose positive scores highest)."""
   ids = jnp.asarray(sample["query_input_ids"])
   init = lambda rng: model.init(rng, ids, jnp.ones_like(ids))["params"]
-  mini = task_cfg.mini_batch_size
 
   def sums(params, batch, rng):
-    def embed(inputs, key):
-      return model.apply({"params": params}, inputs["input_ids"], inputs["attention_mask"],
-                         deterministic=key is None,
-                         rngs=None if key is None else {"dropout": key})
-    keys = (None, None) if rng is None else jax.random.split(rng)
-    queries = contrastive.embed_in_chunks(embed, {
-        "input_ids": batch["query_input_ids"],
-        "attention_mask": batch["query_attention_mask"]}, keys[0], mini)
-    B, C, T = batch["doc_input_ids"].shape
-    documents = contrastive.embed_in_chunks(embed, {
-        "input_ids": batch["doc_input_ids"].reshape(B * C, T),
-        "attention_mask": batch["doc_attention_mask"].reshape(B * C, T)}, keys[1], mini)
-    return contrastive.loss_sums(queries, documents.reshape(B, C, -1), batch, task_cfg)
+    queries, documents = contrastive.embed_columns(model, params, batch, rng,
+                                                   task_cfg.mini_batch_size)
+    return contrastive.loss_sums(queries, documents, batch, task_cfg)
 
   def counts(batch):
     return {"loss": contrastive.loss_count(batch, task_cfg),
@@ -261,8 +252,9 @@ def evaluators(config, dev: Any, embedder: embedding.Embedder, workdir: str
   (`retrieval_eval.RetrievalEvaluator`), or a file of scored pairs (sentence1, sentence2, score) scored by the Spearman correlation of
   their similarities; both by the model's `config.task.similarity` (cosine whether or
   not the embeddings are normalised); every `config.train.eval_every` steps (0: at the
-  end), at the start too with `config.task.eval_at_start`. Process 0 writes the last
-  one to dev_results.json."""
+  end), at the start too with `config.task.eval_at_start`. A sparse model's BEIR
+  scores add its vectors' active dimensions (`sparse.Sparsity`). Process 0 writes the
+  last one to dev_results.json."""
   batch, similarity = config.train.eval_batch_size, config.task.similarity
   if dev is None:
     return []
@@ -270,7 +262,15 @@ def evaluators(config, dev: Any, embedder: embedding.Embedder, workdir: str
   def encoder(params, kind: str):
     return lambda texts: embedder.encode(params, texts, kind, batch, show=f"eval {kind}s")
 
-  if os.path.isdir(config.data.dev):
+  if os.path.isdir(config.data.dev) and config.task.name == sparse.NAME:
+    def score(params) -> dict[str, float]:
+      tally = sparse.Sparsity()
+      results = retrieval_eval.RetrievalEvaluator(
+          dev, tally.counting(encoder(params, "query"), "query"),
+          tally.counting(encoder(params, "document"), "corpus"), similarity=similarity,
+          corpus_chunk_size=sparse.CORPUS_CHUNK).evaluate()
+      return {**results, **tally.results()}
+  elif os.path.isdir(config.data.dev):
     def score(params) -> dict[str, float]:
       return retrieval_eval.RetrievalEvaluator(
           dev, encoder(params, "query"), encoder(params, "document"),
@@ -296,13 +296,18 @@ def evaluators(config, dev: Any, embedder: embedding.Embedder, workdir: str
 
 def build(config, model_cfg, sample: dict, optimizer: tuple, mesh=None
           ) -> tuple[embedding.EmbeddingModel, state_lib.Setup]:
-  """The embedding model of `model_cfg` and its `Setup` (the contrastive `objective`,
+  """The embedding model of `model_cfg` (a `sparse.SpladeModel` for task 'sparse') and
+  its `Setup` (the contrastive `objective`, `sparse.objective`,
   `optimizer` = (optimizer, schedule), shardings, the jitted step) on `mesh` (default
   `config.mesh`'s); `sample` a one-row batch (shapes)."""
-  model = embedding.EmbeddingModel(model_cfg, config.task.pooling or "mean",
-                                   config.task.normalize)
-  setup = state_lib.setup(config, model, objective(model, config.task, sample), *optimizer,
-                          mesh)
+  t = config.task
+  if t.name == sparse.NAME:
+    model = sparse.SpladeModel(model_cfg, t.splade_pooling, t.activation, t.chunk_size)
+    loss = sparse.objective(model, t, sample)
+  else:
+    model = embedding.EmbeddingModel(model_cfg, t.pooling or "mean", t.normalize)
+    loss = objective(model, t, sample)
+  setup = state_lib.setup(config, model, loss, *optimizer, mesh)
   check_mini_batch(config, setup)
   return model, setup
 
@@ -324,14 +329,17 @@ def batch_spec(config, batch_size: int) -> dict[str, tuple[tuple[int, ...], np.d
 
 def train_flops(config, model_cfg, batch_size: int) -> float:
   """Model FLOPs of a step of `batch_spec`'s batch: the encoder's forward and backward
-  over every query and document (`stack.train_flops` without heads), and with GradCache
-  the forward again (the re-run)."""
+  over every query and document (`stack.train_flops` without heads; a sparse model's
+  MLM head at every token, its forward again when chunked), and with GradCache the
+  forward again (the re-run)."""
   from bertjax.model import family_of, stack  # pylint: disable=g-import-not-at-top
   family, T = family_of(model_cfg), config.task.max_seq_length
   C = 1 + len(config.task.negative_columns)
+  splade = config.task.name == sparse.NAME
   terms = stack.train_flops(dataclasses.replace(family, head_flops=None), model_cfg,
-                            batch_size * (1 + C), T, 0)
-  total = terms["total"] - terms["mlm_head"]
+                            batch_size * (1 + C), T, T if splade else 0)
+  head = terms["mlm_head"] * (4 / 3 if splade and config.task.chunk_size else 1.0)
+  total = terms["total"] - terms["mlm_head"] + (head if splade else 0.0)
   return total * (4 / 3 if config.task.mini_batch_size else 1.0)
 
 
@@ -352,19 +360,23 @@ def train(config: ml_collections.ConfigDict, workdir: str, start, resuming: bool
   plan = Plan(sources, config.train.batch_size, config.seed, config.train.num_epochs)
   num_steps = len(plan)
   dev = dev_data(config)
-  begin({"name": NAME, "labels": [], "num_steps": num_steps})
+  begin({"name": config.task.name, "labels": [], "num_steps": num_steps})
   sample = batch_arrays(sources[0], plan[0][1][:1], settings.max_seq_length,
                         start.tokenizer.pad_id, slice(None))
   model, setup = build(config, start.model, sample,
                        make_optimizer(start.model, num_steps))
   trainer = Trainer(setup, config, workdir, num_steps)
+  t = config.task
+  vectors = (f"SPLADE {t.splade_pooling} pooling of {t.activation}, FLOPS weights "
+             f"{t.query_regularizer_weight:g} / {t.document_regularizer_weight:g}"
+             if t.name == sparse.NAME else
+             f"{t.pooling} pooling{', normalised' if t.normalize else ''}")
   trainer.info("Task %s: %s; %d steps of %d examples (%d batches padded: an epoch's "
-               "last, or short of distinct texts), %s pooling%s, loss %s%s.", NAME, ", ".join(
+               "last, or short of distinct texts), %s, loss %s%s.", t.name, ", ".join(
                    f"{s.pairs.name or 'train'} {len(s.pairs)} examples (a positive and "
-                   f"{s.candidates - 1} negatives each)" for s in sources), num_steps, config.train.batch_size,
-               plan.short, config.task.pooling, ", normalised" if config.task.normalize
-               else "", config.task.loss, f", GradCache mini-batches of "
-               f"{config.task.mini_batch_size}" if config.task.mini_batch_size else "")
+                   f"{s.candidates - 1} negatives each)" for s in sources), num_steps,
+               config.train.batch_size, plan.short, vectors, t.loss,
+               f", GradCache mini-batches of {t.mini_batch_size}" if t.mini_batch_size else "")
   embedder = embedding.Embedder(model, start.tokenizer, settings, setup.mesh, setup.rules,
                                 setup.shardings.params)
 
@@ -372,10 +384,10 @@ def train(config: ml_collections.ConfigDict, workdir: str, start, resuming: bool
     first = restart() if resuming else start
     if first.encoder_params is None:
       return setup.init_params(config)
-    return {"encoder": jax.device_put(
-        jax.tree.map(lambda x, a: jnp.asarray(x, a.dtype), first.encoder_params,
-                     setup.abstract.params["encoder"]),
-        setup.shardings.params["encoder"], may_alias=False)}
+    given = {"encoder": first.encoder_params, "mlm": first.mlm_params}
+    return {k: jax.device_put(
+        jax.tree.map(lambda x, a: jnp.asarray(x, a.dtype), given[k], setup.abstract.params[k]),
+        setup.shardings.params[k], may_alias=False) for k in setup.abstract.params}
 
   data = train_stream(sources, plan, settings.max_seq_length, start.tokenizer.pad_id)
   with compilation.logged(trainer.info):

@@ -17,7 +17,7 @@ import ml_collections
 from bertjax import writes
 from bertjax.checkpoint import files
 from bertjax.errors import ConfigError
-from bertjax.tasks import finetune, get_task, retrieval
+from bertjax.tasks import finetune, get_task, retrieval, sparse
 
 
 def check_config(config) -> None:
@@ -43,7 +43,7 @@ def selection_metric(config) -> str:
   metrics = config.task.metrics
   if metrics:
     return metrics[0]
-  if config.task.name == retrieval.NAME:
+  if config.task.name in (retrieval.NAME, sparse.NAME):
     return retrieval.default_metric(config)
   return get_task(config.task.name).default_metric
 

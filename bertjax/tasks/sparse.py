@@ -1,0 +1,267 @@
+"""The 'sparse' fine-tuning task: SPLADE, a sparse retriever made of any family's encoder
+and its MLM head (`SpladeModel`), trained on the retrieval task's data, trainer and
+in-batch negatives from the whole mesh (`bertjax.tasks.retrieval`), with
+sentence-transformers 6's `SpladeLoss` (`objective`).
+
+    python -m bertjax.finetune --config=configs/finetune/sparse.py \\
+        --config.init_from=MLM_CHECKPOINT --config.data.train=pairs.jsonl \\
+        --config.data.dev=BEIR_DIR --workdir=/tmp/splade
+
+A text's vector has a weight per vocabulary entry: the MLM head's logits at every token
+through log(1 + relu(.)) (`activation` 'log1p_relu': log1p once more, OpenSearch's
+models), masked by the attention mask and pooled over the tokens by max (SPLADE v2 and
+later) or sum (SPLADE v1): sentence-transformers' `SpladePooling`. Scores are dot
+products of the vectors. The MLM head is applied `chunk_size` tokens at a time under
+rematerialisation, so that neither pass holds the [N, T, V] logits whole: the forward
+keeps a running max (or sum) [N, V], the backward recomputes one chunk's logits at a
+time (its `chunk_size`, which sentence-transformers applies at inference only).
+
+`SpladeLoss` is the ranking loss of the retrieval task (`contrastive`: 'mnrl' is
+SparseMultipleNegativesRankingLoss with config.task.similarity 'dot' and scale 1,
+'margin_mse' SparseMarginMSELoss, 'kl' SparseDistillKLDivLoss) plus FLOPS regularisers
+(Paria et al. 2020): the sum over the vocabulary of the squared mean weight over the
+batch's queries, times `query_regularizer_weight`, and over its documents (positives
+and negatives), times `document_regularizer_weight`; with a threshold, only vectors with
+more active (non-zero) entries than it add to the mean (its denominator stays the row
+count: FlopsLoss's l0 masking). The means are over the global batch, so the loss on a
+mesh is one device's with the whole batch (sentence-transformers' trainer takes each
+GPU's own batch); padding rows (weight 0) take no part.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bertjax.errors import ConfigError
+from bertjax.model import family_of, stack
+from bertjax.tasks import contrastive
+from bertjax.tasks.base import SPARSE_TASK
+from bertjax.train.step import Objective
+
+NAME = SPARSE_TASK  # config.task.name
+POOLINGS = ("max", "sum")
+ACTIVATIONS = ("relu", "log1p_relu")
+# Documents a dev evaluation scores at once: [CORPUS_CHUNK, V] float32 vectors (125 MB
+# at BERT's 30,522 pieces), searched exactly with a running top-k.
+CORPUS_CHUNK = 1024
+
+
+def splade_weights(logits: jax.Array, attention_mask: jax.Array, activation: str
+                   ) -> jax.Array:
+  """[N, t, V] logits, [N, t] mask -> [N, t, V] float32 weights log1p(relu(logits))
+  (twice log1p for 'log1p_relu'), 0 at padding."""
+  x = jax.nn.relu(logits.astype(jnp.float32) * attention_mask[..., None].astype(jnp.float32))
+  x = jnp.log1p(x)
+  return jnp.log1p(x) if activation == "log1p_relu" else x
+
+
+def pool(weights: jax.Array, how: str) -> jax.Array:
+  """[N, t, V] -> [N, V]: the max or the sum over the tokens."""
+  return jnp.max(weights, axis=1) if how == "max" else jnp.sum(weights, axis=1)
+
+
+class _ChunkVector(nn.Module):
+  """The MLM head on a chunk of token states, its SPLADE weights pooled: [N, t, E] ->
+  [N, V] (rematerialised when chunked: `SpladeModel`)."""
+
+  config: Any
+  pooling: str
+  activation: str
+
+  @nn.compact
+  def __call__(self, hidden, attention_mask, embedding):
+    head = stack.MLMHead(self.config, family_of(self.config).mlm_transform, name="mlm")
+    logits = head({"last_hidden_state": hidden}, embedding)
+    return pool(splade_weights(logits, attention_mask, self.activation), self.pooling)
+
+
+class SpladeModel(nn.Module):
+  """The encoder of `config`'s family and its MLM head (parameters under 'encoder' and
+  'mlm', as in its pretraining model), SPLADE-pooled: input_ids, attention_mask [N, T]
+  -> [N, V] float32 non-negative weights (V the config's vocabulary size)."""
+
+  config: Any
+  pooling: str = "max"
+  activation: str = "relu"
+  chunk_size: int = 0  # Tokens the MLM head reads at once (0: all).
+
+  def setup(self):
+    self.encoder = family_of(self.config).encoder(self.config)
+    chunked = nn.remat(_ChunkVector) if self.chunk_size else _ChunkVector
+    self.vector = chunked(self.config, self.pooling, self.activation)
+    nn.share_scope(self, self.vector)  # Its parameters: the pretraining model's 'mlm'.
+
+  def __call__(self, input_ids, attention_mask, deterministic: bool = True) -> jax.Array:
+    out = self.encoder(input_ids, attention_mask, deterministic=deterministic)
+    hidden, T = out["last_hidden_state"], input_ids.shape[1]
+    step = self.chunk_size or T
+    total = None
+    for lo in range(0, T, step):
+      part = self.vector(hidden[:, lo:lo + step], attention_mask[:, lo:lo + step],
+                         self.encoder)
+      total = part if total is None else (
+          jnp.maximum(total, part) if self.pooling == "max" else total + part)
+    return total
+
+
+def regularizer_sums(vectors: jax.Array, weights: jax.Array, threshold: int
+                     ) -> tuple[jax.Array, jax.Array]:
+  """[N, V] vectors, [N] row weights (0: padding) -> (the weighted sum of the vectors
+  that count for FLOPS [V]: with `threshold` > 0 those with more active entries than
+  it; the active entries summed over the rows)."""
+  active = jnp.sum(vectors != 0, axis=1).astype(jnp.float32)
+  counted = weights * (active > threshold) if threshold else weights
+  return jnp.sum(vectors * counted[:, None], axis=0), jnp.sum(active * weights)
+
+
+def flops(vector_sum: jax.Array, rows: jax.Array) -> jax.Array:
+  """FlopsLoss: the sum over the vocabulary of the squared mean weight over `rows`."""
+  return jnp.sum(jnp.square(vector_sum / jnp.maximum(rows, 1.0)))
+
+
+def objective(model: SpladeModel, task_cfg, sample: dict) -> Objective:
+  """`SpladeLoss` (the module docstring) of `model`'s query and document vectors over
+  the global batch (`contrastive.embed_columns`: GradCache when `task_cfg.mini_batch_size`).
+  Metrics: the in-batch accuracy (with 'mnrl'), the mean active dimensions of the
+  queries and documents, and the two FLOPS terms unweighted."""
+  ids = jnp.asarray(sample["query_input_ids"])
+  init = lambda rng: model.init(rng, ids, jnp.ones_like(ids))["params"]
+  only_documents = task_cfg.document_regularizer_only
+
+  def sums(params, batch, rng):
+    queries, documents = contrastive.embed_columns(model, params, batch, rng,
+                                                   task_cfg.mini_batch_size)
+    out = contrastive.loss_sums(queries, documents, batch, task_cfg)
+    w = batch["example_weights"].astype(jnp.float32)
+    B, C, V = documents.shape
+    docs, doc_w = documents.reshape(B * C, V), jnp.repeat(w, C)
+    q_sum, q_active = regularizer_sums(queries, w, task_cfg.query_regularizer_threshold)
+    d_sum, d_active = regularizer_sums(docs, doc_w, task_cfg.document_regularizer_threshold)
+    if only_documents:  # Every column a document, under the documents' threshold.
+      q_as_doc, _ = regularizer_sums(queries, w, task_cfg.document_regularizer_threshold)
+      d_sum = d_sum + q_as_doc
+    return dict(out, query_vector_sum=q_sum, document_vector_sum=d_sum,
+                query_active=q_active, document_active=d_active)
+
+  def counts(batch):
+    rows = jnp.sum(batch["example_weights"].astype(jnp.float32))
+    C = batch["doc_input_ids"].shape[1]
+    return {"loss": contrastive.loss_count(batch, task_cfg), "correct": rows,
+            "queries": rows, "documents": rows * (C + 1 if only_documents else C),
+            "document_vectors": rows * C}
+
+  def regularizers(s, c):
+    return (flops(s["query_vector_sum"], c["queries"]),
+            flops(s["document_vector_sum"], c["documents"]))
+
+  def loss(s, c):
+    q, d = regularizers(s, c)
+    total = s["loss"] / jnp.maximum(c["loss"], 1.0) + task_cfg.document_regularizer_weight * d
+    return total if only_documents else total + task_cfg.query_regularizer_weight * q
+
+  def metrics(s, c):
+    q, d = regularizers(s, c)
+    out = {"query_active_dims": s["query_active"] / jnp.maximum(c["queries"], 1.0),
+           "document_active_dims": s["document_active"] / jnp.maximum(
+               c["document_vectors"], 1.0),
+           "query_flops": q, "document_flops": d}
+    if task_cfg.loss == "mnrl":
+      out["in_batch_accuracy"] = s["correct"] / jnp.maximum(c["correct"], 1.0)
+    return out
+
+  names = (("in_batch_accuracy",) if task_cfg.loss == "mnrl" else ()) + (
+      "query_active_dims", "document_active_dims", "query_flops", "document_flops")
+  return Objective(init=init, sums=sums, counts=counts, loss=loss, metrics=metrics,
+                   metric_names=names)
+
+
+def check_config(task_cfg) -> None:
+  """The SPLADE settings of `config.task` in range (one ConfigError line each)."""
+  if task_cfg.splade_pooling not in POOLINGS:
+    raise ConfigError(f"config.task.splade_pooling={task_cfg.splade_pooling!r}: use one "
+                      f"of {POOLINGS}.")
+  if task_cfg.activation not in ACTIVATIONS:
+    raise ConfigError(f"config.task.activation={task_cfg.activation!r}: use one of "
+                      f"{ACTIVATIONS}.")
+  if task_cfg.similarity != "dot":
+    raise ConfigError(f"config.task.similarity={task_cfg.similarity!r}: a sparse model "
+                      "scores by dot products of its vectors; use 'dot'.")
+  for side in ("query", "document"):
+    if task_cfg[f"{side}_regularizer_weight"] < 0:
+      raise ConfigError(f"config.task.{side}_regularizer_weight must be 0 (none) or "
+                        "positive.")
+    if task_cfg[f"{side}_regularizer_threshold"] < 0:
+      raise ConfigError(f"config.task.{side}_regularizer_threshold must be 0 (every "
+                        "vector) or a number of active dimensions.")
+  if task_cfg.chunk_size < 0:
+    raise ConfigError(f"config.task.chunk_size={task_cfg.chunk_size}: use 0 (all tokens "
+                      "at once) or a positive number of tokens.")
+
+
+class Sparsity:
+  """The active (non-zero) dimensions of what an evaluation encodes, as
+  sentence-transformers' `SparseInformationRetrievalEvaluator` reports them:
+  query_active_dims and corpus_active_dims (the mean over the vectors) and avg_flops
+  (the dot product of the queries' and the documents' mean active indicators: the
+  expected multiplications of a query against a document)."""
+
+  def __init__(self):
+    self.counts: dict[str, np.ndarray] = {}
+    self.rows: dict[str, int] = {}
+
+  def counting(self, encode: Callable[[Sequence[str]], np.ndarray], kind: str
+               ) -> Callable[[Sequence[str]], np.ndarray]:
+    """`encode`, tallying its vectors under `kind` ('query' or 'corpus')."""
+    def wrapped(texts):
+      vectors = np.asarray(encode(texts))
+      active = np.count_nonzero(vectors, axis=0) if len(vectors) else 0
+      self.counts[kind] = self.counts.get(kind, 0) + active
+      self.rows[kind] = self.rows.get(kind, 0) + len(vectors)
+      return vectors
+    return wrapped
+
+  def results(self) -> dict[str, float]:
+    means = {k: np.asarray(self.counts[k], np.float64) / max(self.rows[k], 1)
+             for k in self.counts}
+    out = {f"{k}_active_dims": float(m.sum()) for k, m in means.items()}
+    if len(means) == 2:
+      out["avg_flops"] = float(np.dot(means["query"], means["corpus"]))
+    return out
+
+
+def load_encoder(path: str):
+  """The sparse model trained in the workdir `path` as an `embedding.Encoder`:
+  `encode(texts, kind)` -> [N, V] vectors."""
+  from bertjax.checkpoint import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
+  from bertjax.checkpoint.pretrained import load_pretrained  # pylint: disable=g-import-not-at-top
+  from bertjax.tasks import embedding  # pylint: disable=g-import-not-at-top
+  name = workdir_lib.task_info(path)["name"]
+  if name != NAME:
+    raise ConfigError(f"{path} holds a fine-tuned {name!r} model, not a sparse one.")
+  task = workdir_lib.load_config(path).task
+  pretrained = load_pretrained(path)
+  model = SpladeModel(pretrained.config, task.splade_pooling, task.activation,
+                      task.chunk_size)
+  return embedding.encoder_of(
+      pretrained.config, None, pretrained.tokenizer, embedding.settings_of(task), model,
+      {k: pretrained.params[k] for k in ("encoder", "mlm")})
+
+
+def export(directory: str, workdir: str) -> str:
+  """A sentence-transformers `SparseEncoder` folder of the sparse model trained in
+  `workdir`, in `directory`: its transformers *ForMaskedLM model (the encoder and MLM
+  head, `convert.save_hf`) and the folder's files (`st.write_sparse`), so that
+  `SparseEncoder(directory).encode` gives the model's vectors. Returns the model_type."""
+  from bertjax.hf import convert, sentence_transformers as st  # pylint: disable=g-import-not-at-top
+  encoder = load_encoder(workdir)
+  model = encoder.embedder.model
+  kind = convert.save_hf(directory, jax.device_get(encoder.params), encoder.config,
+                         encoder.tokenizer)
+  st.write_sparse(directory, encoder.settings, encoder.config.vocab_size, model.pooling,
+                  model.activation)
+  return kind

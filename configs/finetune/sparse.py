@@ -1,0 +1,47 @@
+"""sparse: a SPLADE retriever (a weight per vocabulary entry, scored by dot products,
+served by inverted indexes: Elasticsearch, OpenSearch, Qdrant) trained from any
+pretrained encoder with an MLM head on (anchor, positive[, negatives]) pairs, with the
+retrieval task's data, GradCache and negatives from the whole mesh
+(configs/finetune/retrieval.py: every field there means the same here). The defaults
+are sentence-transformers' SPLADE example
+(examples/sparse_encoder/training/retrievers/train_splade_nq.py, v6): SpladeLoss with
+SparseMultipleNegativesRankingLoss (dot product, scale 1), query / document FLOPS
+weights 5e-5 / 3e-5, max pooling of log1p(relu), 256 tokens, batch 12, lr 2e-5, one
+epoch; the warm-up (10%) is fine-tuning's.
+
+  python -m bertjax.finetune --config=configs/finetune/sparse.py \
+      --config.init_from=MLM_CHECKPOINT --config.data.train=pairs.jsonl \
+      --config.data.dev=BEIR_DIR --workdir=/tmp/splade
+"""
+
+from configs.finetune import retrieval
+
+
+def get_config(arg=None):
+  """`arg`: as configs/finetune/retrieval.py's (a recipe's model section)."""
+  c = retrieval.get_config(arg)
+  c.task.name = "sparse"
+  # SpladePooling: 'max' (SPLADE v2 and later) or 'sum' (SPLADE v1) over the tokens of
+  # the activation of the MLM logits: 'relu' (log1p(relu)) or 'log1p_relu' (log1p twice).
+  c.task.splade_pooling = "max"
+  c.task.activation = "relu"
+  # Tokens whose MLM logits are computed at once, rematerialised in the backward pass:
+  # the [texts, tokens, vocabulary] logits are never held whole (0: all tokens at once).
+  c.task.chunk_size = 0
+  c.task.similarity = "dot"
+  c.task.scale = 1.0  # mnrl: SparseMultipleNegativesRankingLoss's scale.
+  c.task.normalize = False
+  c.task.temperature = 2.0  # kl: SparseDistillKLDivLoss's default.
+  # FLOPS regularisers (SpladeLoss): the squared batch mean of the weights, summed over
+  # the vocabulary, times these (0: none); a threshold > 0 counts only vectors with more
+  # active dimensions than it (FlopsLoss's l0 masking). document_regularizer_only:
+  # queries are regularised as documents (symmetric texts), the query weight unused.
+  c.task.query_regularizer_weight = 5e-5
+  c.task.document_regularizer_weight = 3e-5
+  c.task.query_regularizer_threshold = 0
+  c.task.document_regularizer_threshold = 0
+  c.task.document_regularizer_only = False
+  c.task.mini_batch_size = 0  # SpladeLoss reads the batch at once (CachedSpladeLoss: set it).
+  c.train.batch_size = 12
+  c.train.learning_rate = 2e-5
+  return c

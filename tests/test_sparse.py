@@ -1,0 +1,237 @@
+"""SPLADE (issue 58): the pooling and FLOPS regulariser against sentence-transformers'
+own on the same numbers, the whole SpladeLoss of a transformers MLM model against
+sentence-transformers' SparseEncoder reading the same weights (every ranking loss,
+thresholds, chunked logits), the loss on an 8-device mesh against one device with the
+whole batch, and the one-line errors of bad settings."""
+
+import json
+import os
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+import torch
+from sentence_transformers.sparse_encoder import SparseEncoder, losses
+from sentence_transformers.sparse_encoder.modules import MLMTransformer, SpladePooling
+
+from bertjax import convert, model as model_lib
+from bertjax.checkpoint import workdir as workdir_lib
+from bertjax.checkpoint.pretrained import load_pretrained
+from bertjax.errors import ConfigError
+from bertjax.tasks import finetune, sparse
+from configs.finetune import sparse as sparse_config
+from tests.test_retrieval import _assert_trees_close, _loss_and_grads
+
+DOC = "docs/sparse.md"
+
+
+def _task(**kw) -> ml_collections.ConfigDict:
+  t = sparse_config.get_config().task
+  t.pooling = "mean"
+  for k, v in kw.items():
+    t[k] = v
+  return t
+
+
+@pytest.mark.parametrize("how", sparse.POOLINGS)
+@pytest.mark.parametrize("activation", sparse.ACTIVATIONS)
+def test_pooling_matches_sentence_transformers(how, activation):
+  rng = np.random.default_rng(0)
+  logits = rng.normal(size=(4, 7, 50)).astype(np.float32) * 3
+  mask = (np.arange(7)[None] < np.array([7, 3, 1, 5])[:, None]).astype(np.int32)
+  theirs = SpladePooling(how, activation).eval()({
+      "token_embeddings": torch.from_numpy(logits),
+      "attention_mask": torch.from_numpy(mask)})["sentence_embedding"].numpy()
+  ours = sparse.pool(sparse.splade_weights(jnp.asarray(logits), jnp.asarray(mask),
+                                           activation), how)
+  np.testing.assert_allclose(np.asarray(ours), theirs, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("threshold", [0, 20])
+def test_flops_matches_sentence_transformers(threshold):
+  """FlopsLoss (with its l0 threshold) on the real rows; padding rows (weight 0) are as
+  if absent."""
+  rng = np.random.default_rng(1)
+  x = np.maximum(rng.normal(size=(6, 40)), 0).astype(np.float32)
+  x[1, :30] = 0  # 10 or fewer active: under the threshold
+  theirs = float(losses.FlopsLoss(None, threshold or None).compute_loss_from_embeddings(
+      torch.from_numpy(x[:4])))
+  w = jnp.asarray([1, 1, 1, 1, 0, 0], jnp.float32)
+  total, active = sparse.regularizer_sums(jnp.asarray(x), w, threshold)
+  assert float(sparse.flops(total, jnp.sum(w))) == pytest.approx(theirs, rel=1e-6)
+  assert float(active) == np.count_nonzero(x[:4])
+
+
+@pytest.fixture(scope="module")
+def splade(tiny_hf_bert):
+  """sentence-transformers' SparseEncoder of the tiny transformers BertForMaskedLM
+  (max pooling) in eval mode, bertjax's parameters of it, and a tokenized batch of 4
+  queries x (positive, negative)."""
+  st = SparseEncoder(modules=[MLMTransformer(tiny_hf_bert, max_seq_length=32),
+                              SpladePooling("max")], device="cpu").eval()
+  pretrained = load_pretrained(tiny_hf_bert)
+  params = {k: pretrained.params[k] for k in ("encoder", "mlm")}
+  texts = [["how do tuples work", "a tuple is an immutable sequence of values",
+            "lists grow and shrink"],
+           ["what is a generator", "generators yield values lazily one at a time",
+            "the weather is sunny"],
+           ["sort a list", "sorted returns a new sorted list from any iterable",
+            "tuples cannot be changed"],
+           ["open a file", "open returns a file object for reading or writing",
+            "a generator is an iterator"]]
+  features = [st.tokenize([row[j] for row in texts]) for j in range(3)]
+  T = max(f["input_ids"].shape[1] for f in features)
+
+  def padded(f, key):
+    x = f[key].numpy().astype(np.int32)
+    return np.pad(x, ((0, 0), (0, T - x.shape[1])))
+  batch = {"query_input_ids": padded(features[0], "input_ids"),
+           "query_attention_mask": padded(features[0], "attention_mask"),
+           "doc_input_ids": np.stack([padded(f, "input_ids") for f in features[1:]], 1),
+           "doc_attention_mask": np.stack([padded(f, "attention_mask")
+                                           for f in features[1:]], 1),
+           "example_weights": np.ones(4, np.float32)}
+  return st, pretrained.config, params, features, batch
+
+
+def _our_loss(config, params, batch, task, chunk_size=0):
+  model = sparse.SpladeModel(config, "max", "relu", chunk_size)
+  obj = sparse.objective(model, task, batch)
+  return float(jax.jit(lambda p, b: obj.loss(obj.sums(p, b, None), obj.counts(b)))(
+      params, batch))
+
+
+def test_vectors_match_sentence_transformers(splade):
+  st, config, params, features, batch = splade
+  with torch.no_grad():
+    theirs = st(features[1])["sentence_embedding"].numpy()
+  model = sparse.SpladeModel(config, "max", "relu")
+  ours = jax.jit(model.apply)({"params": params}, batch["doc_input_ids"][:, 0],
+                              batch["doc_attention_mask"][:, 0])
+  np.testing.assert_allclose(np.asarray(ours), theirs, rtol=1e-5, atol=1e-5)
+  assert (np.asarray(ours) > 0).sum() == (theirs > 0).sum()
+
+
+def test_splade_loss_matches_sentence_transformers(splade):
+  """SpladeLoss with each ranking loss (MNRL over in-batch and hard negatives,
+  MarginMSE and KL on teacher scores), with and without thresholds and the query side
+  regularised as documents, equal to sentence-transformers' within 1e-5; the MLM head a
+  chunk of 5 tokens at a time gives the same loss."""
+  st, config, params, features, batch = splade
+  teacher = np.array([[3.0, 1.0], [2.5, 0.5], [1.0, 1.5], [4.0, -1.0]], np.float32)
+  cases = [
+      (dict(), losses.SparseMultipleNegativesRankingLoss(st), {}),
+      (dict(loss="margin_mse", teacher_column="t"), losses.SparseMarginMSELoss(st),
+       # The random model's vectors have 27.4k-29.8k active dimensions: these thresholds
+       # leave out half the queries and the positives under 29.4k and every negative.
+       dict(document_regularizer_threshold=29400, query_regularizer_threshold=28000)),
+      (dict(loss="kl", teacher_column="t"), losses.SparseDistillKLDivLoss(st), {}),
+  ]
+  for task_kw, base, splade_kw in cases:
+    for only_documents in (False, True):
+      kw = dict(query_regularizer_weight=5e-2, document_regularizer_weight=3e-2,
+                **splade_kw)
+      theirs_loss = losses.SpladeLoss(st, base, use_document_regularizer_only=only_documents,
+                                      **{**kw, "query_regularizer_weight": None}
+                                      if only_documents else kw)
+      labels = None
+      if "teacher_column" in task_kw:
+        labels = torch.from_numpy(teacher[:, 0] - teacher[:, 1] if task_kw["loss"] ==
+                                  "margin_mse" else teacher)
+      with torch.no_grad():
+        theirs = float(sum(theirs_loss(features, labels).values()))
+      task = _task(**task_kw, **kw, document_regularizer_only=only_documents)
+      b = dict(batch, teacher=teacher) if labels is not None else batch
+      assert _our_loss(config, params, b, task) == pytest.approx(theirs, rel=1e-5), (
+          task_kw, only_documents)
+  assert _our_loss(config, params, batch, _task(), chunk_size=5) == pytest.approx(
+      _our_loss(config, params, batch, _task()), rel=1e-6)
+
+
+@pytest.mark.slow
+def test_eight_devices_equal_one_with_the_whole_batch():
+  """In-batch negatives and the FLOPS means over the global batch: the loss and
+  gradients over 8 devices (with GradCache too) are one device's with the batch."""
+  config = model_lib.config_from(ml_collections.ConfigDict(dict(
+      family="bert", vocab_size=64, hidden_size=16, num_layers=1, num_heads=2,
+      intermediate_size=32, max_position_embeddings=32, pooler=False, nsp=False,
+      dtype="float32", dropout_rate=0.0)))
+  model = sparse.SpladeModel(config, "max", "relu", 4)
+  rng = np.random.default_rng(0)
+  n, t = 16, 12
+  ids = rng.integers(5, 64, (n, 3, t)).astype(np.int32)
+  mask = (np.arange(t) < rng.integers(3, t + 1, (n, 3))[..., None]).astype(np.int32)
+  batch = {"query_input_ids": ids[:, 0], "query_attention_mask": mask[:, 0],
+           "doc_input_ids": ids[:, 1:], "doc_attention_mask": mask[:, 1:],
+           "example_weights": np.ones(n, np.float32)}
+  params = nn.unbox(jax.jit(model.init)(jax.random.key(0), ids[:1, 0], mask[:1, 0])["params"])
+  task = lambda mini: _task(mini_batch_size=mini, query_regularizer_weight=0.5,
+                            document_regularizer_weight=0.3)
+  objective = lambda mini: sparse.objective(model, task(mini), batch)
+  one = _loss_and_grads(model, params, batch, task(0), jax.devices()[:1], obj=objective(0))
+  for mini in (0, 8):
+    eight = _loss_and_grads(model, params, batch, task(mini), jax.devices()[:8],
+                            obj=objective(mini))
+    assert eight[0] == pytest.approx(one[0], rel=1e-6)
+    _assert_trees_close(eight[1], one[1], 1e-5)
+
+
+def test_bad_settings_are_one_line():
+  for kw, words in [(dict(similarity="cosine"), "use 'dot'"),
+                    (dict(splade_pooling="mean"), "splade_pooling"),
+                    (dict(activation="gelu"), "activation"),
+                    (dict(query_regularizer_weight=-1.0), "query_regularizer_weight"),
+                    (dict(chunk_size=-2), "chunk_size")]:
+    with pytest.raises(ConfigError, match=words):
+      sparse.check_config(_task(**kw))
+  c = sparse_config.get_config()
+  c.init_from = "/x"
+
+  class Discriminator:  # An ELECTRA discriminator's heads.
+    params = {"encoder": {}, "rtd": {}}
+  with pytest.raises(ConfigError, match=r"/x has no MLM head \(its heads: \['rtd'\]\)"):
+    finetune._mlm_params(c, Discriminator())
+
+
+@pytest.mark.slow
+def test_documented_run_scores_its_sparsity_resumes_and_exports(tiny_hf_bert, tmp_path,
+                                                                 monkeypatch):
+  """docs/sparse.md's quick start from a transformers MLM model: scored on the BEIR
+  fixture at the start and the end with its vectors' active dimensions, its steps
+  logging them; rerun, it resumes at the end and trains nothing again; exported, the
+  folder's `SparseEncoder` encodes as bertjax does."""
+  import subprocess  # pylint: disable=g-import-not-at-top
+  from tests import faults  # pylint: disable=g-import-not-at-top
+  from tests.test_readme import REPO, documented  # pylint: disable=g-import-not-at-top
+  workdir, folder = str(tmp_path / "splade"), str(tmp_path / "st")
+  train = documented(DOC, "python -m bertjax.finetune", f"--workdir={workdir}",
+                     f"--config.init_from={tiny_hf_bert}", "--config.compilation_cache_dir=",
+                     "--config.train.log_every=2", "--config.task.chunk_size=16")
+  done = subprocess.run(train, cwd=REPO, capture_output=True, text=True, check=False)
+  assert done.returncode == 0, done.stderr[-3000:]
+  dev = json.load(open(os.path.join(workdir, "dev_results.json")))
+  assert {"ndcg@10", "mrr@10", "recall@100", "query_active_dims", "corpus_active_dims",
+          "avg_flops"} <= set(dev)
+  assert 0 < dev["query_active_dims"] <= 30522 and 0 < dev["avg_flops"]
+  rows = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
+  train_rows = [r for r in rows if r["split"] == "train"]
+  assert train_rows and all(r["document_active_dims"] > 0 and "query_flops" in r
+                            for r in train_rows)
+  assert [r["step"] for r in rows if r["split"] == "dev"] == [0, 9]  # 135 pairs / 16
+  losses = faults.losses(workdir)
+  monkeypatch.chdir(REPO)  # The documented command's paths are the repository's.
+  c = workdir_lib.load_config(workdir)
+  finetune.run(c, workdir)  # The same run, resumed at its end: nothing trained again.
+  assert faults.losses(workdir) == losses
+  convert.main([*documented(DOC, "python -m bertjax.convert")[3:], f"--src={workdir}",
+                f"--dst={folder}"])
+  queries = [json.loads(line)["text"] for line in open(
+      "tests/fixtures/retrieval/beir/queries.jsonl")]
+  ours = sparse.load_encoder(workdir).encode(queries, "query")
+  theirs = SparseEncoder(folder, device="cpu").encode_query(queries, convert_to_tensor=True)
+  theirs = theirs.to_dense().numpy()
+  np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-5)
+  assert np.count_nonzero(ours) == np.count_nonzero(theirs)
