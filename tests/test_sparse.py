@@ -1,7 +1,7 @@
 """SPLADE (issue 58): the pooling and FLOPS regulariser against sentence-transformers'
 own on the same numbers, the whole SpladeLoss of a transformers MLM model against
 sentence-transformers' SparseEncoder reading the same weights (every ranking loss,
-thresholds, chunked logits), the loss on an 8-device mesh against one device with the
+thresholds), the loss on an 8-device mesh against one device with the
 whole batch, and the one-line errors of bad settings."""
 
 import json
@@ -97,8 +97,8 @@ def splade(tiny_hf_bert):
   return st, pretrained.config, params, features, batch
 
 
-def _our_loss(config, params, batch, task, chunk_size=0):
-  model = sparse.SpladeModel(config, "max", "relu", chunk_size)
+def _our_loss(config, params, batch, task):
+  model = sparse.SpladeModel(config, "max", "relu")
   obj = sparse.objective(model, task, batch)
   return float(jax.jit(lambda p, b: obj.loss(obj.sums(p, b, None), obj.counts(b)))(
       params, batch))
@@ -118,8 +118,7 @@ def test_vectors_match_sentence_transformers(splade):
 def test_splade_loss_matches_sentence_transformers(splade):
   """SpladeLoss with each ranking loss (MNRL over in-batch and hard negatives,
   MarginMSE and KL on teacher scores), with and without thresholds and the query side
-  regularised as documents, equal to sentence-transformers' within 1e-5; the MLM head a
-  chunk of 5 tokens at a time gives the same loss."""
+  regularised as documents, equal to sentence-transformers' within 1e-5."""
   st, config, params, features, batch = splade
   teacher = np.array([[3.0, 1.0], [2.5, 0.5], [1.0, 1.5], [4.0, -1.0]], np.float32)
   cases = [
@@ -147,8 +146,6 @@ def test_splade_loss_matches_sentence_transformers(splade):
       b = dict(batch, teacher=teacher) if labels is not None else batch
       assert _our_loss(config, params, b, task) == pytest.approx(theirs, rel=1e-5), (
           task_kw, only_documents)
-  assert _our_loss(config, params, batch, _task(), chunk_size=5) == pytest.approx(
-      _our_loss(config, params, batch, _task()), rel=1e-6)
 
 
 @pytest.mark.slow
@@ -159,7 +156,7 @@ def test_eight_devices_equal_one_with_the_whole_batch():
       family="bert", vocab_size=64, hidden_size=16, num_layers=1, num_heads=2,
       intermediate_size=32, max_position_embeddings=32, pooler=False, nsp=False,
       dtype="float32", dropout_rate=0.0)))
-  model = sparse.SpladeModel(config, "max", "relu", 4)
+  model = sparse.SpladeModel(config, "max", "relu")
   rng = np.random.default_rng(0)
   n, t = 16, 12
   ids = rng.integers(5, 64, (n, 3, t)).astype(np.int32)
@@ -183,8 +180,7 @@ def test_bad_settings_are_one_line():
   for kw, words in [(dict(similarity="cosine"), "use 'dot'"),
                     (dict(splade_pooling="mean"), "splade_pooling"),
                     (dict(activation="gelu"), "activation"),
-                    (dict(query_regularizer_weight=-1.0), "query_regularizer_weight"),
-                    (dict(chunk_size=-2), "chunk_size")]:
+                    (dict(query_regularizer_weight=-1.0), "query_regularizer_weight")]:
     with pytest.raises(ConfigError, match=words):
       sparse.check_config(_task(**kw))
   c = sparse_config.get_config()
@@ -209,7 +205,7 @@ def test_documented_run_scores_its_sparsity_resumes_and_exports(tiny_hf_bert, tm
   workdir, folder = str(tmp_path / "splade"), str(tmp_path / "st")
   train = documented(DOC, "python -m bertjax.finetune", f"--workdir={workdir}",
                      f"--config.init_from={tiny_hf_bert}", "--config.compilation_cache_dir=",
-                     "--config.train.log_every=2", "--config.task.chunk_size=16")
+                     "--config.train.log_every=2")
   done = subprocess.run(train, cwd=REPO, capture_output=True, text=True, check=False)
   assert done.returncode == 0, done.stderr[-3000:]
   dev = json.load(open(os.path.join(workdir, "dev_results.json")))

@@ -11,10 +11,12 @@ A text's vector has a weight per vocabulary entry: the MLM head's logits at ever
 through log(1 + relu(.)) (`activation` 'log1p_relu': log1p once more, OpenSearch's
 models), masked by the attention mask and pooled over the tokens by max (SPLADE v2 and
 later) or sum (SPLADE v1): sentence-transformers' `SpladePooling`. Scores are dot
-products of the vectors. The MLM head is applied `chunk_size` tokens at a time under
-rematerialisation, so that neither pass holds the [N, T, V] logits whole: the forward
-keeps a running max (or sum) [N, V], the backward recomputes one chunk's logits at a
-time (its `chunk_size`, which sentence-transformers applies at inference only).
+products of the vectors. The [N, T, V] logits are the memory to plan: XLA fuses the
+forward's pooling into the head's matmul (a 2-layer BERT 128 wide, 32 texts x 256
+tokens, 30,522 pieces: 52 MiB of temporaries on this CPU's compiler), but the gradient holds about four
+[N, T, V] float32 arrays (4.0 GiB there); the head a chunk of tokens at a time, unrolled
+under remat, did not lower it (3.6 GiB: the compiler rejoins the chunks), so that
+waits for a scan over the chunks.
 
 `SpladeLoss` is the ranking loss of the retrieval task (`contrastive`: 'mnrl' is
 SparseMultipleNegativesRankingLoss with config.task.similarity 'dot' and scale 1,
@@ -65,21 +67,6 @@ def pool(weights: jax.Array, how: str) -> jax.Array:
   return jnp.max(weights, axis=1) if how == "max" else jnp.sum(weights, axis=1)
 
 
-class _ChunkVector(nn.Module):
-  """The MLM head on a chunk of token states, its SPLADE weights pooled: [N, t, E] ->
-  [N, V] (rematerialised when chunked: `SpladeModel`)."""
-
-  config: Any
-  pooling: str
-  activation: str
-
-  @nn.compact
-  def __call__(self, hidden, attention_mask, embedding):
-    head = stack.MLMHead(self.config, family_of(self.config).mlm_transform, name="mlm")
-    logits = head({"last_hidden_state": hidden}, embedding)
-    return pool(splade_weights(logits, attention_mask, self.activation), self.pooling)
-
-
 class SpladeModel(nn.Module):
   """The encoder of `config`'s family and its MLM head (parameters under 'encoder' and
   'mlm', as in its pretraining model), SPLADE-pooled: input_ids, attention_mask [N, T]
@@ -88,25 +75,16 @@ class SpladeModel(nn.Module):
   config: Any
   pooling: str = "max"
   activation: str = "relu"
-  chunk_size: int = 0  # Tokens the MLM head reads at once (0: all).
 
   def setup(self):
-    self.encoder = family_of(self.config).encoder(self.config)
-    chunked = nn.remat(_ChunkVector) if self.chunk_size else _ChunkVector
-    self.vector = chunked(self.config, self.pooling, self.activation)
-    nn.share_scope(self, self.vector)  # Its parameters: the pretraining model's 'mlm'.
+    family = family_of(self.config)
+    self.encoder = family.encoder(self.config)
+    self.mlm = stack.MLMHead(self.config, family.mlm_transform)
 
   def __call__(self, input_ids, attention_mask, deterministic: bool = True) -> jax.Array:
     out = self.encoder(input_ids, attention_mask, deterministic=deterministic)
-    hidden, T = out["last_hidden_state"], input_ids.shape[1]
-    step = self.chunk_size or T
-    total = None
-    for lo in range(0, T, step):
-      part = self.vector(hidden[:, lo:lo + step], attention_mask[:, lo:lo + step],
-                         self.encoder)
-      total = part if total is None else (
-          jnp.maximum(total, part) if self.pooling == "max" else total + part)
-    return total
+    logits = self.mlm(out, self.encoder)
+    return pool(splade_weights(logits, attention_mask, self.activation), self.pooling)
 
 
 def regularizer_sums(vectors: jax.Array, weights: jax.Array, threshold: int
@@ -198,9 +176,6 @@ def check_config(task_cfg) -> None:
     if task_cfg[f"{side}_regularizer_threshold"] < 0:
       raise ConfigError(f"config.task.{side}_regularizer_threshold must be 0 (every "
                         "vector) or a number of active dimensions.")
-  if task_cfg.chunk_size < 0:
-    raise ConfigError(f"config.task.chunk_size={task_cfg.chunk_size}: use 0 (all tokens "
-                      "at once) or a positive number of tokens.")
 
 
 class Sparsity:
@@ -245,8 +220,7 @@ def load_encoder(path: str):
     raise ConfigError(f"{path} holds a fine-tuned {name!r} model, not a sparse one.")
   task = workdir_lib.load_config(path).task
   pretrained = load_pretrained(path)
-  model = SpladeModel(pretrained.config, task.splade_pooling, task.activation,
-                      task.chunk_size)
+  model = SpladeModel(pretrained.config, task.splade_pooling, task.activation)
   return embedding.encoder_of(
       pretrained.config, None, pretrained.tokenizer, embedding.settings_of(task), model,
       {k: pretrained.params[k] for k in ("encoder", "mlm")})

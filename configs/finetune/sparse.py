@@ -25,9 +25,6 @@ def get_config(arg=None):
   # the activation of the MLM logits: 'relu' (log1p(relu)) or 'log1p_relu' (log1p twice).
   c.task.splade_pooling = "max"
   c.task.activation = "relu"
-  # Tokens whose MLM logits are computed at once, rematerialised in the backward pass:
-  # the [texts, tokens, vocabulary] logits are never held whole (0: all tokens at once).
-  c.task.chunk_size = 0
   c.task.similarity = "dot"
   c.task.scale = 1.0  # mnrl: SparseMultipleNegativesRankingLoss's scale.
   c.task.normalize = False
