@@ -1,7 +1,7 @@
 """SPLADE (issue 58): the pooling and FLOPS regulariser against sentence-transformers'
 own on the same numbers, the whole SpladeLoss of a transformers MLM model against
 sentence-transformers' SparseEncoder reading the same weights (every ranking loss,
-thresholds), the loss on an 8-device mesh against one device with the
+thresholds, the MLM head a chunk of tokens at a time), the loss on an 8-device mesh against one device with the
 whole batch, and the one-line errors of bad settings."""
 
 import json
@@ -20,7 +20,7 @@ from sentence_transformers.sparse_encoder.modules import MLMTransformer, SpladeP
 from bertjax import convert, model as model_lib
 from bertjax.checkpoint import workdir as workdir_lib
 from bertjax.checkpoint.pretrained import load_pretrained
-from bertjax.errors import ConfigError
+from bertjax.errors import CheckpointError, ConfigError
 from bertjax.tasks import finetune, sparse
 from configs.finetune import sparse as sparse_config
 from tests.test_retrieval import _assert_trees_close, _loss_and_grads
@@ -29,8 +29,7 @@ DOC = "docs/sparse.md"
 
 
 def _task(**kw) -> ml_collections.ConfigDict:
-  t = sparse_config.get_config().task
-  t.pooling = "mean"
+  t = sparse.resolve(sparse_config.get_config()).task
   for k, v in kw.items():
     t[k] = v
   return t
@@ -97,8 +96,8 @@ def splade(tiny_hf_bert):
   return st, pretrained.config, params, features, batch
 
 
-def _our_loss(config, params, batch, task):
-  model = sparse.SpladeModel(config, "max", "relu")
+def _our_loss(config, params, batch, task, chunk_size=0):
+  model = sparse.SpladeModel(config, "max", "relu", chunk_size)
   obj = sparse.objective(model, task, batch)
   return float(jax.jit(lambda p, b: obj.loss(obj.sums(p, b, None), obj.counts(b)))(
       params, batch))
@@ -118,7 +117,8 @@ def test_vectors_match_sentence_transformers(splade):
 def test_splade_loss_matches_sentence_transformers(splade):
   """SpladeLoss with each ranking loss (MNRL over in-batch and hard negatives,
   MarginMSE and KL on teacher scores), with and without thresholds and the query side
-  regularised as documents, equal to sentence-transformers' within 1e-5."""
+  regularised as documents, equal to sentence-transformers' within 1e-5; the MLM head
+  a chunk of tokens at a time gives the same loss."""
   st, config, params, features, batch = splade
   teacher = np.array([[3.0, 1.0], [2.5, 0.5], [1.0, 1.5], [4.0, -1.0]], np.float32)
   cases = [
@@ -146,6 +146,39 @@ def test_splade_loss_matches_sentence_transformers(splade):
       b = dict(batch, teacher=teacher) if labels is not None else batch
       assert _our_loss(config, params, b, task) == pytest.approx(theirs, rel=1e-5), (
           task_kw, only_documents)
+  # The head 5 tokens at a time in a scan (the last chunk padded): the same loss.
+  assert batch["query_input_ids"].shape[1] % 5
+  assert _our_loss(config, params, batch, _task(), chunk_size=5) == pytest.approx(
+      _our_loss(config, params, batch, _task()), rel=1e-6)
+
+
+def test_a_published_folder_is_read_with_its_pooling_and_prompts(splade, tmp_path):
+  """A SparseEncoder folder as sentence-transformers saves one (sum pooling of
+  log1p_relu, a query prompt, v6's Transformer): a run from it takes its settings, and
+  bertjax's vectors of its weights are sentence-transformers' own; a folder with an
+  inference-free Router is refused in one line."""
+  st, *_ = splade
+  folder = str(tmp_path / "published")
+  SparseEncoder(modules=[st[0], SpladePooling("sum", "log1p_relu")], device="cpu",
+                prompts={"query": "query: "}).save_pretrained(folder)
+  c = sparse_config.get_config()
+  c.init_from = folder
+  t = sparse.resolve(c).task
+  assert (t.splade_pooling, t.activation, t.query_prompt) == ("sum", "log1p_relu", "query: ")
+  pretrained = load_pretrained(folder)
+  model = sparse.SpladeModel(pretrained.config, t.splade_pooling, t.activation)
+  texts = ["query: how do tuples work", "query: open a file"]
+  features = st.tokenize(texts)
+  ours = jax.jit(model.apply)({"params": {k: pretrained.params[k] for k in ("encoder", "mlm")}},
+                              features["input_ids"].numpy(), features["attention_mask"].numpy())
+  theirs = SparseEncoder(folder, device="cpu").encode_query(
+      [t[len("query: "):] for t in texts], convert_to_tensor=True).to_dense().numpy()
+  np.testing.assert_allclose(np.asarray(ours), theirs, rtol=1e-5, atol=1e-5)
+  modules = json.load(open(os.path.join(folder, "modules.json")))
+  modules[0]["type"] = "sentence_transformers.base.modules.router.Router"
+  json.dump(modules, open(os.path.join(folder, "modules.json"), "w"))
+  with pytest.raises(CheckpointError, match="not an MLM Transformer at the folder's root"):
+    sparse.resolve(c)
 
 
 @pytest.mark.slow
@@ -156,7 +189,7 @@ def test_eight_devices_equal_one_with_the_whole_batch():
       family="bert", vocab_size=64, hidden_size=16, num_layers=1, num_heads=2,
       intermediate_size=32, max_position_embeddings=32, pooler=False, nsp=False,
       dtype="float32", dropout_rate=0.0)))
-  model = sparse.SpladeModel(config, "max", "relu")
+  model = sparse.SpladeModel(config, "max", "relu", chunk_size=4)
   rng = np.random.default_rng(0)
   n, t = 16, 12
   ids = rng.integers(5, 64, (n, 3, t)).astype(np.int32)
@@ -180,7 +213,8 @@ def test_bad_settings_are_one_line():
   for kw, words in [(dict(similarity="cosine"), "use 'dot'"),
                     (dict(splade_pooling="mean"), "splade_pooling"),
                     (dict(activation="gelu"), "activation"),
-                    (dict(query_regularizer_weight=-1.0), "query_regularizer_weight")]:
+                    (dict(query_regularizer_weight=-1.0), "query_regularizer_weight"),
+                    (dict(chunk_size=-2), "chunk_size")]:
     with pytest.raises(ConfigError, match=words):
       sparse.check_config(_task(**kw))
   c = sparse_config.get_config()
@@ -205,7 +239,7 @@ def test_documented_run_scores_its_sparsity_resumes_and_exports(tiny_hf_bert, tm
   workdir, folder = str(tmp_path / "splade"), str(tmp_path / "st")
   train = documented(DOC, "python -m bertjax.finetune", f"--workdir={workdir}",
                      f"--config.init_from={tiny_hf_bert}", "--config.compilation_cache_dir=",
-                     "--config.train.log_every=2")
+                     "--config.train.log_every=2", "--config.task.chunk_size=16")
   done = subprocess.run(train, cwd=REPO, capture_output=True, text=True, check=False)
   assert done.returncode == 0, done.stderr[-3000:]
   dev = json.load(open(os.path.join(workdir, "dev_results.json")))

@@ -176,9 +176,10 @@ def topology(name: str, num_slices: int = 1, hbm_gb: float = 0.0) -> Topology:
 
 
 def is_retrieval(config) -> bool:
-  """Whether `config` trains an embedding model (configs/finetune/retrieval.py): its
-  step is the contrastive one (`bertjax.tasks.retrieval`), at task.max_seq_length."""
-  return "task" in config and config.task.name == "retrieval"
+  """Whether `config` trains an embedding model (configs/finetune/retrieval.py) or a
+  sparse one (configs/finetune/sparse.py): its step is the contrastive one
+  (`bertjax.tasks.retrieval`), at task.max_seq_length."""
+  return "task" in config and config.task.name in ("retrieval", "sparse")
 
 
 def is_rerank(config) -> bool:

@@ -85,6 +85,11 @@ def write(directory: str, settings: Settings, embedding_dimension: int) -> None:
 _ST_TRANSFORMER = _TRANSFORMER[1]  # sentence-transformers 6's name of its Transformer
 SPLADE_DIR = "1_SpladePooling"
 _SPLADE = "sentence_transformers.sparse_encoder.modules.splade_pooling.SpladePooling"
+# A SPLADE folder's first module: v6's Transformer, or v5's MLMTransformer (both names).
+_MLM_TRANSFORMER = _TRANSFORMER + (
+    "sentence_transformers.sparse_encoder.models.MLMTransformer",
+    "sentence_transformers.sparse_encoder.modules.mlm_transformer.MLMTransformer")
+_SPLADES = (_SPLADE, "sentence_transformers.sparse_encoder.models.SpladePooling")
 
 
 def write_sparse(directory: str, settings: Settings, vocab_size: int, pooling: str,
@@ -107,6 +112,28 @@ def write_sparse(directory: str, settings: Settings, vocab_size: int, pooling: s
       "model_type": "SparseEncoder",
       "prompts": {k: v for k, v in settings.prompts.items() if v},
       "default_prompt_name": None, "similarity_fn_name": "dot"})
+
+
+def read_sparse(directory: str) -> tuple[Settings, str, str]:
+  """(its `Settings`, SpladePooling's pooling_strategy, activation_function) of a
+  `SparseEncoder` folder whose modules bertjax computes (an MLM Transformer at the
+  folder's root, then SpladePooling); a one-line CheckpointError naming any other
+  module (an inference-free Router, SparseStaticEmbedding, a SparseAutoEncoder)."""
+  modules = _read(os.path.join(directory, MODULES_FILE))
+  kinds = [m.get("type", "") for m in modules]
+  if (len(kinds) != 2 or kinds[0] not in _MLM_TRANSFORMER or modules[0].get("path", "")
+      or kinds[1] not in _SPLADES):
+    raise CheckpointError(
+        f"{directory}: modules {kinds} are not an MLM Transformer at the folder's root, "
+        "then SpladePooling; bertjax computes only those (no Router, no "
+        "SparseStaticEmbedding or SparseAutoEncoder): start from its transformers model.")
+  cfg = _read(os.path.join(directory, modules[1]["path"], "config.json"))
+  settings = read_settings_files(directory, pooling="mean", normalize=False)
+  if settings.similarity not in ("dot", Settings.similarity):
+    raise CheckpointError(f"{directory}: similarity {settings.similarity!r}; a SPLADE "
+                          "model scores by dot products.")
+  return (dataclasses.replace(settings, similarity="dot"),
+          cfg.get("pooling_strategy", "max"), cfg.get("activation_function", "relu"))
 
 
 def is_folder(directory: str) -> bool:
@@ -159,6 +186,13 @@ def read(directory: str) -> Settings:
       raise CheckpointError(f"{directory}: its pooling leaves the prompt's tokens out "
                             "(include_prompt false), which bertjax does not do.")
     settings["pooling"] = modes[0]
+  return read_settings_files(directory, **settings)
+
+
+def read_settings_files(directory: str, **settings) -> Settings:
+  """`Settings(**settings)` with what the folder's sentence_bert_config.json (or its
+  tokenizer's model_max_length) and config_sentence_transformers.json say: the length,
+  lower-casing, prompts and similarity."""
   bert_config = os.path.join(directory, "sentence_bert_config.json")
   cfg = _read(bert_config) if os.path.isfile(bert_config) else {}
   settings["max_seq_length"] = int(cfg.get("max_seq_length") or _tokenizer_length(directory)

@@ -48,8 +48,10 @@ def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """A copy of `config` whose empty task settings (pooling, prompts) are those of the
   sentence-transformers folder `config.init_from` (else 'mean', none), lower-casing on
   where the folder's do_lower_case is true; a setting of the folder's that the config
-  changes is logged."""
+  changes is logged. A sparse model's: `sparse.resolve`."""
   c = ml_collections.ConfigDict(config.to_dict())
+  if c.task.name == sparse.NAME:
+    return sparse.resolve(c)
   folder = (st.read(config.init_from) if config.init_from and st.is_folder(config.init_from)
             else None)
   t = c.task
@@ -302,7 +304,7 @@ def build(config, model_cfg, sample: dict, optimizer: tuple, mesh=None
   `config.mesh`'s); `sample` a one-row batch (shapes)."""
   t = config.task
   if t.name == sparse.NAME:
-    model = sparse.SpladeModel(model_cfg, t.splade_pooling, t.activation)
+    model = sparse.SpladeModel(model_cfg, t.splade_pooling, t.activation, t.chunk_size)
     loss = sparse.objective(model, t, sample)
   else:
     model = embedding.EmbeddingModel(model_cfg, t.pooling or "mean", t.normalize)
@@ -330,14 +332,16 @@ def batch_spec(config, batch_size: int) -> dict[str, tuple[tuple[int, ...], np.d
 def train_flops(config, model_cfg, batch_size: int) -> float:
   """Model FLOPs of a step of `batch_spec`'s batch: the encoder's forward and backward
   over every query and document (`stack.train_flops` without heads; a sparse model's
-  MLM head at every token), and with GradCache the forward again (the re-run)."""
+  MLM head at every token, its forward again when chunked), and with GradCache the
+  forward again (the re-run)."""
   from bertjax.model import family_of, stack  # pylint: disable=g-import-not-at-top
   family, T = family_of(model_cfg), config.task.max_seq_length
   C = 1 + len(config.task.negative_columns)
   splade = config.task.name == sparse.NAME
   terms = stack.train_flops(dataclasses.replace(family, head_flops=None), model_cfg,
                             batch_size * (1 + C), T, T if splade else 0)
-  total = terms["total"] - (0.0 if splade else terms["mlm_head"])
+  head = terms["mlm_head"] * (4 / 3 if config.task.get("chunk_size") else 1.0)
+  total = terms["total"] - terms["mlm_head"] + (head if splade else 0.0)
   return total * (4 / 3 if config.task.mini_batch_size else 1.0)
 
 

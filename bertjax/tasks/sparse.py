@@ -11,12 +11,12 @@ A text's vector has a weight per vocabulary entry: the MLM head's logits at ever
 through log(1 + relu(.)) (`activation` 'log1p_relu': log1p once more, OpenSearch's
 models), masked by the attention mask and pooled over the tokens by max (SPLADE v2 and
 later) or sum (SPLADE v1): sentence-transformers' `SpladePooling`. Scores are dot
-products of the vectors. The [N, T, V] logits are the memory to plan: XLA fuses the
-forward's pooling into the head's matmul (a 2-layer BERT 128 wide, 32 texts x 256
-tokens, 30,522 pieces: 52 MiB of temporaries on this CPU's compiler), but the gradient holds about four
-[N, T, V] float32 arrays (4.0 GiB there); the head a chunk of tokens at a time, unrolled
-under remat, did not lower it (3.6 GiB: the compiler rejoins the chunks), so that
-waits for a scan over the chunks.
+products of the vectors. The [N, T, V] logits are the memory to plan: the gradient of
+the head read at once holds several of them (`chunk_size` 0, sentence-transformers'
+way). With `chunk_size`, the head reads that many tokens at a time in a scan, each
+chunk's logits recomputed in the backward pass (a third more of the head's FLOPs), so
+that one chunk's are live at a time (docs/sparse.md's memory figures: BERT-base's head
+adds 3.73 GiB to a step's temporaries at once, 0.41 GiB in chunks of 32 tokens).
 
 `SpladeLoss` is the ranking loss of the retrieval task (`contrastive`: 'mnrl' is
 SparseMultipleNegativesRankingLoss with config.task.similarity 'dot' and scale 1,
@@ -67,24 +67,82 @@ def pool(weights: jax.Array, how: str) -> jax.Array:
   return jnp.max(weights, axis=1) if how == "max" else jnp.sum(weights, axis=1)
 
 
+class _Chunk(nn.Module):
+  """The MLM head on a chunk of token states, its SPLADE weights pooled into the
+  running vector: (total [N, V], (hidden [N, t, E], mask [N, t]), the encoder) ->
+  (total, None): the body of `SpladeModel`'s scan over its chunks."""
+
+  config: Any
+  pooling: str
+  activation: str
+
+  @nn.compact
+  def __call__(self, total, chunk, embedding):
+    hidden, attention_mask = chunk
+    head = stack.MLMHead(self.config, family_of(self.config).mlm_transform, name="mlm")
+    logits = head({"last_hidden_state": hidden}, embedding)
+    part = pool(splade_weights(logits, attention_mask, self.activation), self.pooling)
+    return (jnp.maximum(total, part) if self.pooling == "max" else total + part), None
+
+
 class SpladeModel(nn.Module):
   """The encoder of `config`'s family and its MLM head (parameters under 'encoder' and
   'mlm', as in its pretraining model), SPLADE-pooled: input_ids, attention_mask [N, T]
-  -> [N, V] float32 non-negative weights (V the config's vocabulary size)."""
+  -> [N, V] float32 non-negative weights (V the config's vocabulary size). With
+  `chunk_size`, the head reads that many tokens at a time in a scan, each chunk
+  rematerialised in the backward pass (the module docstring)."""
 
   config: Any
   pooling: str = "max"
   activation: str = "relu"
+  chunk_size: int = 0
 
   def setup(self):
     family = family_of(self.config)
     self.encoder = family.encoder(self.config)
-    self.mlm = stack.MLMHead(self.config, family.mlm_transform)
+    if self.chunk_size:
+      self.chunks = nn.scan(nn.remat(_Chunk), variable_broadcast="params",
+                            split_rngs={"params": False}, in_axes=(0, nn.broadcast))(
+                                self.config, self.pooling, self.activation)
+      nn.share_scope(self, self.chunks)  # Its head's parameters: 'mlm', as unchunked.
+    else:
+      self.mlm = stack.MLMHead(self.config, family.mlm_transform)
 
   def __call__(self, input_ids, attention_mask, deterministic: bool = True) -> jax.Array:
     out = self.encoder(input_ids, attention_mask, deterministic=deterministic)
-    logits = self.mlm(out, self.encoder)
-    return pool(splade_weights(logits, attention_mask, self.activation), self.pooling)
+    if not self.chunk_size:
+      logits = self.mlm(out, self.encoder)
+      return pool(splade_weights(logits, attention_mask, self.activation), self.pooling)
+    hidden = out["last_hidden_state"]
+    (N, T, E), c = hidden.shape, self.chunk_size
+    pad = -T % c  # Padded positions weigh 0: no max or sum moves.
+    hidden = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0)))
+    mask = jnp.pad(attention_mask, ((0, 0), (0, pad)))
+    chunks = (jnp.swapaxes(hidden.reshape(N, -1, c, E), 0, 1),
+              jnp.swapaxes(mask.reshape(N, -1, c), 0, 1))
+    total, _ = self.chunks(jnp.zeros((N, self.config.vocab_size), jnp.float32), chunks,
+                           self.encoder)
+    return total
+
+
+def resolve(config):
+  """`config` (a copy, changed in place) whose empty SPLADE settings (splade_pooling,
+  activation, prompts) are those of the `SparseEncoder` folder `config.init_from`
+  (`st.read_sparse`), else 'max' and 'relu'; lower-casing on where the folder's is."""
+  from bertjax.hf import sentence_transformers as st  # pylint: disable=g-import-not-at-top
+  from bertjax.tasks import embedding  # pylint: disable=g-import-not-at-top
+  t = config.task
+  if config.init_from and st.is_folder(config.init_from):
+    settings, how, activation = st.read_sparse(config.init_from)
+    t.splade_pooling = t.splade_pooling or how
+    t.activation = t.activation or activation
+    t.query_prompt = t.query_prompt or embedding.prompt(settings, "query")
+    t.document_prompt = t.document_prompt or embedding.prompt(settings, "document")
+    t.do_lower_case = t.do_lower_case or settings.do_lower_case
+  t.splade_pooling = t.splade_pooling or "max"
+  t.activation = t.activation or "relu"
+  t.pooling = t.pooling or "mean"  # Unused by a sparse model; its settings' field.
+  return config
 
 
 def regularizer_sums(vectors: jax.Array, weights: jax.Array, threshold: int
@@ -163,6 +221,9 @@ def check_config(task_cfg) -> None:
   if task_cfg.splade_pooling not in POOLINGS:
     raise ConfigError(f"config.task.splade_pooling={task_cfg.splade_pooling!r}: use one "
                       f"of {POOLINGS}.")
+  if task_cfg.chunk_size < 0:
+    raise ConfigError(f"config.task.chunk_size={task_cfg.chunk_size}: use 0 (every token "
+                      "at once) or a positive number of tokens.")
   if task_cfg.activation not in ACTIVATIONS:
     raise ConfigError(f"config.task.activation={task_cfg.activation!r}: use one of "
                       f"{ACTIVATIONS}.")
@@ -220,7 +281,8 @@ def load_encoder(path: str):
     raise ConfigError(f"{path} holds a fine-tuned {name!r} model, not a sparse one.")
   task = workdir_lib.load_config(path).task
   pretrained = load_pretrained(path)
-  model = SpladeModel(pretrained.config, task.splade_pooling, task.activation)
+  model = SpladeModel(pretrained.config, task.splade_pooling, task.activation,
+                      task.chunk_size)
   return embedding.encoder_of(
       pretrained.config, None, pretrained.tokenizer, embedding.settings_of(task), model,
       {k: pretrained.params[k] for k in ("encoder", "mlm")})

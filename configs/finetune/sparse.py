@@ -22,9 +22,14 @@ def get_config(arg=None):
   c = retrieval.get_config(arg)
   c.task.name = "sparse"
   # SpladePooling: 'max' (SPLADE v2 and later) or 'sum' (SPLADE v1) over the tokens of
-  # the activation of the MLM logits: 'relu' (log1p(relu)) or 'log1p_relu' (log1p twice).
-  c.task.splade_pooling = "max"
-  c.task.activation = "relu"
+  # the activation of the MLM logits: 'relu' (log1p(relu)) or 'log1p_relu' (log1p twice);
+  # '' the init_from SparseEncoder folder's, else 'max' and 'relu'.
+  c.task.splade_pooling = ""
+  c.task.activation = ""
+  # Tokens whose MLM logits are computed at once, in a scan, recomputed in the backward
+  # pass: the gradient holds one chunk's [texts, chunk, vocabulary] logits, not every
+  # token's (0: every token at once, as sentence-transformers trains).
+  c.task.chunk_size = 0
   c.task.similarity = "dot"
   c.task.scale = 1.0  # mnrl: SparseMultipleNegativesRankingLoss's scale.
   c.task.normalize = False
