@@ -24,7 +24,9 @@ also takes plain text (every occurrence of --word, no senses). `encode` writes t
 sentence embeddings [N, E] float32 (.npy) of an embedding model (a retrieval workdir,
 a sentence-transformers folder, or any checkpoint with mean pooling:
 `bertjax.tasks.embedding.load_encoder`), each text as --kind ('query' or 'document':
-its prompt), in batches with a progress bar.
+its prompt), in batches with a progress bar; of a sparse model (a 'sparse' workdir, a
+`SparseEncoder` folder: `bertjax.tasks.sparse`), a CSR matrix [N, V] (.npz, read by
+`scipy.sparse.load_npz`), each vector cut to --max_active_dims entries when given.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from bertjax import writes
 from bertjax.checkpoint.pretrained import load_pretrained
 from bertjax.data import sources
 from bertjax.embeddings import analysis, extract, plot, wsd
-from bertjax.tasks import embedding
+from bertjax.tasks import embedding, sparse
 from bertjax.console import cli
 from bertjax.errors import ConfigError, DataError
 
@@ -78,6 +80,8 @@ _SIZE = flags.DEFINE_string("size", "800x600", "plot: WIDTHxHEIGHT in pixels.")
 _ANNOTATE = flags.DEFINE_integer("annotate", 6, "plot: how many points get their "
                                  "sentence written next to them.")
 _OVERWRITE = flags.DEFINE_bool("overwrite", False, "Replace an existing --out file.")
+_MAX_ACTIVE_DIMS = flags.DEFINE_integer("max_active_dims", 0, "encode, a sparse model: "
+                                        "keep each vector's N largest entries (0: all).")
 _KIND = flags.DEFINE_enum("kind", "document", list(embedding.KINDS), "encode: the texts "
                           "are queries or documents (the model's prompt of that kind).")
 
@@ -257,6 +261,11 @@ def _plot() -> None:
 
 def _encode() -> None:
   _require(checkpoint=_CHECKPOINT.value, input=_INPUT.value, out=_OUT.value)
+  if sparse.is_sparse(_CHECKPOINT.value):
+    return _encode_sparse()
+  if _MAX_ACTIVE_DIMS.value:
+    raise ConfigError(f"--max_active_dims: {_CHECKPOINT.value} is a dense embedding model; "
+                      "the flag cuts a sparse model's vectors.")
   with _output(".npy") as out:
     texts = read_texts(_INPUT.value, _MAX_TEXTS.value)
     encoder = embedding.load_encoder(_CHECKPOINT.value, _MAX_LENGTH.value
@@ -266,6 +275,24 @@ def _encode() -> None:
   print(f"wrote {_OUT.value}: {vectors.shape[0]} x {vectors.shape[1]} embeddings "
         f"({encoder.settings.pooling} pooling"
         f"{', normalised' if encoder.settings.normalize else ''})")
+
+
+def _encode_sparse() -> None:
+  """A sparse model's vectors as a CSR matrix (.npz: `scipy.sparse.load_npz`)."""
+  import scipy.sparse  # pylint: disable=g-import-not-at-top
+  if _MAX_ACTIVE_DIMS.value < 0:
+    raise ConfigError(f"--max_active_dims={_MAX_ACTIVE_DIMS.value}: use 0 (every active "
+                      "entry) or a positive count.")
+  with _output(".npz") as out:
+    texts = read_texts(_INPUT.value, _MAX_TEXTS.value)
+    encoder = sparse.load_encoder(_CHECKPOINT.value, _MAX_LENGTH.value
+                                  if _MAX_LENGTH.present else 0)
+    matrix = sparse.encode_csr(encoder, texts, _KIND.value, _BATCH.value,
+                               _MAX_ACTIVE_DIMS.value, show="encode")
+    scipy.sparse.save_npz(out, matrix)
+  written = _OUT.value if _OUT.value.endswith(".npz") else _OUT.value + ".npz"
+  print(f"wrote {written}: {matrix.shape[0]} x {matrix.shape[1]} sparse vectors (CSR), "
+        f"{matrix.nnz / max(matrix.shape[0], 1):.1f} active dimensions a text")
 
 
 def main(argv):

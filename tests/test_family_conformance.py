@@ -657,6 +657,28 @@ def test_checkpoint_restores_bit_for_bit_and_resumes(tiny, tmp_path):
     np.testing.assert_array_equal(a, b)
 
 
+# ---- 7b. Sparse retrievers ---------------------------------------------------------
+
+def test_splade_vectors_pool_the_families_mlm_logits(tiny):
+  """The family's SPLADE model (`sparse.SpladeModel`, its MLM head a chunk of 64 tokens
+  at a time in a scan) on the pretraining model's encoder and MLM head gives
+  sentence-transformers' SpladePooling of that model's MLM logits (check 3 holds those
+  logits to transformers'; tests/test_sparse.py the pooling to sentence-transformers')."""
+  from bertjax.tasks import sparse  # pylint: disable=g-import-not-at-top
+  if "mlm" not in tiny.params:
+    pytest.skip(f"{tiny.name}'s pretraining model has no MLM head")
+  ids, mask = tiny.padded[:2]
+  params = {k: tiny.params[k] for k in ("encoder", "mlm")}
+  model = tiny.family.pretraining(tiny.config, ("mlm",))
+  logits = jax.jit(model.apply)({"params": params}, ids, mask)["mlm_logits"]
+  want = sparse.pool(sparse.splade_weights(logits, mask, "relu"), "max")
+  got = jax.jit(sparse.SpladeModel(tiny.config, chunk_size=64).apply)(
+      {"params": params}, ids, mask)
+  diff = _relative_max(np.asarray(got), np.asarray(want))
+  print(f"{tiny.name} SPLADE vectors, chunked: {diff:.1e}")
+  assert diff < ATOL and np.count_nonzero(got) == np.count_nonzero(want)
+
+
 # ---- 8. Fine-tuning heads ----------------------------------------------------------
 
 def test_task_configs_cover_every_task():

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
+import scipy.sparse
 import torch
 from sentence_transformers.sparse_encoder import SparseEncoder, losses
 from sentence_transformers.sparse_encoder.modules import MLMTransformer, SpladePooling
@@ -62,6 +63,15 @@ def test_flops_matches_sentence_transformers(threshold):
   total, active = sparse.regularizer_sums(jnp.asarray(x), w, threshold)
   assert float(sparse.flops(total, jnp.sum(w))) == pytest.approx(theirs, rel=1e-6)
   assert float(active) == np.count_nonzero(x[:4])
+
+
+def test_max_active_dims_keeps_what_sentence_transformers_keeps():
+  from sentence_transformers.util import select_max_active_dims  # pylint: disable=g-import-not-at-top
+  x = np.maximum(np.random.default_rng(2).normal(size=(5, 40)), 0).astype(np.float32)
+  for k in (1, 7, 40):
+    np.testing.assert_array_equal(sparse.top_active(x, k), select_max_active_dims(
+        torch.from_numpy(x), k).numpy())
+  assert sparse.top_active(x, 0) is x
 
 
 @pytest.fixture(scope="module")
@@ -261,7 +271,16 @@ def test_documented_run_scores_its_sparsity_resumes_and_exports(tiny_hf_bert, tm
   queries = [json.loads(line)["text"] for line in open(
       "tests/fixtures/retrieval/beir/queries.jsonl")]
   ours = sparse.load_encoder(workdir).encode(queries, "query")
-  theirs = SparseEncoder(folder, device="cpu").encode_query(queries, convert_to_tensor=True)
-  theirs = theirs.to_dense().numpy()
+  st = SparseEncoder(folder, device="cpu")
+  theirs = st.encode_query(queries, convert_to_tensor=True).to_dense().numpy()
   np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-5)
   assert np.count_nonzero(ours) == np.count_nonzero(theirs)
+  out = str(tmp_path / "queries.npz")
+  done = subprocess.run(documented(DOC, "python -m bertjax.embed encode",
+                                   f"--checkpoint={folder}", f"--out={out}"),
+                        cwd=REPO, capture_output=True, text=True, check=False)
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert "24 x 30522 sparse vectors (CSR), 64.0 active dimensions a text" in done.stdout
+  cut = st.encode_query(queries, convert_to_tensor=True, max_active_dims=64)
+  np.testing.assert_allclose(scipy.sparse.load_npz(out).toarray(), cut.to_dense().numpy(),
+                             rtol=1e-5, atol=1e-5)

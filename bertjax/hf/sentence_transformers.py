@@ -141,6 +141,17 @@ def is_folder(directory: str) -> bool:
   return os.path.isfile(os.path.join(directory, MODULES_FILE))
 
 
+def is_sparse_folder(directory: str) -> bool:
+  """Whether `directory` is a sentence-transformers `SparseEncoder` folder (a
+  SpladePooling among its modules, or its config says so)."""
+  if not is_folder(directory):
+    return False
+  kinds = [m.get("type", "") for m in _read(os.path.join(directory, MODULES_FILE))]
+  st_config = os.path.join(directory, "config_sentence_transformers.json")
+  return any(k in _SPLADES for k in kinds) or (
+      os.path.isfile(st_config) and _read(st_config).get("model_type") == "SparseEncoder")
+
+
 def _read(path: str) -> Any:
   try:
     with open(path, encoding="utf-8") as f:

@@ -32,6 +32,7 @@ GPU's own batch); padding rows (weight 0) take no part.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable, Sequence
 
 import flax.linen as nn
@@ -51,6 +52,7 @@ ACTIVATIONS = ("relu", "log1p_relu")
 # Documents a dev evaluation scores at once: [CORPUS_CHUNK, V] float32 vectors (125 MB
 # at BERT's 30,522 pieces), searched exactly with a running top-k.
 CORPUS_CHUNK = 1024
+CSR_TEXTS = 4096  # Texts `encode_csr` holds dense at once (500 MB at 30,522 pieces).
 
 
 def splade_weights(logits: jax.Array, attention_mask: jax.Array, activation: str
@@ -270,22 +272,68 @@ class Sparsity:
     return out
 
 
-def load_encoder(path: str):
-  """The sparse model trained in the workdir `path` as an `embedding.Encoder`:
-  `encode(texts, kind)` -> [N, V] vectors."""
+def is_sparse(path: str) -> bool:
+  """Whether `path` holds a sparse model: a 'sparse' fine-tuning workdir or a
+  sentence-transformers `SparseEncoder` folder."""
+  from bertjax.checkpoint import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
+  from bertjax.hf import sentence_transformers as st  # pylint: disable=g-import-not-at-top
+  if workdir_lib.is_finetuned(path):
+    return workdir_lib.task_info(path)["name"] == NAME
+  return st.is_sparse_folder(path)
+
+
+def load_encoder(path: str, max_seq_length: int = 0):
+  """The sparse model of `path` (a 'sparse' workdir: its config's settings; a
+  `SparseEncoder` folder: its files', `st.read_sparse`) as an `embedding.Encoder`:
+  `encode(texts, kind)` -> [N, V] vectors. With `max_seq_length`, texts are cut there
+  instead of at the model's own length."""
   from bertjax.checkpoint import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
   from bertjax.checkpoint.pretrained import load_pretrained  # pylint: disable=g-import-not-at-top
+  from bertjax.hf import sentence_transformers as st  # pylint: disable=g-import-not-at-top
   from bertjax.tasks import embedding  # pylint: disable=g-import-not-at-top
-  name = workdir_lib.task_info(path)["name"]
-  if name != NAME:
-    raise ConfigError(f"{path} holds a fine-tuned {name!r} model, not a sparse one.")
-  task = workdir_lib.load_config(path).task
+  if workdir_lib.is_finetuned(path):
+    name = workdir_lib.task_info(path)["name"]
+    if name != NAME:
+      raise ConfigError(f"{path} holds a fine-tuned {name!r} model, not a sparse one.")
+    task = workdir_lib.load_config(path).task
+    settings, how, activation, chunk = (embedding.settings_of(task), task.splade_pooling,
+                                        task.activation, task.chunk_size)
+  else:
+    (settings, how, activation), chunk = st.read_sparse(path), 0
   pretrained = load_pretrained(path)
-  model = SpladeModel(pretrained.config, task.splade_pooling, task.activation,
-                      task.chunk_size)
+  if "mlm" not in pretrained.params:
+    raise ConfigError(f"{path} has no MLM head: it is no sparse model.")
+  settings = dataclasses.replace(settings, max_seq_length=min(
+      max_seq_length or settings.max_seq_length, pretrained.config.max_length))
+  model = SpladeModel(pretrained.config, how, activation, chunk)
   return embedding.encoder_of(
-      pretrained.config, None, pretrained.tokenizer, embedding.settings_of(task), model,
+      pretrained.config, None, pretrained.tokenizer, settings, model,
       {k: pretrained.params[k] for k in ("encoder", "mlm")})
+
+
+def top_active(vectors: np.ndarray, max_active_dims: int) -> np.ndarray:
+  """`vectors` [N, V] with all but each row's `max_active_dims` largest magnitudes set
+  to 0 (sentence-transformers' `select_max_active_dims`; 0: unchanged)."""
+  if not max_active_dims or max_active_dims >= vectors.shape[1]:
+    return vectors
+  keep = np.argpartition(-np.abs(vectors), max_active_dims - 1, axis=1)[:, :max_active_dims]
+  out = np.zeros_like(vectors)
+  np.put_along_axis(out, keep, np.take_along_axis(vectors, keep, axis=1), axis=1)
+  return out
+
+
+def encode_csr(encoder, texts: Sequence[str], kind: str, batch_size: int = 64,
+               max_active_dims: int = 0, show: str = ""):
+  """`texts`' vectors by `encoder` (`load_encoder`) as a scipy CSR matrix [N, V]
+  float32, `CSR_TEXTS` texts encoded at a time (host memory: one such block dense),
+  each row cut to its `max_active_dims` largest entries (0: all)."""
+  import scipy.sparse  # pylint: disable=g-import-not-at-top
+  texts = list(texts)
+  blocks = [scipy.sparse.csr_matrix(top_active(
+      encoder.encode(texts[lo:lo + CSR_TEXTS], kind, batch_size, show), max_active_dims))
+            for lo in range(0, len(texts), CSR_TEXTS)]
+  return (scipy.sparse.vstack(blocks, format="csr") if blocks else
+          scipy.sparse.csr_matrix((0, encoder.config.vocab_size), dtype=np.float32))
 
 
 def export(directory: str, workdir: str) -> str:
