@@ -224,7 +224,8 @@ def test_bad_settings_are_one_line():
                     (dict(splade_pooling="mean"), "splade_pooling"),
                     (dict(activation="gelu"), "activation"),
                     (dict(query_regularizer_weight=-1.0), "query_regularizer_weight"),
-                    (dict(chunk_size=-2), "chunk_size")]:
+                    (dict(chunk_size=-2), "chunk_size"),
+                    (dict(max_active_dims=-1), "max_active_dims")]:
     with pytest.raises(ConfigError, match=words):
       sparse.check_config(_task(**kw))
   c = sparse_config.get_config()
@@ -240,7 +241,8 @@ def test_bad_settings_are_one_line():
 def test_documented_run_scores_its_sparsity_resumes_and_exports(tiny_hf_bert, tmp_path,
                                                                  monkeypatch):
   """docs/sparse.md's quick start from a transformers MLM model: scored on the BEIR
-  fixture at the start and the end with its vectors' active dimensions, its steps
+  fixture at the start and the end with its vectors' active dimensions (cut to
+  max_active_dims), its steps
   logging them; rerun, it resumes at the end and trains nothing again; exported, the
   folder's `SparseEncoder` encodes as bertjax does."""
   import subprocess  # pylint: disable=g-import-not-at-top
@@ -249,13 +251,16 @@ def test_documented_run_scores_its_sparsity_resumes_and_exports(tiny_hf_bert, tm
   workdir, folder = str(tmp_path / "splade"), str(tmp_path / "st")
   train = documented(DOC, "python -m bertjax.finetune", f"--workdir={workdir}",
                      f"--config.init_from={tiny_hf_bert}", "--config.compilation_cache_dir=",
-                     "--config.train.log_every=2", "--config.task.chunk_size=16")
+                     "--config.train.log_every=2", "--config.task.chunk_size=16",
+                     "--config.task.max_active_dims=300")
   done = subprocess.run(train, cwd=REPO, capture_output=True, text=True, check=False)
   assert done.returncode == 0, done.stderr[-3000:]
   dev = json.load(open(os.path.join(workdir, "dev_results.json")))
   assert {"ndcg@10", "mrr@10", "recall@100", "query_active_dims", "corpus_active_dims",
           "avg_flops"} <= set(dev)
-  assert 0 < dev["query_active_dims"] <= 30522 and 0 < dev["avg_flops"]
+  # The random model's vectors: thousands of active entries, cut to 300 for scoring.
+  assert dev["query_active_dims"] == dev["corpus_active_dims"] == 300
+  assert 0 < dev["avg_flops"] <= 300
   rows = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
   train_rows = [r for r in rows if r["split"] == "train"]
   assert train_rows and all(r["document_active_dims"] > 0 and "query_flops" in r

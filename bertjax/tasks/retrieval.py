@@ -254,8 +254,9 @@ def evaluators(config, dev: Any, embedder: embedding.Embedder, workdir: str
   (`retrieval_eval.RetrievalEvaluator`), or a file of scored pairs (sentence1, sentence2, score) scored by the Spearman correlation of
   their similarities; both by the model's `config.task.similarity` (cosine whether or
   not the embeddings are normalised); every `config.train.eval_every` steps (0: at the
-  end), at the start too with `config.task.eval_at_start`. A sparse model's BEIR
-  scores add its vectors' active dimensions (`sparse.Sparsity`). Process 0 writes the
+  end), at the start too with `config.task.eval_at_start`. A sparse model's vectors
+  are cut to `config.task.max_active_dims` entries (0: all) and its BEIR scores add
+  their active dimensions (`sparse.Sparsity`). Process 0 writes the
   last one to dev_results.json."""
   batch, similarity = config.train.eval_batch_size, config.task.similarity
   if dev is None:
@@ -266,10 +267,12 @@ def evaluators(config, dev: Any, embedder: embedding.Embedder, workdir: str
 
   if os.path.isdir(config.data.dev) and config.task.name == sparse.NAME:
     def score(params) -> dict[str, float]:
-      tally = sparse.Sparsity()
+      tally, cut = sparse.Sparsity(), config.task.max_active_dims
+      kinds = {"query": "query", "document": "corpus"}
+      encode = {k: tally.counting(lambda texts, k=k: sparse.top_active(
+          encoder(params, k)(texts), cut), name) for k, name in kinds.items()}
       results = retrieval_eval.RetrievalEvaluator(
-          dev, tally.counting(encoder(params, "query"), "query"),
-          tally.counting(encoder(params, "document"), "corpus"), similarity=similarity,
+          dev, encode["query"], encode["document"], similarity=similarity,
           corpus_chunk_size=sparse.CORPUS_CHUNK).evaluate()
       return {**results, **tally.results()}
   elif os.path.isdir(config.data.dev):

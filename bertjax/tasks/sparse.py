@@ -223,6 +223,9 @@ def check_config(task_cfg) -> None:
   if task_cfg.splade_pooling not in POOLINGS:
     raise ConfigError(f"config.task.splade_pooling={task_cfg.splade_pooling!r}: use one "
                       f"of {POOLINGS}.")
+  if task_cfg.max_active_dims < 0:
+    raise ConfigError(f"config.task.max_active_dims={task_cfg.max_active_dims}: use 0 "
+                      "(every active entry) or a positive count.")
   if task_cfg.chunk_size < 0:
     raise ConfigError(f"config.task.chunk_size={task_cfg.chunk_size}: use 0 (every token "
                       "at once) or a positive number of tokens.")

@@ -43,6 +43,9 @@ def get_config(arg=None):
   c.task.query_regularizer_threshold = 0
   c.task.document_regularizer_threshold = 0
   c.task.document_regularizer_only = False
+  # Evaluation: each vector cut to its N largest entries (sentence-transformers'
+  # max_active_dims; 0: every active entry).
+  c.task.max_active_dims = 0
   c.task.mini_batch_size = 0  # SpladeLoss reads the batch at once (CachedSpladeLoss: set it).
   c.train.batch_size = 12
   c.train.learning_rate = 2e-5
