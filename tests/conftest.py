@@ -106,7 +106,7 @@ def pytest_xdist_auto_num_workers(config):
   often waits: on the processes its test starts, their imports, their sockets and
   signals), and a worker per WORKER_GIB of available memory at most (a worker holds
   its session fixtures, the models and runs of its tests and the processes they
-  start). On the 2-core machine with a cold cache (2026-12-03), 3 workers ran the
+  start; without /proc/meminfo, a worker a core). On the 2-core machine with a cold cache (2026-12-03), 3 workers ran the
   suite in 22m43s against 26m08s for 2 (that run shared the machine with a few minutes
   of other tests), peaking at 15.0 GB used (sampled every 5 s). On an accelerator, one
   worker: the tests share the one device and the gpu benchmark reads pytest -v's lines."""

@@ -41,11 +41,12 @@ def test_a_worker_a_core_the_quota_allows(machine, files, cores, expected):
 
 def test_memory_caps_the_workers(machine, monkeypatch):
   gib = 2**20  # kB
-  for available, workers in ((24 * gib, 24 // conftest.WORKER_GIB), (2 * gib, 1),
-                             (1000 * gib, 16)):
-    machine({"/proc/meminfo": MEMINFO.format(kib=available)}, 16)
+  for available, cores, workers in ((24 * gib, 16, 24 // conftest.WORKER_GIB),
+                                    (2 * gib, 16, 1), (1000 * gib, 16, 17),
+                                    (24 * gib, 2, 3)):  # CI's: 2 cores, 24 GiB
+    machine({"/proc/meminfo": MEMINFO.format(kib=available)}, cores)
     assert conftest.pytest_xdist_auto_num_workers(None) == workers
-  machine({}, 16)  # no /proc/meminfo: the cores
+  machine({}, 16)  # no /proc/meminfo: a worker a core, no more
   assert conftest.pytest_xdist_auto_num_workers(None) == 16
   monkeypatch.setattr(conftest, "PLATFORM", "gpu")
   assert conftest.pytest_xdist_auto_num_workers(None) == 1
