@@ -36,6 +36,7 @@ import os
 
 from absl import app, flags
 import numpy as np
+import scipy.sparse
 
 from bertjax import writes
 from bertjax.checkpoint.pretrained import load_pretrained
@@ -279,7 +280,6 @@ def _encode() -> None:
 
 def _encode_sparse() -> None:
   """A sparse model's vectors as a CSR matrix (.npz: `scipy.sparse.load_npz`)."""
-  import scipy.sparse  # pylint: disable=g-import-not-at-top
   if _MAX_ACTIVE_DIMS.value < 0:
     raise ConfigError(f"--max_active_dims={_MAX_ACTIVE_DIMS.value}: use 0 (every active "
                       "entry) or a positive count.")

@@ -39,10 +39,14 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+import scipy.sparse
 
+from bertjax.checkpoint import workdir as workdir_lib
+from bertjax.checkpoint.pretrained import load_pretrained
 from bertjax.errors import ConfigError
+from bertjax.hf import convert, sentence_transformers as st
 from bertjax.model import family_of, stack
-from bertjax.tasks import contrastive
+from bertjax.tasks import contrastive, embedding
 from bertjax.tasks.base import SPARSE_TASK
 from bertjax.train.step import Objective
 
@@ -131,8 +135,6 @@ def resolve(config):
   """`config` (a copy, changed in place) whose empty SPLADE settings (splade_pooling,
   activation, prompts) are those of the `SparseEncoder` folder `config.init_from`
   (`st.read_sparse`), else 'max' and 'relu'; lower-casing on where the folder's is."""
-  from bertjax.hf import sentence_transformers as st  # pylint: disable=g-import-not-at-top
-  from bertjax.tasks import embedding  # pylint: disable=g-import-not-at-top
   t = config.task
   if config.init_from and st.is_folder(config.init_from):
     settings, how, activation = st.read_sparse(config.init_from)
@@ -278,8 +280,6 @@ class Sparsity:
 def is_sparse(path: str) -> bool:
   """Whether `path` holds a sparse model: a 'sparse' fine-tuning workdir or a
   sentence-transformers `SparseEncoder` folder."""
-  from bertjax.checkpoint import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
-  from bertjax.hf import sentence_transformers as st  # pylint: disable=g-import-not-at-top
   if workdir_lib.is_finetuned(path):
     return workdir_lib.task_info(path)["name"] == NAME
   return st.is_sparse_folder(path)
@@ -290,10 +290,6 @@ def load_encoder(path: str, max_seq_length: int = 0):
   `SparseEncoder` folder: its files', `st.read_sparse`) as an `embedding.Encoder`:
   `encode(texts, kind)` -> [N, V] vectors. With `max_seq_length`, texts are cut there
   instead of at the model's own length."""
-  from bertjax.checkpoint import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
-  from bertjax.checkpoint.pretrained import load_pretrained  # pylint: disable=g-import-not-at-top
-  from bertjax.hf import sentence_transformers as st  # pylint: disable=g-import-not-at-top
-  from bertjax.tasks import embedding  # pylint: disable=g-import-not-at-top
   if workdir_lib.is_finetuned(path):
     name = workdir_lib.task_info(path)["name"]
     if name != NAME:
@@ -330,7 +326,6 @@ def encode_csr(encoder, texts: Sequence[str], kind: str, batch_size: int = 64,
   """`texts`' vectors by `encoder` (`load_encoder`) as a scipy CSR matrix [N, V]
   float32, `CSR_TEXTS` texts encoded at a time (host memory: one such block dense),
   each row cut to its `max_active_dims` largest entries (0: all)."""
-  import scipy.sparse  # pylint: disable=g-import-not-at-top
   texts = list(texts)
   blocks = [scipy.sparse.csr_matrix(top_active(
       encoder.encode(texts[lo:lo + CSR_TEXTS], kind, batch_size, show), max_active_dims))
@@ -344,7 +339,6 @@ def export(directory: str, workdir: str) -> str:
   `workdir`, in `directory`: its transformers *ForMaskedLM model (the encoder and MLM
   head, `convert.save_hf`) and the folder's files (`st.write_sparse`), so that
   `SparseEncoder(directory).encode` gives the model's vectors. Returns the model_type."""
-  from bertjax.hf import convert, sentence_transformers as st  # pylint: disable=g-import-not-at-top
   encoder = load_encoder(workdir)
   model = encoder.embedder.model
   kind = convert.save_hf(directory, jax.device_get(encoder.params), encoder.config,
