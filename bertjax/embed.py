@@ -260,6 +260,11 @@ def _plot() -> None:
         + (f", {len(set(senses))} senses" if senses else ""))
 
 
+def _encode_length() -> int:
+  """encode's cut: --max_length where given, else 0 (the model's own length)."""
+  return _MAX_LENGTH.value if _MAX_LENGTH.present else 0
+
+
 def _encode() -> None:
   _require(checkpoint=_CHECKPOINT.value, input=_INPUT.value, out=_OUT.value)
   if sparse.is_sparse(_CHECKPOINT.value):
@@ -269,8 +274,7 @@ def _encode() -> None:
                       "the flag cuts a sparse model's vectors.")
   with _output(".npy") as out:
     texts = read_texts(_INPUT.value, _MAX_TEXTS.value)
-    encoder = embedding.load_encoder(_CHECKPOINT.value, _MAX_LENGTH.value
-                                     if _MAX_LENGTH.present else 0)
+    encoder = embedding.load_encoder(_CHECKPOINT.value, _encode_length())
     vectors = encoder.encode(texts, _KIND.value, _BATCH.value, show="encode")
     np.save(out, vectors)
   print(f"wrote {_OUT.value}: {vectors.shape[0]} x {vectors.shape[1]} embeddings "
@@ -285,8 +289,7 @@ def _encode_sparse() -> None:
                       "entry) or a positive count.")
   with _output(".npz") as out:
     texts = read_texts(_INPUT.value, _MAX_TEXTS.value)
-    encoder = sparse.load_encoder(_CHECKPOINT.value, _MAX_LENGTH.value
-                                  if _MAX_LENGTH.present else 0)
+    encoder = sparse.load_encoder(_CHECKPOINT.value, _encode_length())
     matrix = sparse.encode_csr(encoder, texts, _KIND.value, _BATCH.value,
                                _MAX_ACTIVE_DIMS.value, show="encode")
     scipy.sparse.save_npz(out, matrix)
