@@ -39,10 +39,11 @@ Shapes: B queries, C documents per example (1 + k negatives), E embedding width.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from bertjax.errors import ConfigError
 from bertjax.tasks import pooling
@@ -67,21 +68,36 @@ def pairwise(a: jax.Array, b: jax.Array, kind: str) -> jax.Array:
   return jnp.einsum("be,bce->bc", a, b, precision=jax.lax.Precision.HIGHEST)
 
 
-def _mnrl_rows(queries: jax.Array, rows: jax.Array, all_queries: jax.Array,
-               documents: jax.Array, weights: jax.Array, *, scale: float, kind: str,
-               symmetric: bool) -> tuple[jax.Array, jax.Array]:
-  """MNRL of the queries [b, E] at global `rows` [b] against every document of the
-  batch, documents [B, C, E] (column 0 the positives), all_queries [B, E], weights [B]
-  (0: padding) -> (summed loss over those rows, how many rank their positive first)."""
-  B, C, E = documents.shape
-  candidates = jnp.swapaxes(documents, 0, 1).reshape(C * B, E)  # positives, then negatives
+Score = Callable[[Any, Any], jax.Array]  # (a [M, ...], b [N, ...]) -> [M, N] float32
+
+
+def dense_scores(kind: str) -> tuple[Score, Score]:
+  """(all-pairs, row-wise) scores of single vectors by `kind` (`SIMILARITIES`):
+  `similarity` and `pairwise`."""
+  return (lambda a, b: similarity(a, b, kind)), (lambda a, b: pairwise(a, b, kind))
+
+
+def _rows_of(tree, index):
+  return jax.tree.map(lambda x: x[index], tree)
+
+
+def _mnrl_rows(queries, rows: jax.Array, all_queries, documents, weights: jax.Array, *,
+               scale: float, score: Score, symmetric: bool) -> tuple[jax.Array, jax.Array]:
+  """MNRL of the queries [b, ...] at global `rows` [b] against every document of the
+  batch, documents [B, C, ...] (column 0 the positives), all_queries [B, ...], weights
+  [B] (0: padding) -> (summed loss over those rows, how many rank their positive
+  first). An embedding may be a tuple of arrays (a ColBERT text's vectors and mask)."""
+  B, C = weights.shape[0], jax.tree.leaves(documents)[0].shape[1]
+  candidates = jax.tree.map(  # positives, then negatives
+      lambda d: jnp.swapaxes(d, 0, 1).reshape(C * B, *d.shape[2:]), documents)
   valid = weights > 0
-  scores = similarity(queries, candidates, kind) * scale  # [b, C * B]
+  scores = score(queries, candidates) * scale  # [b, C * B]
   scores = jnp.where(jnp.tile(valid, C)[None, :], scores, -jnp.inf)
   positive = jnp.take_along_axis(scores, rows[:, None], axis=1)[:, 0]
   terms = jax.nn.logsumexp(scores, axis=1) - positive
   if symmetric:  # Each of these rows' positives against every query: its own softmax.
-    back = similarity(documents[rows, 0], all_queries, kind) * scale  # [b, B]
+    positives = jax.tree.map(lambda d: d[rows, 0], documents)
+    back = score(positives, all_queries) * scale  # [b, B]
     back = jnp.where(valid[None, :], back, -jnp.inf)
     terms = (terms + jax.nn.logsumexp(back, axis=1) - positive) / 2
   mine = valid[rows]
@@ -90,15 +106,16 @@ def _mnrl_rows(queries: jax.Array, rows: jax.Array, all_queries: jax.Array,
   return jnp.sum(jnp.where(mine, terms, 0.0) * w), jnp.sum(correct * w)
 
 
-def mnrl(queries: jax.Array, documents: jax.Array, weights: jax.Array, *, scale: float,
-         kind: str, symmetric: bool) -> tuple[jax.Array, jax.Array]:
-  """queries [B, E], documents [B, C, E] (column 0 the positives), weights [B] (0:
-  padding) -> (summed loss over the rows, rows whose positive scores highest); over
-  the data axes of the mesh in context, each device its own rows (`_gathered`)."""
-  kw = dict(scale=scale, kind=kind, symmetric=symmetric)
+def mnrl(queries, documents, weights: jax.Array, *, scale: float, score: Score,
+         symmetric: bool) -> tuple[jax.Array, jax.Array]:
+  """queries [B, ...], documents [B, C, ...] (column 0 the positives; either may be a
+  tuple of arrays), weights [B] (0: padding), scored by `score` -> (summed loss over
+  the rows, rows whose positive scores highest); over the data axes of the mesh in
+  context, each device its own rows (`_gathered`)."""
+  kw = dict(scale=scale, score=score, symmetric=symmetric)
   axes = data_axes()
   if axes is None:
-    B = queries.shape[0]
+    B = weights.shape[0]
     return _mnrl_rows(queries, jnp.arange(B), queries, documents, weights, **kw)
   return _gathered(queries, documents, weights, axes, **kw)
 
@@ -117,64 +134,71 @@ def data_axes() -> tuple[str, ...] | None:
 
 
 def _gathered(queries, documents, weights, axes, **kw) -> tuple[jax.Array, jax.Array]:
-  """MNRL in `jax.shard_map` over `axes` (the module docstring)."""
+  """MNRL in `jax.shard_map` over `axes` (the module docstring): every array of a row
+  (its query's, its documents', its weight) flattened into one float32 row, the rows
+  all-gathered in one collective and unpacked."""
   from jax.sharding import PartitionSpec as P  # pylint: disable=g-import-not-at-top
-  E, C = queries.shape[-1], documents.shape[1]
 
   def local(q, d, w):
-    b = q.shape[0]
-    packed = jnp.concatenate([q.astype(jnp.float32), d.reshape(b, C * E).astype(jnp.float32),
-                              w[:, None].astype(jnp.float32)], axis=1)
-    every = jax.lax.all_gather(packed, axes, axis=0, tiled=True)  # [B, (1 + C) E + 1]
+    b = w.shape[0]
+    leaves, tree = jax.tree.flatten((q, d, w))
+    packed = jnp.concatenate([x.reshape(b, -1).astype(jnp.float32) for x in leaves], axis=1)
+    every = jax.lax.all_gather(packed, axes, axis=0, tiled=True)  # [B, row]
+    sizes = np.cumsum([int(np.prod(x.shape[1:])) for x in leaves])[:-1]
+    parts = [p.reshape(-1, *x.shape[1:]).astype(x.dtype)
+             for p, x in zip(jnp.split(every, sizes, axis=1), leaves)]
+    all_q, all_d, all_w = jax.tree.unflatten(tree, parts)
     rows = jax.lax.axis_index(axes) * b + jnp.arange(b)
-    loss, correct = _mnrl_rows(q, rows, every[:, :E],
-                               every[:, E:E + C * E].reshape(-1, C, E), every[:, -1], **kw)
+    loss, correct = _mnrl_rows(q, rows, all_q, all_d, all_w, **kw)
     return jax.lax.psum(loss, axes), jax.lax.psum(correct, axes)
 
   spec = P(axes)
-  return jax.shard_map(local, in_specs=(spec, spec, spec), out_specs=(P(), P()))(
+  specs = jax.tree.map(lambda _: spec, (queries, documents, weights))
+  return jax.shard_map(local, in_specs=specs, out_specs=(P(), P()))(
       queries, documents, weights)
 
 
-def margin_mse(queries: jax.Array, documents: jax.Array, teacher: jax.Array,
-               weights: jax.Array, kind: str) -> jax.Array:
-  """Summed squared errors of the margins sim(q, p) - sim(q, n_j) against the teacher's
-  [B, C - 1] margins (or [B, C] scores, turned into margins)."""
-  scores = pairwise(queries, documents, kind)  # [B, C]
+def margin_mse(scores: jax.Array, teacher: jax.Array, weights: jax.Array) -> jax.Array:
+  """Summed squared errors of the margins of `scores` [B, C] (a row's query against its
+  positive, then its negatives), s(q, p) - s(q, n_j), against the teacher's [B, C - 1]
+  margins (or [B, C] scores, turned into margins)."""
   if teacher.shape[1] == scores.shape[1]:
     teacher = teacher[:, :1] - teacher[:, 1:]
   errors = jnp.square(scores[:, :1] - scores[:, 1:] - teacher)
   return jnp.sum(errors * weights[:, None])
 
 
-def kl(queries: jax.Array, documents: jax.Array, teacher: jax.Array, weights: jax.Array,
-       kind: str, temperature: float) -> jax.Array:
-  """Summed KL(teacher || student) over each row's C candidates (teacher [B, C])."""
-  student = jax.nn.log_softmax(pairwise(queries, documents, kind) / temperature, axis=1)
+def kl(scores: jax.Array, teacher: jax.Array, weights: jax.Array, temperature: float
+       ) -> jax.Array:
+  """Summed KL(teacher || student) over each row's C candidates (`scores`, teacher
+  [B, C])."""
+  student = jax.nn.log_softmax(scores / temperature, axis=1)
   target = jax.nn.softmax(teacher.astype(jnp.float32) / temperature, axis=1)
   terms = jnp.sum(target * (jnp.log(jnp.maximum(target, 1e-30)) - student), axis=1)
   return jnp.sum(terms * weights) * temperature**2
 
 
-def loss_sums(queries: jax.Array, documents: jax.Array, batch: dict, task_cfg
-              ) -> dict[str, jax.Array]:
+def loss_sums(queries, documents, batch: dict, task_cfg,
+              scoring: tuple[Score, Score] | None = None) -> dict[str, jax.Array]:
   """{'loss': summed loss, 'correct': rows ranking their positive first} of the batch,
-  summed over the Matryoshka dimensions (weighted) when `task_cfg.matryoshka_dims`."""
+  summed over the Matryoshka dimensions (weighted) when `task_cfg.matryoshka_dims`.
+  `scoring`: (all-pairs, row-wise) scores (default `dense_scores` of
+  task_cfg.similarity; a ColBERT model's MaxSim, whose embeddings are tuples)."""
   weights = batch["example_weights"].astype(jnp.float32)
-  dims = tuple(task_cfg.matryoshka_dims) or (queries.shape[-1],)
+  score, pair = scoring or dense_scores(task_cfg.similarity)
+  dims = tuple(task_cfg.matryoshka_dims) or (None,)
   dim_weights = tuple(task_cfg.matryoshka_weights) or (1.0,) * len(dims)
   total = correct = jnp.zeros((), jnp.float32)
   for d, w in zip(dims, dim_weights):
-    q, docs = queries[..., :d], documents[..., :d]
+    q, docs = (queries, documents) if d is None else (queries[..., :d], documents[..., :d])
     if task_cfg.loss == "mnrl":
-      loss, right = mnrl(q, docs, weights, scale=task_cfg.scale, kind=task_cfg.similarity,
+      loss, right = mnrl(q, docs, weights, scale=task_cfg.scale, score=score,
                          symmetric=task_cfg.symmetric)
       correct = right if d == dims[0] else correct
     elif task_cfg.loss == "margin_mse":
-      loss = margin_mse(q, docs, batch["teacher"], weights, task_cfg.similarity)
+      loss = margin_mse(pair(q, docs), batch["teacher"], weights)
     else:
-      loss = kl(q, docs, batch["teacher"], weights, task_cfg.similarity,
-                task_cfg.temperature)
+      loss = kl(pair(q, docs), batch["teacher"], weights, task_cfg.temperature)
     total = total + w * loss
   return {"loss": total, "correct": correct}
 
@@ -189,7 +213,7 @@ def loss_count(batch: dict, task_cfg) -> jax.Array:
 
 def embed_in_chunks(embed: Callable[[dict, jax.Array | None], jax.Array], inputs: dict,
                     rng: jax.Array | None, mini_batch_size: int) -> jax.Array:
-  """`embed(inputs, rng)` ([N, ...] arrays -> [N, E]) over `inputs` a mini-batch of
+  """`embed(inputs, rng)` ([N, ...] arrays -> [N, ...]) over `inputs` a mini-batch of
   `mini_batch_size` rows at a time, under `jax.checkpoint` (GradCache: the module
   docstring); 0 or >= N: at once. Mini-batch i holds rows r * n + i (n mini-batches):
   every device keeps its own rows. Each mini-batch draws dropout from fold_in(rng, i),
@@ -210,7 +234,7 @@ def embed_in_chunks(embed: Callable[[dict, jax.Array | None], jax.Array], inputs
     return None, cached(chunk, None if rng is None else jax.random.fold_in(rng, i))
 
   _, out = jax.lax.scan(body, None, (jnp.arange(n), chunks))  # [n, N / n, E]
-  return jnp.swapaxes(out, 0, 1).reshape(n_rows, -1)
+  return jnp.swapaxes(out, 0, 1).reshape(n_rows, *out.shape[2:])
 
 
 def embed_columns(model, params, batch: dict, rng: jax.Array | None, mini_batch_size: int
@@ -231,7 +255,7 @@ def embed_columns(model, params, batch: dict, rng: jax.Array | None, mini_batch_
       "input_ids": batch["doc_input_ids"].reshape(B * C, T),
       "attention_mask": batch["doc_attention_mask"].reshape(B * C, T)}, keys[1],
       mini_batch_size)
-  return queries, documents.reshape(B, C, -1)
+  return queries, documents.reshape(B, C, *documents.shape[1:])
 
 
 def check_config(task_cfg, hidden_size: int | None = None) -> None:

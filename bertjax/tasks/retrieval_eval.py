@@ -172,15 +172,24 @@ def document_text(doc: Mapping[str, str]) -> str:
 @functools.partial(jax.jit, static_argnames=("k",))
 def _merge_block(queries, block, valid, offset, best_scores, best_indices, k: int):
   """The running top-k of `queries` [q, E] merged with the documents `block` [b, E]
-  (rows >= `valid` are padding), whose first row is document `offset`.
+  (rows >= `valid` are padding), whose first row is document `offset`, by their dot
+  products (`merge_top_k`)."""
+  scores = jnp.dot(queries, block.T, precision=jax.lax.Precision.HIGHEST)
+  return merge_top_k(scores, valid, offset, best_scores, best_indices, k=k)
+
+
+@functools.partial(jax.jit, static_argnames=("k",))
+def merge_top_k(scores, valid, offset, best_scores, best_indices, k: int):
+  """The running top-k (best_scores, best_indices [q, k]) merged with a block's
+  `scores` [q, b] of documents `offset`, `offset` + 1, ... (columns >= `valid` are
+  padding).
 
   jax.lax.top_k puts the lower index first among equal values. The running entries
   come before the block's in the concatenation and have lower document indices, so
   positions order ties as document indices do: ties go to the earlier document.
   """
-  scores = jnp.dot(queries, block.T, precision=jax.lax.Precision.HIGHEST)
-  scores = jnp.where(jnp.arange(block.shape[0])[None, :] < valid, scores, -jnp.inf)
-  block_scores, block_indices = jax.lax.top_k(scores, min(k, block.shape[0]))
+  scores = jnp.where(jnp.arange(scores.shape[1])[None, :] < valid, scores, -jnp.inf)
+  block_scores, block_indices = jax.lax.top_k(scores, min(k, scores.shape[1]))
   both_scores = jnp.concatenate([best_scores, block_scores], axis=1)
   both_indices = jnp.concatenate([best_indices, block_indices + offset], axis=1)
   top_scores, positions = jax.lax.top_k(both_scores, k)
