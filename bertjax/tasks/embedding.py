@@ -128,38 +128,53 @@ class Embedder:
     return tokenize(self._text_tokenizer, texts, prompt(self.settings, kind),
                     self.settings.max_seq_length)
 
-  def encode(self, params, texts: Sequence[str], kind: str, batch_size: int = 64,
-             show: str = "") -> np.ndarray:
-    """[N, E] float32 embeddings of `texts` as `kind` ('query' or 'document'); `show`
+  def pad_batch(self, rows: Sequence[Sequence[int]], kind: str) -> dict[str, np.ndarray]:
+    """input_ids and attention_mask [N, T] of a batch's token rows (T their `bucket`)."""
+    del kind
+    ids, mask = pad(rows, bucket(max(map(len, rows)), self.settings.max_seq_length),
+                    self.tokenizer.pad_id)
+    return {"input_ids": ids, "attention_mask": mask}
+
+  def batches(self, params, texts: Sequence[str], kind: str, batch_size: int = 64,
+              show: str = ""):
+    """Yields (the texts' indices [n], the model's outputs [n, ...] float32, the padded
+    inputs [n, T] of `pad_batch`) batch after batch, the longest texts first; `show`
     names a progress bar."""
     rows = self.tokenize(texts, kind)
-    if not rows:
-      return np.zeros((0, 0), np.float32)
     order = np.argsort([-len(r) for r in rows], kind="stable")
     batch_size = -(-batch_size // self.dp) * self.dp
     share = batch_size // jax.process_count()
     mine = slice(jax.process_index() * share, (jax.process_index() + 1) * share)
     starts = range(0, len(rows), batch_size)
-    parts = []
     with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
       for lo in progress.Progress(show or kind, len(starts), "batches",
                                   enable=bool(show)).wrap(starts):
         chosen = order[lo:lo + batch_size]
         batch = [rows[i] for i in chosen] + [rows[chosen[0]]] * (batch_size - len(chosen))
-        ids, mask = pad(batch, bucket(max(map(len, batch)), self.settings.max_seq_length),
-                        self.tokenizer.pad_id)
+        inputs = self.pad_batch(batch, kind)
         out = self._apply(params, *(jax.make_array_from_process_local_data(
-            self.batch_sharding, x[mine]) for x in (ids, mask)))
+            self.batch_sharding, inputs[k][mine]) for k in ("input_ids", "attention_mask")))
         out = (multihost_utils.process_allgather(out, tiled=True)
                if jax.process_count() > 1 else jax.device_get(out))
-        parts.append(np.asarray(out, np.float32)[:len(chosen)])
-    vectors = np.concatenate(parts)
-    return vectors[np.argsort(order, kind="stable")]
+        yield (chosen, np.asarray(out, np.float32)[:len(chosen)],
+               {k: v[:len(chosen)] for k, v in inputs.items()})
+
+  def encode(self, params, texts: Sequence[str], kind: str, batch_size: int = 64,
+             show: str = "") -> np.ndarray:
+    """[N, E] float32 embeddings of `texts` as `kind` ('query' or 'document'); `show`
+    names a progress bar."""
+    parts = [(chosen, out) for chosen, out, _ in self.batches(params, texts, kind,
+                                                              batch_size, show)]
+    if not parts:
+      return np.zeros((0, 0), np.float32)
+    vectors = np.concatenate([out for _, out in parts])
+    return vectors[np.argsort(np.concatenate([chosen for chosen, _ in parts]))]
 
 
 @dataclasses.dataclass
 class Encoder:
-  """A loaded embedding model (`load_encoder`): `encode(texts, kind)` -> [N, E]."""
+  """A loaded embedding model (`load_encoder`): `encode(texts, kind)` -> [N, E] (a
+  ColBERT model's, `bertjax.tasks.colbert.load_encoder`: each text's token matrix)."""
 
   embedder: Embedder
   params: Any
@@ -226,17 +241,19 @@ def load_encoder(path: str, max_seq_length: int = 0) -> Encoder:
 
 def encoder_of(config, encoder_params, tokenizer: tok_lib.Tokenizer,
                settings: st.Settings, model: nn.Module | None = None,
-               params: dict | None = None) -> Encoder:
+               params: dict | None = None, embedder: Any = None) -> Encoder:
   """The `Encoder` of an encoder's config and parameters (replicated on this process's
   devices, `local_mesh`), its tokenizer and `settings`: an `EmbeddingModel` of the
   settings' pooling, or `model` with its `params` (a sparse model's encoder and MLM
-  head)."""
+  head, a ColBERT model's encoder and projection) and its `embedder` class (default
+  `Embedder`; a ColBERT model's `TokenEmbedder` with its layout)."""
   model = model or EmbeddingModel(config, settings.pooling, settings.normalize)
   mesh, rules = local_mesh()
   replicated = NamedSharding(mesh, PartitionSpec())
   params = jax.device_put(params or {"encoder": encoder_params}, replicated)
-  return Encoder(Embedder(model, tokenizer, settings, mesh, rules,
-                          jax.tree.map(lambda _: replicated, params)), params, config)
+  return Encoder((embedder or Embedder)(model, tokenizer, settings, mesh, rules,
+                                        jax.tree.map(lambda _: replicated, params)),
+                 params, config)
 
 
 def export(directory: str, encoder: Encoder) -> str:
