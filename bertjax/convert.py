@@ -4,7 +4,8 @@ networks, the exported one in DST and each other in DST/<name>: an ELECTRA pair'
 discriminator and DST/generator), a fine-tuning workdir to the
 matching Hugging Face `*For<Task>` dir (an embedding model's, 'retrieval', to a
 sentence-transformers folder; a reranker's, 'rerank', to a CrossEncoder folder; a sparse
-model's, 'sparse', to a SparseEncoder folder), or a Hugging Face dir to a bertjax workdir
+model's, 'sparse', to a SparseEncoder folder; a ColBERT model's, 'colbert', to a
+MultiVectorEncoder folder), or a Hugging Face dir to a bertjax workdir
 (`bertjax.hf.convert` holds the conversion)."""
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from bertjax.checkpoint import pretrained as pretrained_lib, workdir
 from bertjax.console import cli
 from bertjax.errors import CheckpointError
 from bertjax.hf import convert
-from bertjax.tasks import embedding, finetuned, rerank, reranker, sparse
+from bertjax.tasks import colbert, embedding, finetuned, rerank, reranker, sparse
 
 
 def _is_workdir(path: str) -> bool:
@@ -36,6 +37,11 @@ def _is_embedding_model(path: str) -> bool:
 def _is_sparse_model(path: str) -> bool:
   """Whether `path` is a fine-tuning workdir of a sparse model ('sparse')."""
   return workdir.task_info(path)["name"] == sparse.NAME
+
+
+def _is_colbert_model(path: str) -> bool:
+  """Whether `path` is a fine-tuning workdir of a multi-vector model ('colbert')."""
+  return workdir.task_info(path)["name"] == colbert.NAME
 
 
 def _is_reranker(path: str) -> bool:
@@ -71,7 +77,8 @@ def convert_checkpoint(to: str, src: str, dst: str, overwrite: bool = False) -> 
   if to == "hf" and _is_workdir(src):
     family = workdir.saved_model(src).family  # checked before the weights
     convert.family_table(family)
-    if workdir.is_finetuned(src) and not (_is_embedding_model(src) or _is_sparse_model(src)):
+    if workdir.is_finetuned(src) and not (_is_embedding_model(src) or _is_sparse_model(src)
+                                          or _is_colbert_model(src)):
       convert.check_exportable("classification" if _is_reranker(src)
                                else workdir.task_info(src)["name"], family)
   with writes.export_dir(dst, overwrite, {"--src": src},
@@ -80,6 +87,8 @@ def convert_checkpoint(to: str, src: str, dst: str, overwrite: bool = False) -> 
       return f"sentence-transformers ({embedding.export(out, embedding.load_encoder(src))})"
     if to == "hf" and workdir.is_finetuned(src) and _is_sparse_model(src):
       return f"SparseEncoder ({sparse.export(out, src)})"
+    if to == "hf" and workdir.is_finetuned(src) and _is_colbert_model(src):
+      return f"MultiVectorEncoder ({colbert.export(out, src)})"
     if to == "hf" and workdir.is_finetuned(src) and _is_reranker(src):
       return f"CrossEncoder ({reranker.export(out, reranker.load_reranker(src))})"
     if to == "hf" and workdir.is_finetuned(src):

@@ -26,7 +26,10 @@ a sentence-transformers folder, or any checkpoint with mean pooling:
 `bertjax.tasks.embedding.load_encoder`), each text as --kind ('query' or 'document':
 its prompt), in batches with a progress bar; of a sparse model (a 'sparse' workdir, a
 `SparseEncoder` folder: `bertjax.tasks.sparse`), a CSR matrix [N, V] (.npz, read by
-`scipy.sparse.load_npz`), each vector cut to --max_active_dims entries when given.
+`scipy.sparse.load_npz`), each vector cut to --max_active_dims entries when given; of a
+multi-vector model (a 'colbert' workdir, a `MultiVectorEncoder` folder:
+`bertjax.tasks.colbert`), each text's scored token vectors (.npz: `vectors` [tokens,
+dim] float32, text i's rows offsets[i]:offsets[i + 1] of them).
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ from bertjax import writes
 from bertjax.checkpoint.pretrained import load_pretrained
 from bertjax.data import sources
 from bertjax.embeddings import analysis, extract, plot, wsd
-from bertjax.tasks import embedding, sparse
+from bertjax.tasks import colbert, embedding, sparse
 from bertjax.console import cli
 from bertjax.errors import ConfigError, DataError
 
@@ -269,9 +272,13 @@ def _encode() -> None:
   _require(checkpoint=_CHECKPOINT.value, input=_INPUT.value, out=_OUT.value)
   if sparse.is_sparse(_CHECKPOINT.value):
     return _encode_sparse()
+  late = colbert.is_colbert(_CHECKPOINT.value)
   if _MAX_ACTIVE_DIMS.value:
-    raise ConfigError(f"--max_active_dims: {_CHECKPOINT.value} is a dense embedding model; "
-                      "the flag cuts a sparse model's vectors.")
+    raise ConfigError(f"--max_active_dims: {_CHECKPOINT.value} is a "
+                      f"{'multi-vector' if late else 'dense embedding'} model; the flag cuts "
+                      "a sparse model's vectors.")
+  if late:
+    return _encode_tokens()
   with _output(".npy") as out:
     texts = read_texts(_INPUT.value, _MAX_TEXTS.value)
     encoder = embedding.load_encoder(_CHECKPOINT.value, _encode_length())
@@ -293,9 +300,25 @@ def _encode_sparse() -> None:
     matrix = sparse.encode_csr(encoder, texts, _KIND.value, _BATCH.value,
                                _MAX_ACTIVE_DIMS.value, show="encode")
     scipy.sparse.save_npz(out, matrix)
-  written = _OUT.value if _OUT.value.endswith(".npz") else _OUT.value + ".npz"
-  print(f"wrote {written}: {matrix.shape[0]} x {matrix.shape[1]} sparse vectors (CSR), "
+  print(f"wrote {_npz_out()}: {matrix.shape[0]} x {matrix.shape[1]} sparse vectors (CSR), "
         f"{matrix.nnz / max(matrix.shape[0], 1):.1f} active dimensions a text")
+
+
+def _npz_out() -> str:
+  """--out as numpy writes it: with .npz appended where it has none."""
+  return _OUT.value if _OUT.value.endswith(".npz") else _OUT.value + ".npz"
+
+
+def _encode_tokens() -> None:
+  """A multi-vector model's token matrices, concatenated (.npz: vectors, offsets)."""
+  with _output(".npz") as out:
+    texts = read_texts(_INPUT.value, _MAX_TEXTS.value)
+    encoder = colbert.load_encoder(_CHECKPOINT.value, _encode_length())
+    matrices = encoder.encode(texts, _KIND.value, _BATCH.value, show="encode")
+    offsets = np.concatenate([[0], np.cumsum([len(m) for m in matrices])]).astype(np.int64)
+    np.savez(out, vectors=np.concatenate(matrices), offsets=offsets)
+  print(f"wrote {_npz_out()}: {len(matrices)} texts, {offsets[-1]} token vectors of "
+        f"{matrices[0].shape[1]} dimensions (MaxSim)")
 
 
 def main(argv):

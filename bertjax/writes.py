@@ -51,6 +51,7 @@ EXPORT_NAMES = frozenset({
     "config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
     "vocab.txt", "vocab.json", "merges.txt", "sentencepiece.bpe.model", "spm.model",
     "special_tokens_map.json", "modules.json", "1_Pooling", "2_Normalize",
+    "1_SpladePooling", "1_Dense", "2_MultiVectorMask", "3_Normalize",
     "sentence_bert_config.json", "config_sentence_transformers.json", "generator",
     RUN_FILE, files.TOKENIZER_DIR, files.CHECKPOINT_DIR})
 

@@ -164,6 +164,19 @@ def _loss_and_grads(model, params, batch, task, devices, rng=None, obj=None):
   return float(value), jax.device_get(grads)
 
 
+def assert_eight_devices_equal_one(model, params, batch, task_of, objective_of):
+  """The loss and gradients of `objective_of(mini)` (its task `task_of(mini)`) over 8
+  devices, at once and with GradCache mini-batches of 8, are one device's with the
+  whole batch."""
+  one = _loss_and_grads(model, params, batch, task_of(0), jax.devices()[:1],
+                        obj=objective_of(0))
+  for mini in (0, 8):
+    eight = _loss_and_grads(model, params, batch, task_of(mini), jax.devices()[:8],
+                            obj=objective_of(mini))
+    assert eight[0] == pytest.approx(one[0], rel=1e-6)
+    _assert_trees_close(eight[1], one[1], 1e-5)
+
+
 def _assert_trees_close(a, b, rtol):
   """Every leaf within `rtol` of the largest magnitude of any leaf of `b` (a gradient
   that is zero analytically, as the key bias's, is rounding on both sides)."""

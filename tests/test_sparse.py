@@ -24,7 +24,7 @@ from bertjax.checkpoint.pretrained import load_pretrained
 from bertjax.errors import CheckpointError, ConfigError
 from bertjax.tasks import finetune, sparse
 from configs.finetune import sparse as sparse_config
-from tests.test_retrieval import _assert_trees_close, _loss_and_grads
+from tests.test_retrieval import assert_eight_devices_equal_one
 
 DOC = "docs/sparse.md"
 
@@ -210,13 +210,8 @@ def test_eight_devices_equal_one_with_the_whole_batch():
   params = nn.unbox(jax.jit(model.init)(jax.random.key(0), ids[:1, 0], mask[:1, 0])["params"])
   task = lambda mini: _task(mini_batch_size=mini, query_regularizer_weight=0.5,
                             document_regularizer_weight=0.3)
-  objective = lambda mini: sparse.objective(model, task(mini), batch)
-  one = _loss_and_grads(model, params, batch, task(0), jax.devices()[:1], obj=objective(0))
-  for mini in (0, 8):
-    eight = _loss_and_grads(model, params, batch, task(mini), jax.devices()[:8],
-                            obj=objective(mini))
-    assert eight[0] == pytest.approx(one[0], rel=1e-6)
-    _assert_trees_close(eight[1], one[1], 1e-5)
+  assert_eight_devices_equal_one(model, params, batch, task,
+                                 lambda mini: sparse.objective(model, task(mini), batch))
 
 
 def test_bad_settings_are_one_line():
@@ -234,7 +229,7 @@ def test_bad_settings_are_one_line():
   class Discriminator:  # An ELECTRA discriminator's heads.
     params = {"encoder": {}, "rtd": {}}
   with pytest.raises(ConfigError, match=r"/x has no MLM head \(its heads: \['rtd'\]\)"):
-    finetune._mlm_params(c, Discriminator())
+    finetune._kept_params(c, Discriminator())
 
 
 @pytest.mark.slow

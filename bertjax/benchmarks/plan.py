@@ -176,10 +176,12 @@ def topology(name: str, num_slices: int = 1, hbm_gb: float = 0.0) -> Topology:
 
 
 def is_retrieval(config) -> bool:
-  """Whether `config` trains an embedding model (configs/finetune/retrieval.py) or a
-  sparse one (configs/finetune/sparse.py): its step is the contrastive one
+  """Whether `config` trains an embedding model (configs/finetune/retrieval.py), a
+  sparse one (configs/finetune/sparse.py) or a multi-vector one
+  (configs/finetune/colbert.py): its step is the contrastive one
   (`bertjax.tasks.retrieval`), at task.max_seq_length."""
-  return "task" in config and config.task.name in ("retrieval", "sparse")
+  from bertjax.tasks.base import RETRIEVER_TASKS  # pylint: disable=g-import-not-at-top
+  return "task" in config and config.task.name in RETRIEVER_TASKS
 
 
 def is_rerank(config) -> bool:
@@ -206,9 +208,10 @@ def batch_spec(config, batch_size: int) -> dict[str, tuple[tuple[int, ...], np.d
 
 
 def row_length(config) -> int:
-  """T, the tokens of a row of the batch the plan compiles (`batch_spec`'s ids)."""
+  """T, the tokens of a row of the batch the plan compiles (`batch_spec`'s ids; of a
+  contrastive step, a document's: the longest)."""
   spec = batch_spec(config, 1)
-  return spec["query_input_ids" if is_retrieval(config) else "input_ids"][0][-1]
+  return spec["doc_input_ids" if is_retrieval(config) else "input_ids"][0][-1]
 
 
 def shard_bytes(tree, shardings) -> int:

@@ -139,12 +139,14 @@ class Pretrained:
 
 
 def _finetuned_encoder(path: str) -> tuple[Any, dict, TaskHead | None]:
-  """The encoder of a fine-tuning workdir (with its MLM head: a sparse model's) and its
-  task head (None for an embedding model, which has none)."""
+  """The encoder of a fine-tuning workdir (with its MLM head, a sparse model's, or its
+  projection, a ColBERT model's) and its task head (None for an embedding model, which
+  has none)."""
   run = workdir.open_finetuned(path)
   head = (TaskHead(run.task["name"], list(run.task["labels"]), run.params["head"])
           if "head" in run.params else None)
-  return run.model, {k: run.params[k] for k in ("encoder", "mlm") if k in run.params}, head
+  return run.model, {k: run.params[k] for k in ("encoder", "mlm", "projection")
+                     if k in run.params}, head
 
 
 def _pretraining_workdir(path: str, network: str | None = None) -> tuple[Any, Any]:

@@ -136,6 +136,133 @@ def read_sparse(directory: str) -> tuple[Settings, str, str]:
           cfg.get("pooling_strategy", "max"), cfg.get("activation_function", "relu"))
 
 
+DENSE_DIR, MASK_DIR, TOKEN_NORMALIZE_DIR = "1_Dense", "2_MultiVectorMask", "3_Normalize"
+_DENSE = "sentence_transformers.base.modules.dense.Dense"
+_MASK = "sentence_transformers.multi_vector_encoder.modules.multi_vector_mask.MultiVectorMask"
+_MULTI_VECTOR_MODULES = (_TRANSFORMER, (_DENSE,), (_MASK,), _NORMALIZE)
+_IDENTITY = ("torch.nn.modules.linear.Identity", "torch.nn.Identity")
+
+
+@dataclasses.dataclass(frozen=True)
+class MultiVector:
+  """What a `MultiVectorEncoder` folder adds to its transformers encoder: `settings`
+  (prompts: the query / document markers; max_seq_length: the documents' length;
+  lower-casing), the projection `dim` x hidden ([hidden, dim] `projection`, no bias),
+  the queries' `query_length`, their `expansion` ('fixed' or ''), whether the encoder
+  `attend`s to the expansion positions, and the documents' `skiplist_words`."""
+
+  settings: Settings
+  dim: int
+  projection: Any  # [hidden, dim] float32
+  query_length: int
+  expansion: str
+  attend: bool
+  skiplist_words: list[str]
+
+
+def write_multi_vector(directory: str, settings: Settings, model: MultiVector) -> None:
+  """The sentence-transformers files of a multi-vector model in `directory`, which
+  already holds the transformers encoder: a `MultiVectorEncoder` folder as
+  sentence-transformers 6 writes one (Transformer with its query / document lengths and
+  query expansion, Dense to token_embeddings without bias, MultiVectorMask with the
+  skip list on documents, Normalize of token_embeddings; MaxSim)."""
+  from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  names = (DENSE_DIR, MASK_DIR, TOKEN_NORMALIZE_DIR)
+  _dump(os.path.join(directory, MODULES_FILE), [
+      {"idx": 0, "name": "0", "path": "", "type": _ST_TRANSFORMER},
+      *({"idx": i, "name": str(i), "path": d, "type": t}
+        for i, (d, t) in enumerate(zip(names, (_DENSE, _MASK, _NORMALIZE[1])), 1))])
+  for d in names:
+    os.makedirs(os.path.join(directory, d), exist_ok=True)
+  hidden = int(model.projection.shape[0])
+  tokens = {"module_input_name": "token_embeddings", "module_output_name": "token_embeddings"}
+  _dump(os.path.join(directory, DENSE_DIR, "config.json"), {
+      "in_features": hidden, "out_features": model.dim, "bias": False,
+      "activation_function": _IDENTITY[0], **tokens})
+  save_file({"linear.weight": np.ascontiguousarray(np.asarray(model.projection, np.float32).T)},
+            os.path.join(directory, DENSE_DIR, "model.safetensors"))
+  _dump(os.path.join(directory, MASK_DIR, "config.json"), {
+      "skiplist_words": list(model.skiplist_words), "skiplist_tasks": ["document"],
+      "keep_only_token_ids": None})
+  _dump(os.path.join(directory, TOKEN_NORMALIZE_DIR, "config.json"), tokens)
+  _dump(os.path.join(directory, "sentence_bert_config.json"), {
+      "transformer_task": "feature-extraction",
+      "modality_config": {"text": {"method": "forward",
+                                   "method_output_name": "last_hidden_state"}},
+      "module_output_name": "token_embeddings",
+      "max_seq_length": settings.max_seq_length, "do_lower_case": settings.do_lower_case,
+      "query_length": model.query_length, "document_length": settings.max_seq_length,
+      "query_expansion": ({"strategy": "fixed", "attend": model.attend, "token": None,
+                           "length": model.query_length} if model.expansion else None)})
+  _dump(os.path.join(directory, "config_sentence_transformers.json"), {
+      "model_type": "MultiVectorEncoder",
+      "prompts": {k: v for k, v in settings.prompts.items() if v},
+      "default_prompt_name": None, "similarity_fn_name": "maxsim"})
+
+
+def read_multi_vector(directory: str) -> MultiVector:
+  """The `MultiVector` of a `MultiVectorEncoder` folder whose modules bertjax computes
+  (a Transformer at the root, a Dense to token_embeddings without bias or activation,
+  MultiVectorMask, Normalize: sentence-transformers 6's layout); a one-line
+  CheckpointError naming what differs (PyLate's and Stanford's older layouts: load
+  them once in sentence-transformers and save them again)."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
+  modules = _read(os.path.join(directory, MODULES_FILE))
+  kinds = [m.get("type", "") for m in modules]
+  if (len(kinds) != 4 or modules[0].get("path", "")
+      or any(k not in known for k, known in zip(kinds, _MULTI_VECTOR_MODULES))):
+    raise CheckpointError(
+        f"{directory}: modules {kinds} are not a Transformer at the folder's root, Dense, "
+        "MultiVectorMask and Normalize (sentence-transformers 6's MultiVectorEncoder); "
+        "load it with MultiVectorEncoder and save_pretrained it to convert older layouts.")
+  path = lambda i, name: os.path.join(directory, modules[i]["path"], name)
+  dense = _read(path(1, "config.json"))
+  if dense.get("bias") or dense.get("activation_function", _IDENTITY[0]) not in _IDENTITY:
+    raise CheckpointError(f"{directory}: its Dense has a bias or an activation; bertjax "
+                          "projects without either, as ColBERT does.")
+  weights = load_file(path(1, "model.safetensors"))
+  kernel = next(v for k, v in weights.items() if k.endswith("weight"))
+  mask = _read(path(2, "config.json"))
+  if mask.get("keep_only_token_ids") or list(mask.get("skiplist_tasks", ["document"])) != [
+      "document"]:
+    raise CheckpointError(f"{directory}: its MultiVectorMask keeps only some token ids or "
+                          "skips query tokens; bertjax skips document tokens only.")
+  cfg = _read(os.path.join(directory, "sentence_bert_config.json"))
+  expansion = cfg.get("query_expansion")
+  if expansion and expansion.get("strategy", "fixed") != "fixed" or (
+      expansion and expansion.get("token") not in (None, "[MASK]", "<mask>")):
+    raise CheckpointError(f"{directory}: query_expansion {expansion}; bertjax expands "
+                          "queries with the 'fixed' strategy and the mask token.")
+  settings = read_settings_files(directory, pooling="mean", normalize=True)
+  length = int(cfg.get("document_length") or settings.max_seq_length)
+  query_length = int((expansion or {}).get("length") or cfg.get("query_length") or 32)
+  return MultiVector(
+      settings=dataclasses.replace(settings, max_seq_length=length, similarity="dot"),
+      dim=int(kernel.shape[0]), projection=np.asarray(kernel, np.float32).T,
+      query_length=query_length, expansion="fixed" if expansion else "",
+      attend=bool((expansion or {}).get("attend", False)),
+      skiplist_words=list(mask.get("skiplist_words") or []))
+
+
+def is_multi_vector_folder(directory: str) -> bool:
+  """Whether `directory` is a sentence-transformers `MultiVectorEncoder` folder (a
+  MultiVectorMask among its modules, or its config says so)."""
+  return _is_kind(directory, (_MASK,), "MultiVectorEncoder")
+
+
+def _is_kind(directory: str, modules: tuple[str, ...], model_type: str) -> bool:
+  """Whether `directory` is a sentence-transformers folder with one of `modules`, or
+  whose config_sentence_transformers.json says `model_type`."""
+  if not is_folder(directory):
+    return False
+  kinds = [m.get("type", "") for m in _read(os.path.join(directory, MODULES_FILE))]
+  st_config = os.path.join(directory, "config_sentence_transformers.json")
+  return any(k in modules for k in kinds) or (
+      os.path.isfile(st_config) and _read(st_config).get("model_type") == model_type)
+
+
 def is_folder(directory: str) -> bool:
   """Whether `directory` is a sentence-transformers folder (it has modules.json)."""
   return os.path.isfile(os.path.join(directory, MODULES_FILE))
@@ -144,12 +271,7 @@ def is_folder(directory: str) -> bool:
 def is_sparse_folder(directory: str) -> bool:
   """Whether `directory` is a sentence-transformers `SparseEncoder` folder (a
   SpladePooling among its modules, or its config says so)."""
-  if not is_folder(directory):
-    return False
-  kinds = [m.get("type", "") for m in _read(os.path.join(directory, MODULES_FILE))]
-  st_config = os.path.join(directory, "config_sentence_transformers.json")
-  return any(k in _SPLADES for k in kinds) or (
-      os.path.isfile(st_config) and _read(st_config).get("model_type") == "SparseEncoder")
+  return _is_kind(directory, _SPLADES, "SparseEncoder")
 
 
 def _read(path: str) -> Any:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from bertjax.errors import ConfigError
-from bertjax.tasks.base import EMBEDDING_TASK, SPARSE_TASK
+from bertjax.tasks.base import RETRIEVER_TASKS
 from bertjax.tasks.classification import Classification
 from bertjax.tasks.multiple_choice import MultipleChoice
 from bertjax.tasks.rerank import Rerank
@@ -26,8 +26,8 @@ def get_task(name: str):
   """The Task class registered under `name`."""
   if name not in TASKS:
     raise ConfigError(f"config.task.name={name!r}: use one of "
-                      f"{sorted([*TASKS, EMBEDDING_TASK, SPARSE_TASK])}"
+                      f"{sorted([*TASKS, *RETRIEVER_TASKS])}"
                       + (" (an embedding model is no classifier: encode texts with "
-                         "python -m bertjax.embed encode)" if name in (EMBEDDING_TASK, SPARSE_TASK)
+                         "python -m bertjax.embed encode)" if name in RETRIEVER_TASKS
                          else "") + ".")
   return TASKS[name]

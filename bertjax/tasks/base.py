@@ -26,6 +26,10 @@ from bertjax.model import family_of
 # its loss spans the batch; fine-tuning trains it on its own data and evaluation.
 EMBEDDING_TASK = "retrieval"
 SPARSE_TASK = "sparse"  # A SPLADE model (`bertjax.tasks.sparse`), on the same trainer.
+COLBERT_TASK = "colbert"  # A multi-vector model (`bertjax.tasks.colbert`), on it too.
+# The tasks of retrievers: trained by `bertjax.tasks.retrieval`, their vectors encoded
+# by python -m bertjax.embed encode.
+RETRIEVER_TASKS = (EMBEDDING_TASK, SPARSE_TASK, COLBERT_TASK)
 
 TOKEN_KEYS = ("input_ids", "attention_mask", "token_type_ids")
 

@@ -21,7 +21,6 @@ from typing import Any, Sequence
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import numpy as np
 from absl import logging
 from jax.experimental import multihost_utils
@@ -202,6 +201,14 @@ def settings_of(task_cfg) -> st.Settings:
                               "document": task_cfg.document_prompt},
                      similarity=task_cfg.similarity,
                      do_lower_case=task_cfg.get("do_lower_case", False))
+
+
+def holds(path: str, name: str, is_folder) -> bool:
+  """Whether `path` holds a retriever of task `name`: a fine-tuning workdir of it, or a
+  sentence-transformers folder `is_folder(path)` recognises."""
+  if workdir_lib.is_finetuned(path):
+    return workdir_lib.task_info(path)["name"] == name
+  return is_folder(path)
 
 
 def local_mesh():

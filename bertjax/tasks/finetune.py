@@ -43,8 +43,8 @@ from bertjax import model as model_lib, writes
 from bertjax.model import stack
 from bertjax.model.config import dtype_of
 from bertjax.parallel import mesh as mesh_lib
-from bertjax.tasks import (base, batching, finetuned, get_task, rerank, reranker, retrieval,
-                           sparse)
+from bertjax.tasks import (base, batching, colbert, finetuned, get_task, rerank, reranker,
+                           retrieval, sparse)
 from bertjax.train import compilation, optimizer, state as state_lib, trainer as trainer_lib
 from bertjax.train.step import Objective
 from bertjax.train.trainer import Evaluator, Trainer
@@ -79,7 +79,9 @@ class Start:
   encoder_params: Any
   tokenizer: tok_lib.Tokenizer
   head: Any = None  # TaskHead of a fine-tuned init_from kept by config.init_keep_head
-  mlm_params: Any = None  # its MLM head's, for a sparse model (config.task.name 'sparse')
+  # Parameters a retriever keeps beside the encoder: a sparse model's MLM head ('mlm'),
+  # a ColBERT model's projection ('projection') where init_from has one.
+  kept_params: dict = dataclasses.field(default_factory=dict)
 
 
 def load_start(config: ml_collections.ConfigDict) -> Start:
@@ -103,7 +105,7 @@ def load_start(config: ml_collections.ConfigDict) -> Start:
             finetuned.start_head(pretrained, config.init_from, config.init_keep_head,
                                  config.task.name))
     return Start(model, pretrained.params["encoder"], pretrained.tokenizer, head,
-                 _mlm_params(config, pretrained))
+                 _kept_params(config, pretrained))
   if not config.tokenizer:
     raise ConfigError("set config.init_from (a pretrained checkpoint) or, to train from "
                       "scratch, config.tokenizer (a vocab.txt / tokenizer dir).")
@@ -115,17 +117,21 @@ def load_start(config: ml_collections.ConfigDict) -> Start:
   return Start(model, None, tokenizer)
 
 
-def _mlm_params(config, pretrained) -> Any:
-  """The MLM head's parameters of `pretrained` when `config` trains a sparse model
-  (None otherwise); a ConfigError line when it has none."""
+def _kept_params(config, pretrained) -> dict:
+  """`Start.kept_params` of `pretrained`: the MLM head's when `config` trains a sparse
+  model (a ConfigError line when it has none), the projection of a ColBERT model's
+  init_from (`colbert.start_projection`); {} otherwise."""
+  if config.task.name == colbert.NAME:
+    projection = colbert.start_projection(config.init_from)
+    return {} if projection is None else {"projection": projection}
   if config.task.name != sparse.NAME:
-    return None
+    return {}
   if "mlm" not in pretrained.params:
     raise ConfigError(
         f"config.init_from={config.init_from} has no MLM head (its heads: "
         f"{[h for h in pretrained.params if h != 'encoder'] or 'none'}): a sparse model pools "
         "the MLM head's logits; start from a checkpoint with one (of ELECTRA, the generator).")
-  return pretrained.params["mlm"]
+  return {"mlm": pretrained.params["mlm"]}
 
 
 def _refuse_other_tokenizer(config, tokenizer: tok_lib.Tokenizer, source: str) -> None:
@@ -543,8 +549,8 @@ def train(config: ml_collections.ConfigDict, workdir: str, start: Start | None =
   """`run` of a checked config (a sweep checks once, then trains each point): `start`
   (the loaded pretrained encoder) lets a sweep load it once. An embedding model
   ('retrieval') or a sparse one ('sparse') trains on its own data, objective and
-  evaluation (`bertjax.tasks.retrieval.train`)."""
-  if config.task.name in (retrieval.NAME, sparse.NAME):
+  evaluation (`bertjax.tasks.retrieval.train`), as does a ColBERT one ('colbert')."""
+  if config.task.name in base.RETRIEVER_TASKS:
     config = retrieval.resolve(config)
     retrieval.check_config(config)
     opened = open_run(config, workdir, start)

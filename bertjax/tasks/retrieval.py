@@ -34,8 +34,8 @@ from bertjax.checkpoint import files
 from bertjax.errors import ConfigError
 from bertjax.hf import sentence_transformers as st
 from bertjax.parallel import mesh as mesh_lib
-from bertjax.tasks import (contrastive, embedding, pairs as pairs_lib, pooling, retrieval_eval,
-                           sparse)
+from bertjax.tasks import (colbert, contrastive, embedding, pairs as pairs_lib, pooling,
+                           retrieval_eval, sparse)
 from bertjax.train import compilation, state as state_lib
 from bertjax.train.step import Objective
 from bertjax.train.trainer import Evaluator, Trainer
@@ -48,10 +48,13 @@ def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """A copy of `config` whose empty task settings (pooling, prompts) are those of the
   sentence-transformers folder `config.init_from` (else 'mean', none), lower-casing on
   where the folder's do_lower_case is true; a setting of the folder's that the config
-  changes is logged. A sparse model's: `sparse.resolve`."""
+  changes is logged. A sparse model's: `sparse.resolve`; a ColBERT model's:
+  `colbert.resolve`."""
   c = ml_collections.ConfigDict(config.to_dict())
   if c.task.name == sparse.NAME:
     return sparse.resolve(c)
+  if c.task.name == colbert.NAME:
+    return colbert.resolve(c)
   folder = (st.read(config.init_from) if config.init_from and st.is_folder(config.init_from)
             else None)
   t = c.task
@@ -77,6 +80,8 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   contrastive.check_config(config.task)
   if config.task.name == sparse.NAME:
     sparse.check_config(config.task)
+  if config.task.name == colbert.NAME:
+    colbert.check_config(config)
   if config.train.grad_accum_steps != 1:
     raise ConfigError(
         f"config.train.grad_accum_steps={config.train.grad_accum_steps} would split the "
@@ -126,17 +131,18 @@ class Source:
   teacher: np.ndarray | None
 
 
-def featurize(sources: Sequence[pairs_lib.Pairs], tokenizer, settings: st.Settings
-              ) -> list[Source]:
+def featurize(sources: Sequence[pairs_lib.Pairs], tokenizer, settings: st.Settings,
+              query_length: int = 0) -> list[Source]:
   """Each source's texts tokenized as the model will see them (prompts, lower-casing,
-  truncation)."""
+  truncation: queries at `query_length` tokens where given, a ColBERT model's)."""
   tokenizer = embedding.text_tokenizer(tokenizer, settings)
+  query_length = query_length or settings.max_seq_length
   out = []
   for s in sources:
     c = len(s.documents[0])
     out.append(Source(
         s, tokenized(s.anchors, lambda t: embedding.tokenize(
-            tokenizer, t, embedding.prompt(settings, "query"), settings.max_seq_length)),
+            tokenizer, t, embedding.prompt(settings, "query"), query_length)),
         tokenized([d for docs in s.documents for d in docs], lambda t: embedding.tokenize(
             tokenizer, t, embedding.prompt(settings, "document"), settings.max_seq_length)),
         c, s.teacher))
@@ -144,40 +150,50 @@ def featurize(sources: Sequence[pairs_lib.Pairs], tokenizer, settings: st.Settin
 
 
 def batch_arrays(source: Source, index: np.ndarray, max_length: int, pad_id: int,
-                 rows: slice) -> dict[str, np.ndarray]:
+                 rows: slice, text_layout: colbert.Layout | None = None
+                 ) -> dict[str, np.ndarray]:
   """The global batch of examples `index` [B] (-1: padding, weight 0, a copy of a real
   example) padded to the batch's `embedding.bucket` lengths, this process's `rows`:
   query_input_ids / query_attention_mask [b, Tq], doc_input_ids / doc_attention_mask
-  [b, C, Td], example_weights [b] and, with a teacher, teacher [b, w]."""
+  [b, C, Td], example_weights [b] and, with a teacher, teacher [b, w]. With a ColBERT
+  model's `text_layout`, its rows (queries expanded) and query_score_mask /
+  doc_score_mask."""
   valid = index >= 0
   real = np.where(valid, index, index[valid][0] if valid.any() else 0)
   queries = source.queries.rows(real)
   c = source.candidates
   docs = source.documents.rows((real[:, None] * c + np.arange(c)).reshape(-1))
-  q_ids, q_mask = embedding.pad(queries, embedding.bucket(max(map(len, queries)),
-                                                          max_length), pad_id)
-  d_ids, d_mask = embedding.pad(docs, embedding.bucket(max(map(len, docs)), max_length),
-                                pad_id)
-  out = {"query_input_ids": q_ids, "query_attention_mask": q_mask,
-         "doc_input_ids": d_ids.reshape(len(index), c, -1),
-         "doc_attention_mask": d_mask.reshape(len(index), c, -1),
+  widths = [embedding.bucket(max(map(len, r)), max_length) for r in (queries, docs)]
+  if text_layout is None:
+    q = dict(zip(("input_ids", "attention_mask"), embedding.pad(queries, widths[0], pad_id)))
+    d = dict(zip(("input_ids", "attention_mask"), embedding.pad(docs, widths[1], pad_id)))
+  else:
+    q = text_layout.queries(queries, widths[0], pad_id)
+    d = text_layout.documents(docs, widths[1], pad_id)
+  out = {**{f"query_{k}": v for k, v in q.items()},
+         **{f"doc_{k}": v.reshape(len(index), c, -1) for k, v in d.items()},
          "example_weights": valid.astype(np.float32)}
   if source.teacher is not None:
     out["teacher"] = source.teacher[real]
   return {k: v[rows] for k, v in out.items()}
 
 
-def objective(model: embedding.EmbeddingModel, task_cfg, sample: dict) -> Objective:
+def objective(model, task_cfg, sample: dict, scoring=None) -> Objective:
   """The contrastive objective (`contrastive.loss_sums` over the global batch) of
-  `model`'s query and document embeddings (`contrastive.embed_columns`). Metrics: the in-batch accuracy
-  (queries whose positive scores highest)."""
+  `model`'s query and document embeddings (`contrastive.embed_columns`: GradCache when
+  `task_cfg.mini_batch_size`). With `scoring` (a ColBERT model's MaxSim,
+  `colbert.SCORING`), each text's token vectors are paired with its batch's scoring
+  mask. Metrics: the in-batch accuracy (queries whose positive scores highest)."""
   ids = jnp.asarray(sample["query_input_ids"])
   init = lambda rng: model.init(rng, ids, jnp.ones_like(ids))["params"]
 
   def sums(params, batch, rng):
     queries, documents = contrastive.embed_columns(model, params, batch, rng,
                                                    task_cfg.mini_batch_size)
-    return contrastive.loss_sums(queries, documents, batch, task_cfg)
+    if scoring:
+      queries = (queries, batch["query_score_mask"])
+      documents = (documents, batch["doc_score_mask"])
+    return contrastive.loss_sums(queries, documents, batch, task_cfg, scoring)
 
   def counts(batch):
     return {"loss": contrastive.loss_count(batch, task_cfg),
@@ -212,17 +228,17 @@ class Plan:
     return self.epochs[epoch][step - self.starts[epoch]]
 
 
-def train_stream(sources: Sequence[Source], plan: Plan, max_length: int, pad_id: int
-                 ) -> grain.DatasetIterator:
-  """The plan's batches, this process's contiguous share of each; a grain iterator
-  (its position is checkpointed with the train state)."""
+def train_stream(sources: Sequence[Source], plan: Plan, max_length: int, pad_id: int,
+                 text_layout: colbert.Layout | None = None) -> grain.DatasetIterator:
+  """The plan's batches (`batch_arrays`), this process's contiguous share of each; a
+  grain iterator (its position is checkpointed with the train state)."""
   batch_size = len(plan[0][1])
   share = batch_size // jax.process_count()
   mine = slice(jax.process_index() * share, (jax.process_index() + 1) * share)
 
   def batch(step: int) -> dict[str, np.ndarray]:
     s, index = plan[step]
-    return batch_arrays(sources[s], index, max_length, pad_id, mine)
+    return batch_arrays(sources[s], index, max_length, pad_id, mine, text_layout)
 
   return iter(grain.MapDataset.range(len(plan)).map(batch).to_iter_dataset(
       grain.ReadOptions(num_threads=1, prefetch_buffer_size=4)))
@@ -256,8 +272,9 @@ def evaluators(config, dev: Any, embedder: embedding.Embedder, workdir: str
   not the embeddings are normalised); every `config.train.eval_every` steps (0: at the
   end), at the start too with `config.task.eval_at_start`. A sparse model's vectors
   are cut to `config.task.max_active_dims` entries (0: all) and its BEIR scores add
-  their active dimensions (`sparse.Sparsity`). Process 0 writes the
-  last one to dev_results.json."""
+  their active dimensions (`sparse.Sparsity`); a ColBERT model's token matrices are
+  searched by exact MaxSim (`colbert.MaxSimEvaluator`). Process 0 writes the last one
+  to dev_results.json."""
   batch, similarity = config.train.eval_batch_size, config.task.similarity
   if dev is None:
     return []
@@ -265,7 +282,11 @@ def evaluators(config, dev: Any, embedder: embedding.Embedder, workdir: str
   def encoder(params, kind: str):
     return lambda texts: embedder.encode(params, texts, kind, batch, show=f"eval {kind}s")
 
-  if os.path.isdir(config.data.dev) and config.task.name == sparse.NAME:
+  if config.task.name == colbert.NAME:
+    def score(params) -> dict[str, float]:
+      return colbert.MaxSimEvaluator(dev, encoder(params, "query"),
+                                     encoder(params, "document")).evaluate()
+  elif os.path.isdir(config.data.dev) and config.task.name == sparse.NAME:
     def score(params) -> dict[str, float]:
       tally, cut = sparse.Sparsity(), config.task.max_active_dims
       kinds = {"query": "query", "document": "corpus"}
@@ -301,14 +322,18 @@ def evaluators(config, dev: Any, embedder: embedding.Embedder, workdir: str
 
 def build(config, model_cfg, sample: dict, optimizer: tuple, mesh=None
           ) -> tuple[embedding.EmbeddingModel, state_lib.Setup]:
-  """The embedding model of `model_cfg` (a `sparse.SpladeModel` for task 'sparse') and
-  its `Setup` (the contrastive `objective`, `sparse.objective`,
+  """The embedding model of `model_cfg` (a `sparse.SpladeModel` for task 'sparse', a
+  `colbert.ColbertModel` for 'colbert') and its `Setup` (the contrastive `objective`,
+  `sparse.objective`, `objective` with MaxSim,
   `optimizer` = (optimizer, schedule), shardings, the jitted step) on `mesh` (default
   `config.mesh`'s); `sample` a one-row batch (shapes)."""
   t = config.task
   if t.name == sparse.NAME:
     model = sparse.SpladeModel(model_cfg, t.splade_pooling, t.activation, t.chunk_size)
     loss = sparse.objective(model, t, sample)
+  elif t.name == colbert.NAME:
+    model = colbert.ColbertModel(model_cfg, t.dim)
+    loss = objective(model, t, sample, colbert.SCORING)
   else:
     model = embedding.EmbeddingModel(model_cfg, t.pooling or "mean", t.normalize)
     loss = objective(model, t, sample)
@@ -320,12 +345,15 @@ def build(config, model_cfg, sample: dict, optimizer: tuple, mesh=None
 def batch_spec(config, batch_size: int) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
   """Shapes and dtypes of a global batch of `batch_size` examples at the longest rows
   (task.max_seq_length), each with a positive and one document per
-  `task.negative_columns` (pairs without): what a pod's plan compiles for."""
+  `task.negative_columns` (pairs without): what a pod's plan compiles for. A ColBERT
+  model's queries are task.query_length long, and its rows have scoring masks."""
   T, C = config.task.max_seq_length, 1 + len(config.task.negative_columns)
-  spec = {"query_input_ids": ((batch_size, T), np.int32),
-          "query_attention_mask": ((batch_size, T), np.int32),
-          "doc_input_ids": ((batch_size, C, T), np.int32),
-          "doc_attention_mask": ((batch_size, C, T), np.int32),
+  keys = ("input_ids", "attention_mask")
+  Tq = T
+  if config.task.name == colbert.NAME:
+    keys, Tq = keys + ("score_mask",), config.task.query_length
+  spec = {**{f"query_{k}": ((batch_size, Tq), np.int32) for k in keys},
+          **{f"doc_{k}": ((batch_size, C, T), np.int32) for k in keys},
           "example_weights": ((batch_size,), np.float32)}
   if config.task.teacher_column:
     spec["teacher"] = ((batch_size, C), np.float32)
@@ -335,17 +363,26 @@ def batch_spec(config, batch_size: int) -> dict[str, tuple[tuple[int, ...], np.d
 def train_flops(config, model_cfg, batch_size: int) -> float:
   """Model FLOPs of a step of `batch_spec`'s batch: the encoder's forward and backward
   over every query and document (`stack.train_flops` without heads; a sparse model's
-  MLM head at every token, its forward again when chunked), and with GradCache the
-  forward again (the re-run)."""
+  MLM head at every token, its forward again when chunked; a ColBERT model's queries
+  at task.query_length, its projection and MaxSim of every query against every
+  document, each block's forward again), and with GradCache the embedding's forward
+  again (the re-run; MaxSim is not re-run)."""
   from bertjax.model import family_of, stack  # pylint: disable=g-import-not-at-top
-  family, T = family_of(model_cfg), config.task.max_seq_length
-  C = 1 + len(config.task.negative_columns)
-  splade = config.task.name == sparse.NAME
-  terms = stack.train_flops(dataclasses.replace(family, head_flops=None), model_cfg,
-                            batch_size * (1 + C), T, T if splade else 0)
-  head = terms["mlm_head"] * (4 / 3 if config.task.get("chunk_size") else 1.0)
-  total = terms["total"] - terms["mlm_head"] + (head if splade else 0.0)
-  return total * (4 / 3 if config.task.mini_batch_size else 1.0)
+  family, T, t = family_of(model_cfg), config.task.max_seq_length, config.task
+  C = 1 + len(t.negative_columns)
+  splade, late = t.name == sparse.NAME, t.name == colbert.NAME
+  bare = dataclasses.replace(family, head_flops=None)
+  if late:
+    Tq = t.query_length
+    encoder = (stack.train_flops(bare, model_cfg, batch_size, Tq, 0)["total"]
+               + stack.train_flops(bare, model_cfg, batch_size * C, T, 0)["total"])
+    embed = encoder + 6 * batch_size * (Tq + C * T) * model_cfg.hidden_size * t.dim
+    scores = 8 * batch_size * batch_size * C * Tq * T * t.dim
+  else:
+    terms = stack.train_flops(bare, model_cfg, batch_size * (1 + C), T, T if splade else 0)
+    head = terms["mlm_head"] * (4 / 3 if t.get("chunk_size") else 1.0)
+    embed, scores = terms["total"] - terms["mlm_head"] + (head if splade else 0.0), 0.0
+  return embed * (4 / 3 if t.mini_batch_size else 1.0) + scores
 
 
 def train(config: ml_collections.ConfigDict, workdir: str, start, resuming: bool,
@@ -360,41 +397,54 @@ def train(config: ml_collections.ConfigDict, workdir: str, start, resuming: bool
   the last dev metrics ({} without config.data.dev or when stopped by SIGTERM)."""
   check_config_with_model(config, start.model)
   settings = embedding.settings_of(config.task)
-  sources = featurize(pairs_lib.read_sources(config.data.train, config.task),
-                      start.tokenizer, settings)
+  t = config.task
+  late = t.name == colbert.NAME
+  text_layout = colbert.task_layout(t, start.tokenizer) if late else None
+  sources = featurize(pairs_lib.read_sources(config.data.train, t), start.tokenizer,
+                      settings, t.query_length if late else 0)
   plan = Plan(sources, config.train.batch_size, config.seed, config.train.num_epochs)
   num_steps = len(plan)
   dev = dev_data(config)
   begin({"name": config.task.name, "labels": [], "num_steps": num_steps})
   sample = batch_arrays(sources[0], plan[0][1][:1], settings.max_seq_length,
-                        start.tokenizer.pad_id, slice(None))
+                        start.tokenizer.pad_id, slice(None), text_layout)
   model, setup = build(config, start.model, sample,
                        make_optimizer(start.model, num_steps))
   trainer = Trainer(setup, config, workdir, num_steps)
-  t = config.task
-  vectors = (f"SPLADE {t.splade_pooling} pooling of {t.activation}, FLOPS weights "
-             f"{t.query_regularizer_weight:g} / {t.document_regularizer_weight:g}"
-             if t.name == sparse.NAME else
-             f"{t.pooling} pooling{', normalised' if t.normalize else ''}")
+  if t.name == sparse.NAME:
+    vectors = (f"SPLADE {t.splade_pooling} pooling of {t.activation}, FLOPS weights "
+               f"{t.query_regularizer_weight:g} / {t.document_regularizer_weight:g}")
+  elif late:
+    vectors = (f"{t.dim}-dimensional token vectors scored by MaxSim, queries of "
+               f"{t.query_length} tokens{' expanded' if t.query_expansion else ''}, "
+               f"{len(text_layout.skip_ids)} document tokens skipped")
+  else:
+    vectors = f"{t.pooling} pooling{', normalised' if t.normalize else ''}"
   trainer.info("Task %s: %s; %d steps of %d examples (%d batches padded: an epoch's "
                "last, or short of distinct texts), %s, loss %s%s.", t.name, ", ".join(
                    f"{s.pairs.name or 'train'} {len(s.pairs)} examples (a positive and "
                    f"{s.candidates - 1} negatives each)" for s in sources), num_steps,
                config.train.batch_size, plan.short, vectors, t.loss,
                f", GradCache mini-batches of {t.mini_batch_size}" if t.mini_batch_size else "")
-  embedder = embedding.Embedder(model, start.tokenizer, settings, setup.mesh, setup.rules,
-                                setup.shardings.params)
+  embedder = (colbert.TokenEmbedder(model, start.tokenizer, settings, setup.mesh,
+                                    setup.rules, setup.shardings.params, text_layout)
+              if late else embedding.Embedder(model, start.tokenizer, settings, setup.mesh,
+                                              setup.rules, setup.shardings.params))
 
   def init_params():
     first = restart() if resuming else start
     if first.encoder_params is None:
       return setup.init_params(config)
-    given = {"encoder": first.encoder_params, "mlm": first.mlm_params}
-    return {k: jax.device_put(
+    given = {"encoder": first.encoder_params, **first.kept_params}
+    # What the start lacks (a ColBERT projection of a bare encoder) is initialised.
+    params = (setup.init_params(config) if set(setup.abstract.params) - set(given)
+              else {})
+    return {k: params[k] if k not in given else jax.device_put(
         jax.tree.map(lambda x, a: jnp.asarray(x, a.dtype), given[k], setup.abstract.params[k]),
         setup.shardings.params[k], may_alias=False) for k in setup.abstract.params}
 
-  data = train_stream(sources, plan, settings.max_seq_length, start.tokenizer.pad_id)
+  data = train_stream(sources, plan, settings.max_seq_length, start.tokenizer.pad_id,
+                      text_layout)
   with compilation.logged(trainer.info):
     return trainer.fit(data, evaluators(config, dev, embedder, workdir),
                        init_params).get("dev", {})

@@ -280,9 +280,7 @@ class Sparsity:
 def is_sparse(path: str) -> bool:
   """Whether `path` holds a sparse model: a 'sparse' fine-tuning workdir or a
   sentence-transformers `SparseEncoder` folder."""
-  if workdir_lib.is_finetuned(path):
-    return workdir_lib.task_info(path)["name"] == NAME
-  return st.is_sparse_folder(path)
+  return embedding.holds(path, NAME, st.is_sparse_folder)
 
 
 def load_encoder(path: str, max_seq_length: int = 0):

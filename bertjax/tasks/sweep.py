@@ -17,7 +17,8 @@ import ml_collections
 from bertjax import writes
 from bertjax.checkpoint import files
 from bertjax.errors import ConfigError
-from bertjax.tasks import finetune, get_task, retrieval, sparse
+from bertjax.tasks import finetune, get_task, retrieval
+from bertjax.tasks.base import RETRIEVER_TASKS
 
 
 def check_config(config) -> None:
@@ -43,7 +44,7 @@ def selection_metric(config) -> str:
   metrics = config.task.metrics
   if metrics:
     return metrics[0]
-  if config.task.name in (retrieval.NAME, sparse.NAME):
+  if config.task.name in RETRIEVER_TASKS:
     return retrieval.default_metric(config)
   return get_task(config.task.name).default_metric
 
