@@ -28,11 +28,20 @@ the steps of one epoch of bertjax's batches (given to sentence-transformers as
   (mini-batches of --batch_size), its lr scaled as the square root of the batch;
 - `sentence_transformers`: `SentenceTransformerTrainer` with
   `MultipleNegativesRankingLoss` and `BatchSamplers.NO_DUPLICATES` (its data as a
-  `datasets.Dataset`, with `accelerate`: `pip install datasets accelerate`).
+  `datasets.Dataset`, with `accelerate`: `pip install datasets accelerate`);
+- `colbert_bertjax`: a ColBERT model (issue 58) of the published model's encoder and a
+  fresh projection to 128 dimensions, `configs/finetune/colbert.py`'s (markers '[Q] ' /
+  '[D] ', queries expanded to 32 tokens, the punctuation skipped), trained with the same
+  recipe but MultiVectorMultipleNegativesRankingLoss (MaxSim, scale 1), exported by
+  `python -m bertjax.convert --to=hf` (a MultiVectorEncoder folder);
+- `colbert_sentence_transformers`: the same model built of sentence-transformers 6's
+  modules (Transformer with the query expansion, Dense, MultiVectorMask, Normalize;
+  the markers as the trainer's column prompts) and `MultiVectorEncoderTrainer`.
 Every model folder is scored by `retrieval_eval.RetrievalEvaluator` on the test split
 with `embedding.load_encoder` (whose vectors are sentence-transformers' to 1e-5:
-tests/test_retrieval_export.py), its texts cut at --max_seq_length tokens, every arm
-alike (the published model's own length is 256, and more of a document scores higher):
+tests/test_retrieval_export.py; a ColBERT folder by exact MaxSim,
+`colbert.MaxSimEvaluator`, with `colbert.load_encoder`: tests/test_colbert.py), its
+texts cut at --max_seq_length tokens, every arm alike (the published model's own length is 256, and more of a document scores higher):
 nDCG@10, MRR@10, Recall@100. A run scored at another length is scored again without
 training. Prints each run and each arm's mean and standard deviation; results in
 DIR/results.json.
@@ -55,7 +64,9 @@ from benchmarks.pretrain_fidelity import summary
 from bertjax import writes
 
 _START = time.time()  # This process's start, near enough.
-ARMS = ("zero_shot", "bertjax", "bertjax_gradcache", "sentence_transformers")
+ARMS = ("zero_shot", "bertjax", "bertjax_gradcache", "sentence_transformers",
+        "colbert_bertjax", "colbert_sentence_transformers")
+COLBERT_QUERY_LENGTH = 32  # configs/finetune/colbert.py's
 METRICS = ("ndcg@10", "mrr@10", "recall@100")
 
 
@@ -141,12 +152,15 @@ def bertjax_steps(setup: dict, seed: int, batch_size: int) -> int:
   return len(pairs_lib.epoch_batches(sources, texts, batch_size, seed, 0))
 
 
-def train_bertjax(f, setup: dict, seed: int, out: str, gradcache: bool) -> None:
-  """`python -m bertjax.finetune` then `python -m bertjax.convert` into `out`."""
+def train_bertjax(f, setup: dict, seed: int, out: str, gradcache: bool,
+                  late: bool = False) -> None:
+  """`python -m bertjax.finetune` then `python -m bertjax.convert` into `out` (`late`:
+  a ColBERT model, configs/finetune/colbert.py)."""
   workdir = out + "_workdir"
   batch = f.gradcache_batch if gradcache else f.batch_size
   lr = f.lr * (batch / f.batch_size) ** 0.5
-  cmd = [sys.executable, "-m", "bertjax.finetune", "--config=configs/finetune/retrieval.py",
+  config = "configs/finetune/colbert.py" if late else "configs/finetune/retrieval.py"
+  cmd = [sys.executable, "-m", "bertjax.finetune", f"--config={config}",
          f"--workdir={workdir}", f"--config.init_from={f.model or default_model()}",
          f"--config.data.train={setup['train_path']}", f"--config.seed={seed}",
          f"--config.task.max_seq_length={f.max_seq_length}",
@@ -201,6 +215,44 @@ def train_sentence_transformers(f, setup: dict, seed: int, steps: int, out: str)
   model.save(out)
 
 
+def train_colbert_sentence_transformers(f, setup: dict, seed: int, steps: int, out: str
+                                        ) -> None:
+  """sentence-transformers' MultiVectorEncoderTrainer with the same model and recipe as
+  `colbert_bertjax` (module docstring)."""
+  trainer_ready(f)
+  import string  # pylint: disable=g-import-not-at-top
+  import datasets  # pylint: disable=g-import-not-at-top
+  import torch  # pylint: disable=g-import-not-at-top
+  import sentence_transformers as st  # pylint: disable=g-import-not-at-top
+  from sentence_transformers.base.modules import Dense, Normalize, Transformer  # pylint: disable=g-import-not-at-top
+  from sentence_transformers.multi_vector_encoder import losses  # pylint: disable=g-import-not-at-top
+  from sentence_transformers.multi_vector_encoder.modules import MultiVectorMask  # pylint: disable=g-import-not-at-top
+  torch.manual_seed(seed)
+  encoder = Transformer(f.model or default_model(), query_length=COLBERT_QUERY_LENGTH,
+                        document_length=f.max_seq_length, max_seq_length=f.max_seq_length,
+                        query_expansion={"strategy": "fixed", "length": COLBERT_QUERY_LENGTH})
+  prompts = {"query": "[Q] ", "document": "[D] "}
+  model = st.MultiVectorEncoder(modules=[
+      encoder, Dense(encoder.get_embedding_dimension(), 128, bias=False,
+                     activation_function=torch.nn.Identity(),
+                     module_input_name="token_embeddings"),
+      MultiVectorMask(skiplist_words=list(string.punctuation)),
+      Normalize(module_input_name="token_embeddings")], prompts=prompts, device="cpu")
+  train = datasets.Dataset.from_json(setup["train_path"])
+  args = st.MultiVectorEncoderTrainingArguments(
+      output_dir=out + "_trainer", per_device_train_batch_size=f.batch_size,
+      learning_rate=f.lr, warmup_steps=int(0.1 * steps), max_steps=steps,
+      lr_scheduler_type="linear", weight_decay=0.01, max_grad_norm=1.0, seed=seed,
+      data_seed=seed, batch_sampler="no_duplicates",
+      prompts={"anchor": prompts["query"], "positive": prompts["document"]},
+      logging_steps=50, save_strategy="no", report_to=[], use_cpu=True)
+  trainer = st.MultiVectorEncoderTrainer(
+      model=model, args=args, train_dataset=train,
+      loss=losses.MultiVectorMultipleNegativesRankingLoss(model))
+  trainer.train()
+  model.save_pretrained(out)
+
+
 def repo() -> str:
   return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -208,9 +260,14 @@ def repo() -> str:
 def score(folder: str, beir: str, max_seq_length: int) -> dict[str, float]:
   """nDCG@10, MRR@10, Recall@100 (and the rest) of the model in `folder`, its texts cut
   at `max_seq_length` tokens (the published model's own 256 too: every arm alike)."""
-  from bertjax.tasks import embedding, retrieval_eval  # pylint: disable=g-import-not-at-top
-  encoder = embedding.load_encoder(folder, max_seq_length)
+  from bertjax.tasks import colbert, embedding, retrieval_eval  # pylint: disable=g-import-not-at-top
   split = retrieval_eval.read_beir(beir, "test")
+  if colbert.is_colbert(folder):
+    late = colbert.load_encoder(folder, max_seq_length)
+    return colbert.MaxSimEvaluator(
+        split, lambda t: late.encode(t, "query", 128, show="queries"),
+        lambda t: late.encode(t, "document", 128, show="documents")).evaluate()
+  encoder = embedding.load_encoder(folder, max_seq_length)
   return retrieval_eval.RetrievalEvaluator(
       split, lambda t: encoder.encode(t, "query", 128, show="queries"),
       lambda t: encoder.encode(t, "document", 128, show="documents"),
@@ -228,8 +285,11 @@ def main(argv) -> None:
     out = os.path.join(f.dir, f"{f.only}_seed{f.seed}")
     if f.only == "sentence_transformers":
       train_sentence_transformers(f, setup, f.seed, f.steps, out)
+    elif f.only == "colbert_sentence_transformers":
+      train_colbert_sentence_transformers(f, setup, f.seed, f.steps, out)
     else:
-      train_bertjax(f, setup, f.seed, out, f.only == "bertjax_gradcache")
+      train_bertjax(f, setup, f.seed, out, f.only == "bertjax_gradcache",
+                    f.only == "colbert_bertjax")
     print("RESULT " + json.dumps({"process_s": time.time() - _START}), flush=True)
     return
   print(f"data: {setup['pairs']} pairs, {setup['train']} for training, "
