@@ -36,11 +36,20 @@ the steps of one epoch of bertjax's batches (given to sentence-transformers as
   `python -m bertjax.convert --to=hf` (a MultiVectorEncoder folder);
 - `colbert_sentence_transformers`: the same model built of sentence-transformers 6's
   modules (Transformer with the query expansion, Dense, MultiVectorMask, Normalize;
-  the markers as the trainer's column prompts) and `MultiVectorEncoderTrainer`.
+  the markers as the trainer's column prompts) and `MultiVectorEncoderTrainer`;
+- `sparse_bertjax`: a SPLADE model (issue 58) of --model, which must then hold an MLM
+  head (a transformers *ForMaskedLM folder, e.g. the README's bert_tiny exported),
+  `configs/finetune/sparse.py`'s (max pooling of log1p(relu), FLOPS weights 5e-5 / 3e-5),
+  trained with the same recipe but SpladeLoss over SparseMultipleNegativesRankingLoss
+  (dot product, scale 1), exported as a SparseEncoder folder;
+- `sparse_sentence_transformers`: the same of sentence-transformers 6's modules
+  (MLMTransformer, SpladePooling) and `SparseEncoderTrainer` with the same SpladeLoss.
 Every model folder is scored by `retrieval_eval.RetrievalEvaluator` on the test split
 with `embedding.load_encoder` (whose vectors are sentence-transformers' to 1e-5:
 tests/test_retrieval_export.py; a ColBERT folder by exact MaxSim,
-`colbert.MaxSimEvaluator`, with `colbert.load_encoder`: tests/test_colbert.py), its
+`colbert.MaxSimEvaluator`, with `colbert.load_encoder`: tests/test_colbert.py; a
+SPLADE folder by exact dot products with its active dimensions, `sparse.load_encoder`:
+tests/test_sparse.py), its
 texts cut at --max_seq_length tokens, every arm alike (the published model's own length is 256, and more of a document scores higher):
 nDCG@10, MRR@10, Recall@100. A run scored at another length is scored again without
 training. Prints each run and each arm's mean and standard deviation; results in
@@ -65,7 +74,8 @@ from bertjax import writes
 
 _START = time.time()  # This process's start, near enough.
 ARMS = ("zero_shot", "bertjax", "bertjax_gradcache", "sentence_transformers",
-        "colbert_bertjax", "colbert_sentence_transformers")
+        "colbert_bertjax", "colbert_sentence_transformers", "sparse_bertjax",
+        "sparse_sentence_transformers")
 COLBERT_QUERY_LENGTH = 32  # configs/finetune/colbert.py's
 METRICS = ("ndcg@10", "mrr@10", "recall@100")
 
@@ -153,14 +163,13 @@ def bertjax_steps(setup: dict, seed: int, batch_size: int) -> int:
 
 
 def train_bertjax(f, setup: dict, seed: int, out: str, gradcache: bool,
-                  late: bool = False) -> None:
-  """`python -m bertjax.finetune` then `python -m bertjax.convert` into `out` (`late`:
-  a ColBERT model, configs/finetune/colbert.py)."""
+                  kind: str = "retrieval") -> None:
+  """`python -m bertjax.finetune` then `python -m bertjax.convert` into `out` (`kind`:
+  configs/finetune/KIND.py, 'retrieval', 'colbert' or 'sparse')."""
   workdir = out + "_workdir"
   batch = f.gradcache_batch if gradcache else f.batch_size
   lr = f.lr * (batch / f.batch_size) ** 0.5
-  config = "configs/finetune/colbert.py" if late else "configs/finetune/retrieval.py"
-  cmd = [sys.executable, "-m", "bertjax.finetune", f"--config={config}",
+  cmd = [sys.executable, "-m", "bertjax.finetune", f"--config=configs/finetune/{kind}.py",
          f"--workdir={workdir}", f"--config.init_from={f.model or default_model()}",
          f"--config.data.train={setup['train_path']}", f"--config.seed={seed}",
          f"--config.task.max_seq_length={f.max_seq_length}",
@@ -253,6 +262,32 @@ def train_colbert_sentence_transformers(f, setup: dict, seed: int, steps: int, o
   model.save_pretrained(out)
 
 
+def train_sparse_sentence_transformers(f, setup: dict, seed: int, steps: int, out: str
+                                       ) -> None:
+  """sentence-transformers' SparseEncoderTrainer with the same model and recipe as
+  `sparse_bertjax` (module docstring)."""
+  trainer_ready(f)
+  import datasets  # pylint: disable=g-import-not-at-top
+  from sentence_transformers import sparse_encoder  # pylint: disable=g-import-not-at-top
+  from sentence_transformers.sparse_encoder import losses  # pylint: disable=g-import-not-at-top
+  from sentence_transformers.sparse_encoder.modules import MLMTransformer, SpladePooling  # pylint: disable=g-import-not-at-top
+  model = sparse_encoder.SparseEncoder(modules=[
+      MLMTransformer(f.model, max_seq_length=f.max_seq_length), SpladePooling("max")],
+      device="cpu")
+  train = datasets.Dataset.from_json(setup["train_path"])
+  args = sparse_encoder.SparseEncoderTrainingArguments(
+      output_dir=out + "_trainer", per_device_train_batch_size=f.batch_size,
+      learning_rate=f.lr, warmup_steps=int(0.1 * steps), max_steps=steps,
+      lr_scheduler_type="linear", weight_decay=0.01, max_grad_norm=1.0, seed=seed,
+      data_seed=seed, batch_sampler="no_duplicates",
+      logging_steps=50, save_strategy="no", report_to=[], use_cpu=True)
+  loss = losses.SpladeLoss(model, losses.SparseMultipleNegativesRankingLoss(model),
+                           query_regularizer_weight=5e-5, document_regularizer_weight=3e-5)
+  sparse_encoder.SparseEncoderTrainer(model=model, args=args, train_dataset=train,
+                                      loss=loss).train()
+  model.save_pretrained(out)
+
+
 def repo() -> str:
   return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -260,8 +295,15 @@ def repo() -> str:
 def score(folder: str, beir: str, max_seq_length: int) -> dict[str, float]:
   """nDCG@10, MRR@10, Recall@100 (and the rest) of the model in `folder`, its texts cut
   at `max_seq_length` tokens (the published model's own 256 too: every arm alike)."""
-  from bertjax.tasks import colbert, embedding, retrieval_eval  # pylint: disable=g-import-not-at-top
+  from bertjax.tasks import colbert, embedding, retrieval_eval, sparse  # pylint: disable=g-import-not-at-top
   split = retrieval_eval.read_beir(beir, "test")
+  if sparse.is_sparse(folder):
+    tally, splade = sparse.Sparsity(), sparse.load_encoder(folder, max_seq_length)
+    results = retrieval_eval.RetrievalEvaluator(
+        split, tally.counting(lambda t: splade.encode(t, "query", 128), "query"),
+        tally.counting(lambda t: splade.encode(t, "document", 128), "corpus"),
+        similarity="dot", corpus_chunk_size=sparse.CORPUS_CHUNK).evaluate()
+    return {**results, **tally.results()}
   if colbert.is_colbert(folder):
     late = colbert.load_encoder(folder, max_seq_length)
     return colbert.MaxSimEvaluator(
@@ -287,9 +329,12 @@ def main(argv) -> None:
       train_sentence_transformers(f, setup, f.seed, f.steps, out)
     elif f.only == "colbert_sentence_transformers":
       train_colbert_sentence_transformers(f, setup, f.seed, f.steps, out)
+    elif f.only == "sparse_sentence_transformers":
+      train_sparse_sentence_transformers(f, setup, f.seed, f.steps, out)
     else:
       train_bertjax(f, setup, f.seed, out, f.only == "bertjax_gradcache",
-                    f.only == "colbert_bertjax")
+                    {"colbert_bertjax": "colbert", "sparse_bertjax": "sparse"}.get(
+                        f.only, "retrieval"))
     print("RESULT " + json.dumps({"process_s": time.time() - _START}), flush=True)
     return
   print(f"data: {setup['pairs']} pairs, {setup['train']} for training, "

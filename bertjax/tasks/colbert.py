@@ -60,7 +60,7 @@ NAME = COLBERT_TASK  # config.task.name
 EXPANSIONS = ("fixed", "")
 EMPTY_DOCUMENT_SCORE = -1e9  # sentence-transformers' score of a document with no token.
 # MaxSim scores held at once: [queries, documents, query tokens, document tokens]
-# float32 elements of one block of documents (256 MiB).
+# float32 elements of one block of queries against one of documents (256 MiB).
 MAXSIM_ELEMENTS = 1 << 26
 CORPUS_CHUNK = 2048  # Documents an evaluation encodes and scores at once.
 QUERY_BLOCK = 256  # Queries an evaluation scores against a block of documents at once.
@@ -86,9 +86,11 @@ class ColbertModel(nn.Module):
 
 
 def _block_scores(q, q_mask, d, d_mask):
-  """MaxSim of q [A, Tq, D] (q_mask [A, Tq]) against d [M, Td, D] (d_mask [M, Td])."""
-  s = jnp.einsum("aqe,mde->amqd", q.astype(jnp.float32), d.astype(jnp.float32),
-                 precision=jax.lax.Precision.HIGHEST)
+  """MaxSim of q [A, Tq, D] (q_mask [A, Tq]) against d [M, Td, D] (d_mask [M, Td]):
+  float32 dot products at the platform's matmul precision (full on a CPU; on a TPU
+  one bfloat16 pass, TF32 on a GPU, unless jax_default_matmul_precision says
+  otherwise: MaxSim can be a third of a large batch's FLOPs), float32 max and sum."""
+  s = jnp.einsum("aqe,mde->amqd", q.astype(jnp.float32), d.astype(jnp.float32))
   s = jnp.where(d_mask[None, :, None, :] > 0, s, jnp.finfo(jnp.float32).min)
   total = jnp.sum(jnp.max(s, axis=-1) * q_mask[:, None, :].astype(jnp.float32), axis=-1)
   return jnp.where(jnp.any(d_mask > 0, axis=-1)[None, :], total, EMPTY_DOCUMENT_SCORE)
