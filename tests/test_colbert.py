@@ -279,3 +279,31 @@ def test_documented_run_scores_resumes_and_exports(tiny_hf_bert, tmp_path, monke
   np.testing.assert_allclose(written["vectors"], np.concatenate(
       st.encode_query(queries, convert_to_numpy=True)), rtol=1e-5, atol=1e-5)
   assert list(written["offsets"]) == list(range(0, 769, 32))
+
+
+@pytest.mark.slow
+def test_reranking_every_candidate_is_the_exact_search(mve):
+  """MaxSimReranker of a first stage (BM25's top 20 of the BEIR fixture, and every
+  document) scores each candidate as the exact search does; over every document the
+  two give the same figures, and the first stage's own come beside them."""
+  from bertjax.tasks import rerank_eval, retrieval_eval  # pylint: disable=g-import-not-at-top
+  _, folder = mve
+  encoder = colbert.load_encoder(folder)
+  split = retrieval_eval.read_beir("tests/fixtures/retrieval/beir")
+  encode = lambda kind: lambda texts: encoder.encode(texts, kind)
+  exact = colbert.MaxSimEvaluator(split, encode("query"), encode("document"),
+                                  k_values=(1, 10, 159), mrr_at=10)
+  every = {q: sorted(split.corpus) for q in split.queries}
+  rerank = colbert.MaxSimReranker(split, every, encode("query"), encode("document"),
+                                  query_block=5, k_values=(1, 10, 159), mrr_at=10)
+  ranked = exact.search()
+  for q, docs in rerank.search().items():
+    for d, s in ranked[q].items():
+      assert docs[d] == pytest.approx(s, rel=1e-5, abs=1e-5)
+  figures = rerank.evaluate()
+  for k, v in exact.evaluate().items():
+    assert figures[k] == pytest.approx(v, abs=1e-6), k
+  bm25 = rerank_eval.first_stage(split, "bm25", 20)
+  top = colbert.MaxSimReranker(split, bm25, encode("query"), encode("document")).evaluate()
+  assert top["first_stage_ndcg@10"] > 0 and 0 <= top["ndcg@10"] <= 1
+  assert top["recall@100"] == top["first_stage_recall@100"]  # The same 20 candidates.

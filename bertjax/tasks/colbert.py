@@ -2,7 +2,8 @@
 family's encoder and a linear projection of its token states (`ColbertModel`), trained
 on the retrieval task's data, trainer, GradCache and in-batch negatives from the whole
 mesh (`bertjax.tasks.retrieval`), with sentence-transformers 6's `MultiVectorEncoder`
-losses, and evaluated by exact MaxSim over a BEIR corpus (`MaxSimEvaluator`).
+losses, and evaluated by exact MaxSim over a BEIR corpus (`MaxSimEvaluator`) or by
+reranking a first stage's candidates (`MaxSimReranker`).
 
     python -m bertjax.finetune --config=configs/finetune/colbert.py \\
         --config.init_from=MODEL --config.data.train=pairs.jsonl \\
@@ -203,6 +204,9 @@ def check_config(config) -> None:
                       "(queries padded to query_length with the mask token) or '' (none).")
   if t.dim < 1:
     raise ConfigError(f"config.task.dim={t.dim}: use a positive width (128 is ColBERT's).")
+  if t.first_stage_k < 1:
+    raise ConfigError(f"config.task.first_stage_k={t.first_stage_k}: rerank at least one "
+                      "candidate a query (100 is the usual).")
   if t.query_length < 3 or t.query_length > t.max_seq_length:
     raise ConfigError(
         f"config.task.query_length={t.query_length} leaves no room for a query between "
@@ -353,6 +357,57 @@ class MaxSimEvaluator(retrieval_eval.RetrievalEvaluator):
     index = np.concatenate([np.asarray(i) for _, i in best])[:n]
     return {qid: {self.doc_ids[i]: float(s) for s, i in zip(row_s, row_i)}
             for qid, row_s, row_i in zip(self.query_ids, scores, index)}
+
+
+class MaxSimReranker(MaxSimEvaluator):
+  """BEIR-style evaluation of a multi-vector model by reranking a first stage's
+  candidates (`candidates`: query id -> doc ids, best first; `rerank_eval.first_stage`'s
+  BM25, run file or embedding model) by MaxSim, for corpora too large to score
+  exactly: `query_block` queries at a time, their candidates encoded, scored and
+  dropped (a document shared by two blocks is encoded twice). A document outside a
+  query's candidates is not retrieved. `evaluate` gives `retrieval_eval.evaluate`'s
+  measures of the reranked run and the first stage's own beside them (`first_stage_`
+  + each name: the candidates in their order)."""
+
+  def __init__(self, split, candidates: dict[str, list[str]], encode_queries,
+               encode_documents, query_block: int = 64, **kw):
+    super().__init__(split, encode_queries, encode_documents, query_block=query_block, **kw)
+    self.candidates = candidates
+
+  def search(self) -> dict[str, dict[str, float]]:
+    run = {}
+    for lo in range(0, len(self.query_ids), self.query_block):
+      ids = self.query_ids[lo:lo + self.query_block]
+      lists = [list(self.candidates.get(q, [])) for q in ids]
+      k = max(map(len, lists), default=0)
+      if not k:
+        continue
+      q, q_mask = padded(self.encode_queries([self.split.queries[i] for i in ids]))
+      docs = sorted({d for lst in lists for d in lst})
+      where = {d: i for i, d in enumerate(docs)}
+      matrices = self.encode_documents([retrieval_eval.document_text(self.split.corpus[d])
+                                        for d in docs])
+      width = embedding.bucket(max(len(m) for m in matrices), 1 << 30)
+      vectors, mask = padded(matrices, width)
+      # Each query's k candidates (a short list padded with scoreless rows).
+      index = np.array([[where[d] for d in lst] + [0] * (k - len(lst)) for lst in lists])
+      valid = np.arange(k)[None, :] < np.array([len(lst) for lst in lists])[:, None]
+      scores = np.asarray(_pair_scores(q, q_mask, vectors[index], mask[index] * valid[..., None]))
+      for qid, lst, row in zip(ids, lists, scores):
+        run[qid] = {d: float(s) for d, s in zip(lst, row)}
+    return run
+
+  def evaluate(self, run_path: str | None = None) -> dict[str, float]:
+    out = super().evaluate(run_path)
+    first = {q: {d: -float(r) for r, d in enumerate(docs)}
+             for q, docs in self.candidates.items()}
+    base = retrieval_eval.evaluate(first, self.split.qrels, self.k_values, self.mrr_at)
+    return {**out, **{f"first_stage_{k}": v for k, v in base.items()}}
+
+
+@jax.jit
+def _pair_scores(q, q_mask, d, d_mask):
+  return maxsim_pairwise((q, q_mask), (d, d_mask))
 
 
 def load_encoder(path: str, max_seq_length: int = 0) -> embedding.Encoder:

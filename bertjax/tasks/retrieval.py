@@ -35,7 +35,7 @@ from bertjax.errors import ConfigError
 from bertjax.hf import sentence_transformers as st
 from bertjax.parallel import mesh as mesh_lib
 from bertjax.tasks import (colbert, contrastive, embedding, pairs as pairs_lib, pooling,
-                           retrieval_eval, sparse)
+                           rerank_eval, retrieval_eval, sparse)
 from bertjax.train import compilation, state as state_lib
 from bertjax.train.step import Objective
 from bertjax.train.trainer import Evaluator, Trainer
@@ -273,7 +273,8 @@ def evaluators(config, dev: Any, embedder: embedding.Embedder, workdir: str
   end), at the start too with `config.task.eval_at_start`. A sparse model's vectors
   are cut to `config.task.max_active_dims` entries (0: all) and its BEIR scores add
   their active dimensions (`sparse.Sparsity`); a ColBERT model's token matrices are
-  searched by exact MaxSim (`colbert.MaxSimEvaluator`). Process 0 writes the last one
+  searched by exact MaxSim (`colbert.MaxSimEvaluator`), or with `config.task.first_stage`
+  rerank its top first_stage_k candidates (`colbert.MaxSimReranker`). Process 0 writes the last one
   to dev_results.json."""
   batch, similarity = config.train.eval_batch_size, config.task.similarity
   if dev is None:
@@ -282,7 +283,14 @@ def evaluators(config, dev: Any, embedder: embedding.Embedder, workdir: str
   def encoder(params, kind: str):
     return lambda texts: embedder.encode(params, texts, kind, batch, show=f"eval {kind}s")
 
-  if config.task.name == colbert.NAME:
+  if config.task.name == colbert.NAME and config.task.first_stage:
+    candidates = rerank_eval.first_stage(dev, config.task.first_stage,
+                                         config.task.first_stage_k, config.data.dev)
+
+    def score(params) -> dict[str, float]:
+      return colbert.MaxSimReranker(dev, candidates, encoder(params, "query"),
+                                    encoder(params, "document")).evaluate()
+  elif config.task.name == colbert.NAME:
     def score(params) -> dict[str, float]:
       return colbert.MaxSimEvaluator(dev, encoder(params, "query"),
                                      encoder(params, "document")).evaluate()

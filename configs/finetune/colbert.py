@@ -42,6 +42,11 @@ def get_config(arg=None):
   c.task.scale = 1.0  # mnrl: MaxSim scores times this.
   c.task.normalize = True  # Unit token vectors (the exported folder's Normalize).
   c.task.mini_batch_size = 0  # GradCache mini-batches (CachedMultiVectorMNRL: set it).
+  # data.dev (BEIR): '' scores every query against every document by MaxSim; a first
+  # stage ('bm25', a TREC run file or an embedding model) has its top first_stage_k
+  # candidates reranked instead, for corpora too large to score exactly.
+  c.task.first_stage = ""
+  c.task.first_stage_k = 100
   c.train.batch_size = 64
   c.train.learning_rate = 3e-6
   c.train.num_epochs = 5
