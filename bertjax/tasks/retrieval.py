@@ -444,10 +444,8 @@ def train(config: ml_collections.ConfigDict, workdir: str, start, resuming: bool
     if first.encoder_params is None:
       return setup.init_params(config)
     given = {"encoder": first.encoder_params, **first.kept_params}
-    # What the start lacks (a ColBERT projection of a bare encoder) is initialised.
-    params = (setup.init_params(config) if set(setup.abstract.params) - set(given)
-              else {})
-    return {k: params[k] if k not in given else jax.device_put(
+    # What the start lacks (a ColBERT projection of a bare encoder) is drawn alone.
+    return {k: setup.init_params(config, k) if k not in given else jax.device_put(
         jax.tree.map(lambda x, a: jnp.asarray(x, a.dtype), given[k], setup.abstract.params[k]),
         setup.shardings.params[k], may_alias=False) for k in setup.abstract.params}
 
