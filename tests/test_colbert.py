@@ -307,3 +307,23 @@ def test_reranking_every_candidate_is_the_exact_search(mve):
   top = colbert.MaxSimReranker(split, bm25, encode("query"), encode("document")).evaluate()
   assert top["first_stage_ndcg@10"] > 0 and 0 <= top["ndcg@10"] <= 1
   assert top["recall@100"] == top["first_stage_recall@100"]  # The same 20 candidates.
+
+
+@pytest.mark.slow
+def test_pod_plan_counts_the_colbert_step():
+  """`benchmark plan` of a ColBERT config compiles its step (queries at query_length,
+  scoring masks in the batch) and its model FLOPs (`retrieval.train_flops`: the
+  encoder over queries and documents at their own lengths, the projection, MaxSim of
+  every query against every document) are within 15% of XLA's count of the compiled
+  step, at most it (XLA counts the elementwise work too): queries counted at the
+  documents' length, or MaxSim left out, fail."""
+  from bertjax.benchmarks import plan as plan_lib  # pylint: disable=g-import-not-at-top
+  c = colbert_config.get_config("modernbert_tiny")
+  c.task.max_seq_length, c.task.query_length, c.model.dtype = 128, 16, "float32"
+  c.task.negative_columns = ("negative",)
+  c = plan_lib.candidate(c, (4, 1, 1), "none", 1)
+  r = plan_lib.plan(c, plan_lib.topology("cpu:4", hbm_gb=8), 64)
+  assert r["fits"] and r["per_chip_batch"] == 16
+  # Ids, attention and scoring masks of 16 queries x 16 and 16 x 2 documents x 128, weights.
+  assert r["batch"] == 4 * (3 * 16 * 16 + 3 * 16 * 2 * 128 + 16)
+  assert 1.0 <= r["flops"] / r["model_flops"] < 1.15, (r["flops"], r["model_flops"])

@@ -373,8 +373,9 @@ def train_flops(config, model_cfg, batch_size: int) -> float:
   over every query and document (`stack.train_flops` without heads; a sparse model's
   MLM head at every token, its forward again when chunked; a ColBERT model's queries
   at task.query_length, its projection and MaxSim of every query against every
-  document, each block's forward again), and with GradCache the embedding's forward
-  again (the re-run; MaxSim is not re-run)."""
+  document with its blocks' forward again: a pod batch's, blocked; a small one, done at
+  once, does 3/4 of that), and with GradCache the embedding's forward again (the
+  re-run; MaxSim is not re-run)."""
   from bertjax.model import family_of, stack  # pylint: disable=g-import-not-at-top
   family, T, t = family_of(model_cfg), config.task.max_seq_length, config.task
   C = 1 + len(t.negative_columns)
