@@ -153,7 +153,6 @@ def train_bertjax(f, setup: dict, seed: int, out: str) -> None:
 def train_sentence_transformers(f, setup: dict, seed: int, steps: int, out: str) -> None:
   """sentence-transformers' own CrossEncoderTrainer with the same recipe."""
   retrieval_example.trainer_ready(f)
-  import datasets  # pylint: disable=g-import-not-at-top
   from sentence_transformers import cross_encoder  # pylint: disable=g-import-not-at-top
   from sentence_transformers.cross_encoder import losses  # pylint: disable=g-import-not-at-top
   import transformers  # pylint: disable=g-import-not-at-top
@@ -161,17 +160,9 @@ def train_sentence_transformers(f, setup: dict, seed: int, steps: int, out: str)
   model = cross_encoder.CrossEncoder(f.model or retrieval_example.default_model(),
                                      num_labels=1, max_length=f.max_seq_length,
                                      device="cpu")
-  train = datasets.Dataset.from_json(setup["labeled_pairs"])
-  args = cross_encoder.CrossEncoderTrainingArguments(
-      output_dir=out + "_trainer", per_device_train_batch_size=f.batch_size,
-      learning_rate=f.lr, warmup_steps=int(0.1 * steps), max_steps=steps,
-      lr_scheduler_type="linear", weight_decay=0.01, max_grad_norm=1.0, seed=seed,
-      data_seed=seed, logging_steps=20, save_strategy="no", report_to=[], use_cpu=True)
-  trainer = cross_encoder.CrossEncoderTrainer(
-      model=model, args=args, train_dataset=train,
-      loss=losses.BinaryCrossEntropyLoss(model))
-  trainer.train()
-  model.save(out)
+  retrieval_example.fit(f, setup["labeled_pairs"], seed, steps, out, model,
+                        losses.BinaryCrossEntropyLoss(model), cross_encoder.CrossEncoderTrainer,
+                        cross_encoder.CrossEncoderTrainingArguments, logging_steps=20)
 
 
 def score(folder: str, setup: dict, f, name: str) -> dict[str, float]:

@@ -202,26 +202,34 @@ def trainer_ready(f) -> None:
     torch.set_num_threads(f.torch_threads)
 
 
+def fit(f, train_path: str, seed: int, steps: int, out: str, model, loss, trainer_class,
+        args_class, **args) -> None:
+  """`model` trained by sentence-transformers' `trainer_class` on the rows of
+  `train_path` with `loss` and the recipe (module docstring: --batch_size, --lr, a
+  linear warm-up over 10% of `steps` and decay, AdamW's weight decay 0.01, clipping
+  1.0, `seed` for the model and the data order) in `args_class` (its
+  *TrainingArguments; `args` add to or change them), then saved to `out`."""
+  import datasets  # pylint: disable=g-import-not-at-top
+  recipe = dict(output_dir=out + "_trainer", per_device_train_batch_size=f.batch_size,
+                learning_rate=f.lr, warmup_steps=int(0.1 * steps), max_steps=steps,
+                lr_scheduler_type="linear", weight_decay=0.01, max_grad_norm=1.0,
+                seed=seed, data_seed=seed, logging_steps=50, save_strategy="no",
+                report_to=[], use_cpu=True)
+  trainer_class(model=model, args=args_class(**{**recipe, **args}), loss=loss,
+                train_dataset=datasets.Dataset.from_json(train_path)).train()
+  model.save_pretrained(out)
+
+
 def train_sentence_transformers(f, setup: dict, seed: int, steps: int, out: str) -> None:
   """sentence-transformers' own trainer with the same recipe (module docstring)."""
   trainer_ready(f)
-  import datasets  # pylint: disable=g-import-not-at-top
   import sentence_transformers as st  # pylint: disable=g-import-not-at-top
   from sentence_transformers.sentence_transformer import losses  # pylint: disable=g-import-not-at-top
   model = st.SentenceTransformer(f.model or default_model(), device="cpu")
   model.max_seq_length = f.max_seq_length
-  train = datasets.Dataset.from_json(setup["train_path"])
-  args = st.SentenceTransformerTrainingArguments(
-      output_dir=out + "_trainer", per_device_train_batch_size=f.batch_size,
-      learning_rate=f.lr, warmup_steps=int(0.1 * steps), max_steps=steps,
-      lr_scheduler_type="linear", weight_decay=0.01, max_grad_norm=1.0, seed=seed,
-      data_seed=seed, batch_sampler="no_duplicates",
-      logging_steps=50, save_strategy="no", report_to=[], use_cpu=True)
-  trainer = st.SentenceTransformerTrainer(
-      model=model, args=args, train_dataset=train,
-      loss=losses.MultipleNegativesRankingLoss(model))
-  trainer.train()
-  model.save(out)
+  fit(f, setup["train_path"], seed, steps, out, model,
+      losses.MultipleNegativesRankingLoss(model), st.SentenceTransformerTrainer,
+      st.SentenceTransformerTrainingArguments, batch_sampler="no_duplicates")
 
 
 def train_colbert_sentence_transformers(f, setup: dict, seed: int, steps: int, out: str
@@ -230,7 +238,6 @@ def train_colbert_sentence_transformers(f, setup: dict, seed: int, steps: int, o
   `colbert_bertjax` (module docstring)."""
   trainer_ready(f)
   import string  # pylint: disable=g-import-not-at-top
-  import datasets  # pylint: disable=g-import-not-at-top
   import torch  # pylint: disable=g-import-not-at-top
   import sentence_transformers as st  # pylint: disable=g-import-not-at-top
   from sentence_transformers.base.modules import Dense, Normalize, Transformer  # pylint: disable=g-import-not-at-top
@@ -247,19 +254,10 @@ def train_colbert_sentence_transformers(f, setup: dict, seed: int, steps: int, o
                      module_input_name="token_embeddings"),
       MultiVectorMask(skiplist_words=list(string.punctuation)),
       Normalize(module_input_name="token_embeddings")], prompts=prompts, device="cpu")
-  train = datasets.Dataset.from_json(setup["train_path"])
-  args = st.MultiVectorEncoderTrainingArguments(
-      output_dir=out + "_trainer", per_device_train_batch_size=f.batch_size,
-      learning_rate=f.lr, warmup_steps=int(0.1 * steps), max_steps=steps,
-      lr_scheduler_type="linear", weight_decay=0.01, max_grad_norm=1.0, seed=seed,
-      data_seed=seed, batch_sampler="no_duplicates",
-      prompts={"anchor": prompts["query"], "positive": prompts["document"]},
-      logging_steps=50, save_strategy="no", report_to=[], use_cpu=True)
-  trainer = st.MultiVectorEncoderTrainer(
-      model=model, args=args, train_dataset=train,
-      loss=losses.MultiVectorMultipleNegativesRankingLoss(model))
-  trainer.train()
-  model.save_pretrained(out)
+  fit(f, setup["train_path"], seed, steps, out, model,
+      losses.MultiVectorMultipleNegativesRankingLoss(model), st.MultiVectorEncoderTrainer,
+      st.MultiVectorEncoderTrainingArguments, batch_sampler="no_duplicates",
+      prompts={"anchor": prompts["query"], "positive": prompts["document"]})
 
 
 def train_sparse_sentence_transformers(f, setup: dict, seed: int, steps: int, out: str
@@ -267,25 +265,17 @@ def train_sparse_sentence_transformers(f, setup: dict, seed: int, steps: int, ou
   """sentence-transformers' SparseEncoderTrainer with the same model and recipe as
   `sparse_bertjax` (module docstring)."""
   trainer_ready(f)
-  import datasets  # pylint: disable=g-import-not-at-top
   from sentence_transformers import sparse_encoder  # pylint: disable=g-import-not-at-top
   from sentence_transformers.sparse_encoder import losses  # pylint: disable=g-import-not-at-top
   from sentence_transformers.sparse_encoder.modules import MLMTransformer, SpladePooling  # pylint: disable=g-import-not-at-top
   model = sparse_encoder.SparseEncoder(modules=[
       MLMTransformer(f.model, max_seq_length=f.max_seq_length), SpladePooling("max")],
       device="cpu")
-  train = datasets.Dataset.from_json(setup["train_path"])
-  args = sparse_encoder.SparseEncoderTrainingArguments(
-      output_dir=out + "_trainer", per_device_train_batch_size=f.batch_size,
-      learning_rate=f.lr, warmup_steps=int(0.1 * steps), max_steps=steps,
-      lr_scheduler_type="linear", weight_decay=0.01, max_grad_norm=1.0, seed=seed,
-      data_seed=seed, batch_sampler="no_duplicates",
-      logging_steps=50, save_strategy="no", report_to=[], use_cpu=True)
   loss = losses.SpladeLoss(model, losses.SparseMultipleNegativesRankingLoss(model),
                            query_regularizer_weight=5e-5, document_regularizer_weight=3e-5)
-  sparse_encoder.SparseEncoderTrainer(model=model, args=args, train_dataset=train,
-                                      loss=loss).train()
-  model.save_pretrained(out)
+  fit(f, setup["train_path"], seed, steps, out, model, loss,
+      sparse_encoder.SparseEncoderTrainer, sparse_encoder.SparseEncoderTrainingArguments,
+      batch_sampler="no_duplicates")
 
 
 def repo() -> str:
