@@ -49,10 +49,10 @@ with `embedding.load_encoder` (whose vectors are sentence-transformers' to 1e-5:
 tests/test_retrieval_export.py; a ColBERT folder by exact MaxSim,
 `colbert.MaxSimEvaluator`, with `colbert.load_encoder`: tests/test_colbert.py; a
 SPLADE folder by exact dot products with its active dimensions, `sparse.load_encoder`:
-tests/test_sparse.py), its
-texts cut at --max_seq_length tokens, every arm alike (the published model's own length is 256, and more of a document scores higher):
-nDCG@10, MRR@10, Recall@100. A run scored at another length is scored again without
-training. Prints each run and each arm's mean and standard deviation; results in
+tests/test_sparse.py), its texts cut at --max_seq_length tokens, every arm alike (the
+published model's own length is 256, and more of a document scores higher): nDCG@10,
+MRR@10, Recall@100. A run scored at another length is scored again without training.
+Prints each run and each arm's mean and standard deviation; results in
 DIR/results.json.
 """
 

@@ -273,9 +273,9 @@ def evaluators(config, dev: Any, embedder: embedding.Embedder, workdir: str
   end), at the start too with `config.task.eval_at_start`. A sparse model's vectors
   are cut to `config.task.max_active_dims` entries (0: all) and its BEIR scores add
   their active dimensions (`sparse.Sparsity`); a ColBERT model's token matrices are
-  searched by exact MaxSim (`colbert.MaxSimEvaluator`), or with `config.task.first_stage`
-  rerank its top first_stage_k candidates (`colbert.MaxSimReranker`). Process 0 writes the last one
-  to dev_results.json."""
+  searched by exact MaxSim (`colbert.MaxSimEvaluator`), or with
+  `config.task.first_stage` its top first_stage_k candidates are reranked
+  (`colbert.MaxSimReranker`). Process 0 writes the last one to dev_results.json."""
   batch, similarity = config.train.eval_batch_size, config.task.similarity
   if dev is None:
     return []
