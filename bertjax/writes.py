@@ -52,6 +52,8 @@ EXPORT_NAMES = frozenset({
     "vocab.txt", "vocab.json", "merges.txt", "sentencepiece.bpe.model", "spm.model",
     "special_tokens_map.json", "modules.json", "1_Pooling", "2_Normalize",
     "1_SpladePooling", "1_Dense", "2_MultiVectorMask", "3_Normalize",
+    "router_config.json", "query_0_SparseStaticEmbedding", "document_0_MLMTransformer",
+    "document_1_SpladePooling",
     "sentence_bert_config.json", "config_sentence_transformers.json", "generator",
     RUN_FILE, files.TOKENIZER_DIR, files.CHECKPOINT_DIR})
 

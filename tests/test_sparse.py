@@ -165,8 +165,8 @@ def test_splade_loss_matches_sentence_transformers(splade):
 def test_a_published_folder_is_read_with_its_pooling_and_prompts(splade, tmp_path):
   """A SparseEncoder folder as sentence-transformers saves one (sum pooling of
   log1p_relu, a query prompt, v6's Transformer): a run from it takes its settings, and
-  bertjax's vectors of its weights are sentence-transformers' own; a folder with an
-  inference-free Router is refused in one line."""
+  bertjax's vectors of its weights are sentence-transformers' own; a folder without
+  SpladePooling is refused in one line."""
   st, *_ = splade
   folder = str(tmp_path / "published")
   SparseEncoder(modules=[st[0], SpladePooling("sum", "log1p_relu")], device="cpu",
@@ -185,10 +185,117 @@ def test_a_published_folder_is_read_with_its_pooling_and_prompts(splade, tmp_pat
       [t[len("query: "):] for t in texts], convert_to_tensor=True).to_dense().numpy()
   np.testing.assert_allclose(np.asarray(ours), theirs, rtol=1e-5, atol=1e-5)
   modules = json.load(open(os.path.join(folder, "modules.json")))
-  modules[0]["type"] = "sentence_transformers.base.modules.router.Router"
-  json.dump(modules, open(os.path.join(folder, "modules.json"), "w"))
+  json.dump(modules[:1], open(os.path.join(folder, "modules.json"), "w"))
   with pytest.raises(CheckpointError, match="not an MLM Transformer at the folder's root"):
     sparse.resolve(c)
+
+
+@pytest.fixture(scope="module")
+def inference_free(tiny_hf_bert, tmp_path_factory):
+  """An inference-free SparseEncoder (sentence-transformers' Router.for_query_document:
+  SparseStaticEmbedding with random weights for queries, the tiny BertForMaskedLM and
+  SpladePooling for documents) in eval mode and the folder it saved."""
+  from sentence_transformers.base.modules import Router  # pylint: disable=g-import-not-at-top
+  from sentence_transformers.sparse_encoder.modules import SparseStaticEmbedding  # pylint: disable=g-import-not-at-top
+  documents = MLMTransformer(tiny_hf_bert, max_seq_length=32)
+  static = SparseStaticEmbedding(tokenizer=documents.tokenizer)
+  with torch.no_grad():
+    static.weight.copy_(torch.rand(static.weight.shape, generator=torch.Generator().manual_seed(0)) * 3)
+  model = SparseEncoder(modules=[Router.for_query_document(
+      query_modules=[static], document_modules=[documents, SpladePooling("max")])],
+                        similarity_fn_name="dot", device="cpu").eval()
+  folder = str(tmp_path_factory.mktemp("inference_free") / "st")
+  model.save_pretrained(folder)
+  return model, folder
+
+
+def test_inference_free_folder_encodes_and_trains_as_sentence_transformers(inference_free):
+  """A saved inference-free folder: bertjax reads its query weights and model, encodes
+  queries (their distinct tokens, no special tokens) and documents as
+  sentence-transformers does, and its SpladeLoss (with and without a FLOPS term on the
+  queries) equals sentence-transformers'; a run from it is inference-free and starts
+  from its weights."""
+  st, folder = inference_free
+  encoder = sparse.load_encoder(folder)
+  queries = ["how do tuples work", "open a file with open() and open it", "sort a list"]
+  documents = ["a tuple is an immutable sequence of values", "open returns a file object",
+               "sorted returns a new sorted list from any iterable"]
+  ours = encoder.encode(queries, "query"), encoder.encode(documents, "document")
+  theirs = (st.encode_query(queries, convert_to_tensor=True).to_dense().numpy(),
+            st.encode_document(documents, convert_to_tensor=True).to_dense().numpy())
+  for a, b in zip(ours, theirs):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(a != 0, b != 0)
+  # A query's active dimensions are its distinct tokens ("open" twice counts once).
+  tokens = [set(st.tokenize([q], task="query")["input_ids"][0].tolist()) for q in queries]
+  assert [int(n) for n in (ours[0] != 0).sum(1)] == [len(t) for t in tokens]
+  # Fresh features for each of sentence-transformers' calls: SparseStaticEmbedding
+  # multiplies its output into a features dict's sentence_embedding left by an earlier one.
+  tokenize = lambda: [st.tokenize(queries, task="query"),
+                      st.tokenize(documents, task="document")]
+  features = tokenize()
+  T = max(f["input_ids"].shape[1] for f in features)
+  pad = lambda x: np.pad(x.numpy().astype(np.int32), ((0, 0), (0, T - x.shape[1])))
+  batch = {"query_input_ids": pad(features[0]["input_ids"]),
+           "query_attention_mask": pad(features[0]["attention_mask"]),
+           "doc_input_ids": pad(features[1]["input_ids"])[:, None],
+           "doc_attention_mask": pad(features[1]["attention_mask"])[:, None],
+           "example_weights": np.ones(3, np.float32)}
+  c = sparse_config.get_config()
+  c.init_from = folder
+  resolved = sparse.resolve(c)
+  assert resolved.task.query_encoder == "static"
+  for query_weight in (0.0, 5e-2):
+    kw = dict(query_regularizer_weight=query_weight, document_regularizer_weight=3e-2)
+    with torch.no_grad():
+      want = float(sum(losses.SpladeLoss(
+          st, losses.SparseMultipleNegativesRankingLoss(st), **kw)(tokenize(), None).values()))
+    task = _task(query_encoder="static", **kw)
+    obj = sparse.objective(encoder.embedder.model, task, batch)
+    got = float(jax.jit(lambda p, b, obj=obj: obj.loss(obj.sums(p, b, None), obj.counts(b)))(
+        encoder.params, batch))
+    assert got == pytest.approx(want, rel=1e-5), query_weight
+  kept = finetune._kept_params(resolved, load_pretrained(folder))
+  np.testing.assert_array_equal(kept[sparse.QUERY_WEIGHTS],
+                                st[0].sub_modules["query"][0].weight.detach().numpy())
+
+
+def test_inference_free_folders_bertjax_cannot_compute_are_one_line(inference_free, tmp_path):
+  """A Router of other routes, and a SparseStaticEmbedding that points to an IDF json
+  instead of holding its weights: each refused in one line saying what to do."""
+  import shutil  # pylint: disable=g-import-not-at-top
+  _, saved = inference_free
+  folder = str(tmp_path / "st")
+  shutil.copytree(saved, folder)
+  os.remove(os.path.join(folder, "query_0_SparseStaticEmbedding", "model.safetensors"))
+  with pytest.raises(CheckpointError, match="has no model.safetensors.*save_pretrained"):
+    sparse.load_encoder(folder)
+  router = json.load(open(os.path.join(folder, "router_config.json")))
+  router["structure"]["query"] = router["structure"]["document"]
+  json.dump(router, open(os.path.join(folder, "router_config.json"), "w"))
+  with pytest.raises(CheckpointError, match="computes only that Router"):
+    sparse.load_encoder(folder)
+
+
+def test_query_weights_train_at_their_own_rate():
+  """An inference-free run's optimizer: the query weights' first AdamW step is their
+  own learning rate, the rest's the run's (one group each, as sentence-transformers'
+  learning_rate_mapping makes them); frozen, they do not move."""
+  import optax  # pylint: disable=g-import-not-at-top
+  c = sparse_config.get_config()
+  c.task.query_encoder, c.train.warmup_fraction, c.train.weight_decay = "static", 0.0, 0.0
+  c.train.learning_rate, c.task.query_learning_rate = 2e-5, 1e-3
+  params = {"encoder": {"kernel": jnp.ones((3, 2))}, "mlm": {"bias": jnp.ones(4)},
+            sparse.QUERY_WEIGHTS: jnp.ones(4)}
+  grads = jax.tree.map(lambda x: 0.3 * jnp.ones_like(x), params)
+  for frozen, want in ((False, 1e-3), (True, 0.0)):
+    c.task.query_weights_frozen = frozen
+    tx, _ = finetune.make_optimizer(c, None, 10)
+    updates, _ = tx.update(grads, tx.init(params), params)
+    np.testing.assert_allclose(updates[sparse.QUERY_WEIGHTS], -want, rtol=1e-4)
+    np.testing.assert_allclose(updates["encoder"]["kernel"], -2e-5, rtol=1e-4)
+    np.testing.assert_allclose(updates["mlm"]["bias"], -2e-5, rtol=1e-4)
+  assert isinstance(tx, optax.GradientTransformation)
 
 
 @pytest.mark.slow
@@ -220,6 +327,8 @@ def test_bad_settings_are_one_line():
                     (dict(activation="gelu"), "activation"),
                     (dict(query_regularizer_weight=-1.0), "query_regularizer_weight"),
                     (dict(chunk_size=-2), "chunk_size"),
+                    (dict(query_encoder="idf"), "query_encoder='idf'.*inference-free"),
+                    (dict(query_learning_rate=-1.0), "query_learning_rate"),
                     (dict(max_active_dims=-1), "max_active_dims")]:
     with pytest.raises(ConfigError, match=words):
       sparse.check_config(_task(**kw))
@@ -244,7 +353,7 @@ def test_documented_run_scores_its_sparsity_resumes_and_exports(tiny_hf_bert, tm
   from tests import faults  # pylint: disable=g-import-not-at-top
   from tests.test_readme import REPO, documented  # pylint: disable=g-import-not-at-top
   workdir, folder = str(tmp_path / "splade"), str(tmp_path / "st")
-  train = documented(DOC, "python -m bertjax.finetune", f"--workdir={workdir}",
+  train = documented(DOC, "--config.task.eval_at_start=True", f"--workdir={workdir}",
                      f"--config.init_from={tiny_hf_bert}", "--config.compilation_cache_dir=",
                      "--config.train.log_every=2", "--config.task.chunk_size=16",
                      "--config.task.max_active_dims=300")
@@ -266,7 +375,7 @@ def test_documented_run_scores_its_sparsity_resumes_and_exports(tiny_hf_bert, tm
   c = workdir_lib.load_config(workdir)
   finetune.run(c, workdir)  # The same run, resumed at its end: nothing trained again.
   assert faults.losses(workdir) == losses
-  convert.main([*documented(DOC, "python -m bertjax.convert")[3:], f"--src={workdir}",
+  convert.main([*documented(DOC, "--dst=/tmp/splade_st")[3:], f"--src={workdir}",
                 f"--dst={folder}"])
   queries = [json.loads(line)["text"] for line in open(
       "tests/fixtures/retrieval/beir/queries.jsonl")]
@@ -284,3 +393,43 @@ def test_documented_run_scores_its_sparsity_resumes_and_exports(tiny_hf_bert, tm
   cut = st.encode_query(queries, convert_to_tensor=True, max_active_dims=64)
   np.testing.assert_allclose(scipy.sparse.load_npz(out).toarray(), cut.to_dense().numpy(),
                              rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_documented_inference_free_run_exports_what_sentence_transformers_loads(
+    tiny_hf_bert, tmp_path):
+  """docs/sparse.md's inference-free run from a transformers MLM model: its query
+  weights train at their own rate from one, its queries' active dimensions are their
+  tokens; exported, the folder is sentence-transformers' Router layout, and its
+  `SparseEncoder` encodes queries and documents as bertjax does."""
+  import subprocess  # pylint: disable=g-import-not-at-top
+  from tests.test_readme import REPO, documented  # pylint: disable=g-import-not-at-top
+  workdir, folder = str(tmp_path / "splade_if"), str(tmp_path / "st")
+  done = subprocess.run(documented(DOC, "query_encoder=static", f"--workdir={workdir}",
+                                   f"--config.init_from={tiny_hf_bert}",
+                                   "--config.compilation_cache_dir="),
+                        cwd=REPO, capture_output=True, text=True, check=False)
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert "inference-free queries (a weight per token at lr 0.001)" in done.stderr
+  dev = json.load(open(os.path.join(workdir, "dev_results.json")))
+  assert 3 < dev["query_active_dims"] < 20 < dev["corpus_active_dims"]
+  params = workdir_lib.open_finetuned(workdir).params
+  moved = np.abs(np.asarray(params[sparse.QUERY_WEIGHTS]) - 1)
+  # 9 steps of AdamW at a peak of 1e-3 (warm-up, linear decay): at most 9e-3 each.
+  assert 1e-3 < moved.max() <= 9e-3
+  assert set(params) == {"encoder", "mlm", sparse.QUERY_WEIGHTS}
+  done = subprocess.run(documented(DOC, "--dst=/tmp/splade_if_st")[:4] + [
+      f"--src={workdir}", f"--dst={folder}"], cwd=REPO, capture_output=True, text=True,
+                        check=False)
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert json.load(open(os.path.join(folder, "modules.json")))[0]["type"].endswith("Router")
+  queries = [json.loads(line)["text"] for line in open(
+      os.path.join(REPO, "tests/fixtures/retrieval/beir/queries.jsonl"))]
+  documents = [json.loads(line)["text"] for line in open(
+      os.path.join(REPO, "tests/fixtures/retrieval/beir/corpus.jsonl"))][:32]
+  st = SparseEncoder(folder, device="cpu")
+  for kind, texts in (("query", queries), ("document", documents)):
+    ours = sparse.load_encoder(workdir).encode(texts, kind)
+    theirs = st.encode(texts, task=kind, convert_to_tensor=True).to_dense().numpy()
+    np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(ours != 0, theirs != 0)

@@ -28,7 +28,7 @@ from bertjax.data import vocab_extension
 from bertjax.data.tokenizer import Tokenizer
 from bertjax.errors import CheckpointError, DataError
 from bertjax import model as model_lib, writes
-from bertjax.hf import convert
+from bertjax.hf import convert, sentence_transformers as st
 from bertjax.model.config import dtype_of
 
 _BUCKET = 16  # sequence lengths are padded to a multiple of this: fewer recompilations
@@ -184,7 +184,7 @@ def checkpoint_family(path: str) -> str:
 def checkpoint_tokenizer(path: str) -> Tokenizer:
   """The tokenizer files of what `load_pretrained(path)` reads (a Hugging Face dir's,
   a workdir's tokenizer/), or the one-line error of their absence."""
-  path = os.fspath(path)
+  path = st.transformer_dir(os.fspath(path))
   _config_json(path)  # a checkpoint
   return vocab_extension.checkpoint_tokenizer(path)
 
@@ -197,8 +197,9 @@ def load_pretrained(path: str, dtype: str = "float32", network: str | None = Non
   objectives export, or the one named `network` where they train several) or a
   fine-tuning workdir (its encoder, and its task head in `head`), with parameters and
   computation in `dtype`; with `tokenizer`, that one instead of the checkpoint's files
-  (`checkpoint_tokenizer`)."""
-  path = os.fspath(path)
+  (`checkpoint_tokenizer`). An inference-free SPLADE folder's model is its document
+  route's (`st.transformer_dir`)."""
+  path = st.transformer_dir(os.fspath(path))
   dtype = dtype_of(dtype, "dtype")
   raw = _config_json(path)
   if network and ("model_type" in raw or workdir.is_finetuned(path)):

@@ -9,7 +9,9 @@ v5's keys: `word_embedding_dimension`, `pooling_mode_<mode>` booleans,
 `sentence_bert_config.json` (`max_seq_length`, `do_lower_case`; sentence-transformers 6
 writes neither and keeps the length as the tokenizer's `model_max_length`) and
 `config_sentence_transformers.json` (`prompts`, `default_prompt_name`,
-`similarity_fn_name`).
+`similarity_fn_name`). An inference-free SPLADE folder is one `Router` instead, each
+route's modules in folders of their own (`write_inference_free`), the transformers
+model in the document route's (`transformer_dir`).
 """
 
 from __future__ import annotations
@@ -17,7 +19,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 from typing import Any
+
+import numpy as np
+from safetensors.numpy import load_file, save_file
 
 from bertjax.errors import CheckpointError
 
@@ -114,21 +120,147 @@ def write_sparse(directory: str, settings: Settings, vocab_size: int, pooling: s
       "default_prompt_name": None, "similarity_fn_name": "dot"})
 
 
+# An inference-free SPLADE folder (sentence-transformers' Router.for_query_document):
+# queries by SparseStaticEmbedding (a weight per vocabulary entry for each token a query
+# holds), documents by the MLM Transformer and SpladePooling, each in a route's folder.
+ROUTER = "sentence_transformers.base.modules.router.Router"
+ROUTER_CONFIG = "router_config.json"
+_STATIC = ("sentence_transformers.sparse_encoder.modules.sparse_static_embedding."
+           "SparseStaticEmbedding",
+           "sentence_transformers.sparse_encoder.models.SparseStaticEmbedding")
+STATIC_DIR = "query_0_SparseStaticEmbedding"
+ROUTED_TRANSFORMER_DIR, ROUTED_SPLADE_DIR = "document_0_MLMTransformer", "document_1_SpladePooling"
+
+
+@dataclasses.dataclass(frozen=True)
+class StaticQueries:
+  """An inference-free SPLADE folder's query side: the [V] float32 `weights` of
+  SparseStaticEmbedding and whether it was saved `frozen`."""
+
+  weights: Any
+  frozen: bool
+
+
+def write_inference_free(directory: str, settings: Settings, vocab_size: int, pooling: str,
+                         activation: str, queries: StaticQueries) -> None:
+  """The sentence-transformers files of an inference-free SPLADE model in `directory`,
+  whose `ROUTED_TRANSFORMER_DIR` already holds the transformers *ForMaskedLM model and
+  its tokenizer: a `SparseEncoder` folder as sentence-transformers 6 saves a
+  `Router.for_query_document` of SparseStaticEmbedding (its weights, the tokenizer with
+  `model_max_length` the queries' length) and the Transformer then SpladePooling."""
+  _dump(os.path.join(directory, MODULES_FILE),
+        [{"idx": 0, "name": "0", "path": "", "type": ROUTER}])
+  _dump(os.path.join(directory, ROUTER_CONFIG), {
+      "types": {STATIC_DIR: _STATIC[0], ROUTED_TRANSFORMER_DIR: _ST_TRANSFORMER,
+                ROUTED_SPLADE_DIR: _SPLADE},
+      "structure": {"query": [STATIC_DIR],
+                    "document": [ROUTED_TRANSFORMER_DIR, ROUTED_SPLADE_DIR]},
+      "parameters": {"default_route": "document", "allow_empty_key": True,
+                     "route_mappings": {}}})
+  transformer = os.path.join(directory, ROUTED_TRANSFORMER_DIR)
+  _dump(os.path.join(transformer, "sentence_bert_config.json"), {
+      "transformer_task": "fill-mask", "max_seq_length": settings.max_seq_length,
+      "do_lower_case": settings.do_lower_case})
+  os.makedirs(os.path.join(directory, ROUTED_SPLADE_DIR), exist_ok=True)
+  _dump(os.path.join(directory, ROUTED_SPLADE_DIR, "config.json"), {
+      "pooling_strategy": pooling, "activation_function": activation,
+      "embedding_dimension": vocab_size})
+  static = os.path.join(directory, STATIC_DIR)
+  os.makedirs(static, exist_ok=True)
+  for name in os.listdir(transformer):  # The same tokenizer, cut at the queries' length.
+    if name.startswith(("tokenizer", "vocab", "merges", "special_tokens", "sentencepiece",
+                        "spm")):
+      shutil.copy(os.path.join(transformer, name), os.path.join(static, name))
+  tokenizer_config = os.path.join(static, "tokenizer_config.json")
+  _dump(tokenizer_config, {**_read(tokenizer_config),
+                           "model_max_length": settings.max_seq_length})
+  _dump(os.path.join(static, "config.json"), {"frozen": bool(queries.frozen)})
+  save_file({"weight": np.asarray(queries.weights, np.float32)},
+            os.path.join(static, "model.safetensors"))
+  _dump(os.path.join(directory, "config_sentence_transformers.json"), {
+      "model_type": "SparseEncoder",
+      "prompts": {k: v for k, v in settings.prompts.items() if v},
+      "default_prompt_name": None, "similarity_fn_name": "dot"})
+
+
+def _router(directory: str) -> dict | None:
+  """The router_config.json of a folder whose only module is a Router, else None."""
+  modules = _read(os.path.join(directory, MODULES_FILE))
+  if len(modules) == 1 and modules[0].get("type") == ROUTER:
+    return _read(os.path.join(directory, modules[0].get("path", ""), ROUTER_CONFIG))
+  return None
+
+
+def _routes(directory: str) -> tuple[list[str], list[str]] | None:
+  """(query, document) module folders of an inference-free SPLADE folder: a Router whose
+  query route is SparseStaticEmbedding and whose document route is an MLM Transformer
+  then SpladePooling; None for a folder without a Router; a one-line CheckpointError
+  for a Router of anything else."""
+  router = _router(directory)
+  if router is None:
+    return None
+  types, routes = router.get("types", {}), router.get("structure", {})
+  query, document = routes.get("query", []), routes.get("document", [])
+  kinds = ([types.get(m, "") for m in query], [types.get(m, "") for m in document])
+  if (len(query) != 1 or kinds[0][0] not in _STATIC or len(document) != 2
+      or kinds[1][0] not in _MLM_TRANSFORMER or kinds[1][1] not in _SPLADES
+      or set(routes) != {"query", "document"} or router.get("parameters", {}).get(
+          "route_mappings")):
+    raise CheckpointError(
+        f"{directory}: its Router's routes {routes} ({kinds}) are not SparseStaticEmbedding "
+        "for queries and an MLM Transformer then SpladePooling for documents; bertjax "
+        "computes only that Router (inference-free SPLADE).")
+  return query, document
+
+
+def transformer_dir(directory: str) -> str:
+  """Where the transformers model of a sentence-transformers folder is: the document
+  route's folder of an inference-free SPLADE folder, else `directory` itself."""
+  routes = _routes(directory) if is_folder(directory) else None
+  return directory if routes is None else os.path.join(directory, routes[1][0])
+
+
+def read_static_queries(directory: str) -> StaticQueries | None:
+  """The query side of an inference-free SPLADE folder (None for another folder): its
+  SparseStaticEmbedding's weights (model.safetensors; a module that points to an IDF
+  json instead is refused in one line) and `frozen`."""
+  routes = _routes(directory) if is_folder(directory) else None
+  if routes is None:
+    return None
+  static = os.path.join(directory, routes[0][0])
+  cfg = _read(os.path.join(static, "config.json"))
+  weights = os.path.join(static, "model.safetensors")
+  if not os.path.isfile(weights):
+    raise CheckpointError(
+        f"{static} has no model.safetensors (its config: {cfg}); load the folder once in "
+        "sentence-transformers and save it (SparseEncoder(path).save_pretrained(new)), "
+        "which writes its weights there.")
+  return StaticQueries(load_file(weights)["weight"], bool(cfg.get("frozen", False)))
+
+
 def read_sparse(directory: str) -> tuple[Settings, str, str]:
   """(its `Settings`, SpladePooling's pooling_strategy, activation_function) of a
   `SparseEncoder` folder whose modules bertjax computes (an MLM Transformer at the
-  folder's root, then SpladePooling); a one-line CheckpointError naming any other
-  module (an inference-free Router, SparseStaticEmbedding, a SparseAutoEncoder)."""
-  modules = _read(os.path.join(directory, MODULES_FILE))
-  kinds = [m.get("type", "") for m in modules]
-  if (len(kinds) != 2 or kinds[0] not in _MLM_TRANSFORMER or modules[0].get("path", "")
-      or kinds[1] not in _SPLADES):
-    raise CheckpointError(
-        f"{directory}: modules {kinds} are not an MLM Transformer at the folder's root, "
-        "then SpladePooling; bertjax computes only those (no Router, no "
-        "SparseStaticEmbedding or SparseAutoEncoder): start from its transformers model.")
-  cfg = _read(os.path.join(directory, modules[1]["path"], "config.json"))
-  settings = read_settings_files(directory, pooling="mean", normalize=False)
+  folder's root, then SpladePooling; or the inference-free Router of `_routes`, whose
+  query side `read_static_queries` reads); a one-line CheckpointError naming any other
+  module (another Router, SparseStaticEmbedding alone, a SparseAutoEncoder)."""
+  routes = _routes(directory)
+  if routes is not None:
+    splade = os.path.join(directory, routes[1][1])
+    settings = read_settings_files(directory, os.path.join(directory, routes[1][0]),
+                                   pooling="mean", normalize=False)
+  else:
+    modules = _read(os.path.join(directory, MODULES_FILE))
+    kinds = [m.get("type", "") for m in modules]
+    if (len(kinds) != 2 or kinds[0] not in _MLM_TRANSFORMER or modules[0].get("path", "")
+        or kinds[1] not in _SPLADES):
+      raise CheckpointError(
+          f"{directory}: modules {kinds} are not an MLM Transformer at the folder's root, "
+          "then SpladePooling, nor an inference-free Router; bertjax computes only those "
+          "(no SparseAutoEncoder): start from its transformers model.")
+    splade = os.path.join(directory, modules[1]["path"])
+    settings = read_settings_files(directory, pooling="mean", normalize=False)
+  cfg = _read(os.path.join(splade, "config.json"))
   if settings.similarity not in ("dot", Settings.similarity):
     raise CheckpointError(f"{directory}: similarity {settings.similarity!r}; a SPLADE "
                           "model scores by dot products.")
@@ -208,7 +340,6 @@ def read_multi_vector(directory: str) -> MultiVector:
   CheckpointError naming what differs (PyLate's and Stanford's older layouts: load
   them once in sentence-transformers and save them again)."""
   import numpy as np  # pylint: disable=g-import-not-at-top
-  from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
   modules = _read(os.path.join(directory, MODULES_FILE))
   kinds = [m.get("type", "") for m in modules]
   if (len(kinds) != 4 or modules[0].get("path", "")
@@ -322,13 +453,15 @@ def read(directory: str) -> Settings:
   return read_settings_files(directory, **settings)
 
 
-def read_settings_files(directory: str, **settings) -> Settings:
+def read_settings_files(directory: str, transformer: str = "", **settings) -> Settings:
   """`Settings(**settings)` with what the folder's sentence_bert_config.json (or its
-  tokenizer's model_max_length) and config_sentence_transformers.json say: the length,
-  lower-casing, prompts and similarity."""
-  bert_config = os.path.join(directory, "sentence_bert_config.json")
+  tokenizer's model_max_length; both in `transformer`, the Transformer's folder, where
+  given) and config_sentence_transformers.json say: the length, lower-casing, prompts
+  and similarity."""
+  transformer = transformer or directory
+  bert_config = os.path.join(transformer, "sentence_bert_config.json")
   cfg = _read(bert_config) if os.path.isfile(bert_config) else {}
-  settings["max_seq_length"] = int(cfg.get("max_seq_length") or _tokenizer_length(directory)
+  settings["max_seq_length"] = int(cfg.get("max_seq_length") or _tokenizer_length(transformer)
                                    or Settings.max_seq_length)
   settings["do_lower_case"] = bool(cfg.get("do_lower_case", False))
   st_config = os.path.join(directory, "config_sentence_transformers.json")

@@ -39,6 +39,8 @@ Shapes: B queries, C documents per example (1 + k negatives), E embedding width.
 
 from __future__ import annotations
 
+import functools
+
 from typing import Any, Callable
 
 import jax
@@ -237,17 +239,18 @@ def embed_in_chunks(embed: Callable[[dict, jax.Array | None], jax.Array], inputs
   return jnp.swapaxes(out, 0, 1).reshape(n_rows, *out.shape[2:])
 
 
-def embed_columns(model, params, batch: dict, rng: jax.Array | None, mini_batch_size: int
-                  ) -> tuple[jax.Array, jax.Array]:
-  """`model`'s embeddings of the batch's queries [B, E] and documents [B, C, E], each
-  column embedded `mini_batch_size` texts at a time under GradCache when set
-  (`embed_in_chunks`); dropout from `rng` (None: deterministic)."""
-  def embed(inputs, key):
+def embed_columns(model, params, batch: dict, rng: jax.Array | None, mini_batch_size: int,
+                  query_method: str | None = None) -> tuple[jax.Array, jax.Array]:
+  """`model`'s embeddings of the batch's queries [B, E] (by its method `query_method`
+  where given) and documents [B, C, E], each column embedded `mini_batch_size` texts at
+  a time under GradCache when set (`embed_in_chunks`); dropout from `rng` (None:
+  deterministic)."""
+  def embed(inputs, key, method=None):
     return model.apply({"params": params}, inputs["input_ids"], inputs["attention_mask"],
-                       deterministic=key is None,
+                       deterministic=key is None, method=method,
                        rngs=None if key is None else {"dropout": key})
   keys = (None, None) if rng is None else jax.random.split(rng)
-  queries = embed_in_chunks(embed, {
+  queries = embed_in_chunks(functools.partial(embed, method=query_method), {
       "input_ids": batch["query_input_ids"],
       "attention_mask": batch["query_attention_mask"]}, keys[0], mini_batch_size)
   B, C, T = batch["doc_input_ids"].shape

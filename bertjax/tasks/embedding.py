@@ -75,15 +75,18 @@ def text_tokenizer(tokenizer: tok_lib.Tokenizer, settings: st.Settings) -> tok_l
 
 
 def tokenize(tokenizer: tok_lib.Tokenizer, texts: Sequence[str], prefix: str,
-             max_length: int) -> list[list[int]]:
+             max_length: int, specials: bool = True) -> list[list[int]]:
   """Each text's ids with special tokens: `prefix` + text tokenized as one text, cut to
-  `max_length` ids with the special tokens (sentence-transformers' truncation)."""
+  `max_length` ids with the special tokens (sentence-transformers' truncation); without
+  them where not `specials` (an inference-free SPLADE model's queries)."""
   if not all(isinstance(t, str) and t.strip() for t in texts):
     bad = next(i for i, t in enumerate(texts) if not isinstance(t, str) or not t.strip())
     raise DataError(f"text {bad} is empty (or not a string): every query and document "
                     "must hold text")
-  room = max_length - tokenizer.num_special(pair=False)
   pieces = tokenizer.tokenize_batch([prefix + t for t in texts])
+  if not specials:
+    return [list(p[:max_length]) for p in pieces]
+  room = max_length - tokenizer.num_special(pair=False)
   return [tokenizer.build_inputs(p[:room])[0] for p in pieces]
 
 
@@ -119,9 +122,16 @@ class Embedder:
     self.mesh, self.rules = mesh, rules
     self.batch_sharding = mesh_lib.batch_sharding(mesh, rules)
     self.dp = mesh_lib.data_parallel_size(mesh, rules)
-    self._apply = jax.jit(lambda p, ids, mask: model.apply({"params": p}, ids, mask),
-                          in_shardings=(param_shardings, self.batch_sharding,
-                                        self.batch_sharding))
+    self._apply = {kind: jax.jit(
+        lambda p, ids, mask, kind=kind: model.apply({"params": p}, ids, mask,
+                                                    method=self.method(kind)),
+        in_shardings=(param_shardings, self.batch_sharding, self.batch_sharding))
+                   for kind in KINDS}
+
+  def method(self, kind: str) -> str | None:
+    """The model's method that embeds a text of `kind` (None: its __call__)."""
+    del kind
+    return None
 
   def tokenize(self, texts: Sequence[str], kind: str) -> list[list[int]]:
     return tokenize(self._text_tokenizer, texts, prompt(self.settings, kind),
@@ -151,7 +161,7 @@ class Embedder:
         chosen = order[lo:lo + batch_size]
         batch = [rows[i] for i in chosen] + [rows[chosen[0]]] * (batch_size - len(chosen))
         inputs = self.pad_batch(batch, kind)
-        out = self._apply(params, *(jax.make_array_from_process_local_data(
+        out = self._apply[kind](params, *(jax.make_array_from_process_local_data(
             self.batch_sharding, inputs[k][mine]) for k in ("input_ids", "attention_mask")))
         out = (multihost_utils.process_allgather(out, tiled=True)
                if jax.process_count() > 1 else jax.device_get(out))

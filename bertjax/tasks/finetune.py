@@ -119,7 +119,8 @@ def load_start(config: ml_collections.ConfigDict) -> Start:
 
 def _kept_params(config, pretrained) -> dict:
   """`Start.kept_params` of `pretrained`: the MLM head's when `config` trains a sparse
-  model (a ConfigError line when it has none), the projection of a ColBERT model's
+  model (a ConfigError line when it has none; an inference-free one's query weights
+  where init_from has them), the projection of a ColBERT model's
   init_from (`colbert.start_projection`); {} otherwise."""
   if config.task.name == colbert.NAME:
     projection = colbert.start_projection(config.init_from)
@@ -131,7 +132,10 @@ def _kept_params(config, pretrained) -> dict:
         f"config.init_from={config.init_from} has no MLM head (its heads: "
         f"{[h for h in pretrained.params if h != 'encoder'] or 'none'}): a sparse model pools "
         "the MLM head's logits; start from a checkpoint with one (of ELECTRA, the generator).")
-  return {"mlm": pretrained.params["mlm"]}
+  query_weights = (sparse.start_query_weights(config.init_from)
+                   if config.task.query_encoder == "static" else None)
+  return {"mlm": pretrained.params["mlm"], **(
+      {} if query_weights is None else {sparse.QUERY_WEIGHTS: query_weights})}
 
 
 def _refuse_other_tokenizer(config, tokenizer: tok_lib.Tokenizer, source: str) -> None:
@@ -190,7 +194,9 @@ def make_optimizer(config, model: Any, num_steps: int, feature_based: bool = Fal
   """The optimizer and schedule of `config.train` over `num_steps` steps (warm-up: a
   fraction of them), with the parameters `config.freeze` names kept fixed, or the
   whole encoder, without optimizer state, when `feature_based` (a task's
-  `config.task.features`)."""
+  `config.task.features`). An inference-free sparse model's query weights train at
+  `config.task.query_learning_rate` (`sparse.own_rates`), or not at all when
+  `config.task.query_weights_frozen`."""
   t = ml_collections.ConfigDict(config.train.to_dict())
   t.num_steps = num_steps
   t.warmup_steps = int(config.train.warmup_fraction * num_steps)
@@ -200,11 +206,16 @@ def make_optimizer(config, model: Any, num_steps: int, feature_based: bool = Fal
                              for k, v in params.items()}
     return (optimizer.create_optimizer(t, frozen, stateless_frozen=True),
             optimizer.learning_rate_schedule(t))
-  frozen = None
-  if config.freeze.embeddings or config.freeze.top_k_layers >= 0:
-    frozen = lambda params: jax.tree.map(lambda label: label == "frozen",
-                                         freeze_labels(params, model, config.freeze))
-  return optimizer.create_optimizer(t, frozen), optimizer.learning_rate_schedule(t)
+  freezing = config.freeze.embeddings or config.freeze.top_k_layers >= 0
+  fixed, frozen = sparse.fixed_params(config.task), None
+  if freezing or fixed:
+    def frozen(params):
+      labels = (freeze_labels(params, model, config.freeze) if freezing else
+                jax.tree.map(lambda _: "train", params))
+      return {k: jax.tree.map(lambda label, k=k: label == "frozen" or k in fixed, v)
+              for k, v in labels.items()}
+  return (optimizer.create_optimizer(t, frozen, own_rates=sparse.own_rates(config.task)),
+          optimizer.learning_rate_schedule(t))
 
 
 def example_batch(features: base.Features) -> dict[str, np.ndarray]:

@@ -132,9 +132,10 @@ class Source:
 
 
 def featurize(sources: Sequence[pairs_lib.Pairs], tokenizer, settings: st.Settings,
-              query_length: int = 0) -> list[Source]:
+              query_length: int = 0, query_specials: bool = True) -> list[Source]:
   """Each source's texts tokenized as the model will see them (prompts, lower-casing,
-  truncation: queries at `query_length` tokens where given, a ColBERT model's)."""
+  truncation: queries at `query_length` tokens where given, a ColBERT model's; without
+  special tokens where not `query_specials`, an inference-free SPLADE model's)."""
   tokenizer = embedding.text_tokenizer(tokenizer, settings)
   query_length = query_length or settings.max_seq_length
   out = []
@@ -142,7 +143,8 @@ def featurize(sources: Sequence[pairs_lib.Pairs], tokenizer, settings: st.Settin
     c = len(s.documents[0])
     out.append(Source(
         s, tokenized(s.anchors, lambda t: embedding.tokenize(
-            tokenizer, t, embedding.prompt(settings, "query"), query_length)),
+            tokenizer, t, embedding.prompt(settings, "query"), query_length,
+            query_specials)),
         tokenized([d for docs in s.documents for d in docs], lambda t: embedding.tokenize(
             tokenizer, t, embedding.prompt(settings, "document"), settings.max_seq_length)),
         c, s.teacher))
@@ -337,7 +339,8 @@ def build(config, model_cfg, sample: dict, optimizer: tuple, mesh=None
   `config.mesh`'s); `sample` a one-row batch (shapes)."""
   t = config.task
   if t.name == sparse.NAME:
-    model = sparse.SpladeModel(model_cfg, t.splade_pooling, t.activation, t.chunk_size)
+    model = sparse.SpladeModel(model_cfg, t.splade_pooling, t.activation, t.chunk_size,
+                               t.query_encoder)
     loss = sparse.objective(model, t, sample)
   elif t.name == colbert.NAME:
     model = colbert.ColbertModel(model_cfg, t.dim)
@@ -387,8 +390,9 @@ def train_flops(config, model_cfg, batch_size: int) -> float:
                + stack.train_flops(bare, model_cfg, batch_size * C, T, 0)["total"])
     embed = encoder + 6 * batch_size * (Tq + C * T) * model_cfg.hidden_size * t.dim
     scores = 8 * batch_size * batch_size * C * Tq * T * t.dim
-  else:
-    terms = stack.train_flops(bare, model_cfg, batch_size * (1 + C), T, T if splade else 0)
+  else:  # An inference-free model's queries: a table lookup, no FLOPs counted.
+    texts = batch_size * (C if splade and t.query_encoder == "static" else 1 + C)
+    terms = stack.train_flops(bare, model_cfg, texts, T, T if splade else 0)
     head = terms["mlm_head"] * (4 / 3 if t.get("chunk_size") else 1.0)
     embed, scores = terms["total"] - terms["mlm_head"] + (head if splade else 0.0), 0.0
   return embed * (4 / 3 if t.mini_batch_size else 1.0) + scores
@@ -409,8 +413,9 @@ def train(config: ml_collections.ConfigDict, workdir: str, start, resuming: bool
   t = config.task
   late = t.name == colbert.NAME
   text_layout = colbert.task_layout(t, start.tokenizer) if late else None
+  static = t.name == sparse.NAME and t.query_encoder == "static"
   sources = featurize(pairs_lib.read_sources(config.data.train, t), start.tokenizer,
-                      settings, t.query_length if late else 0)
+                      settings, t.query_length if late else 0, not static)
   plan = Plan(sources, config.train.batch_size, config.seed, config.train.num_epochs)
   num_steps = len(plan)
   dev = dev_data(config)
@@ -422,7 +427,11 @@ def train(config: ml_collections.ConfigDict, workdir: str, start, resuming: bool
   trainer = Trainer(setup, config, workdir, num_steps)
   if t.name == sparse.NAME:
     vectors = (f"SPLADE {t.splade_pooling} pooling of {t.activation}, FLOPS weights "
-               f"{t.query_regularizer_weight:g} / {t.document_regularizer_weight:g}")
+               f"{t.query_regularizer_weight:g} / {t.document_regularizer_weight:g}" + (
+                   ", inference-free queries (a weight per token" + (
+                       ", frozen)" if t.query_weights_frozen else
+                       f" at lr {t.query_learning_rate or config.train.learning_rate:g})")
+                   if static else ""))
   elif late:
     vectors = (f"{t.dim}-dimensional token vectors scored by MaxSim, queries of "
                f"{t.query_length} tokens{' expanded' if t.query_expansion else ''}, "
@@ -435,10 +444,12 @@ def train(config: ml_collections.ConfigDict, workdir: str, start, resuming: bool
                    f"{s.candidates - 1} negatives each)" for s in sources), num_steps,
                config.train.batch_size, plan.short, vectors, t.loss,
                f", GradCache mini-batches of {t.mini_batch_size}" if t.mini_batch_size else "")
-  embedder = (colbert.TokenEmbedder(model, start.tokenizer, settings, setup.mesh,
-                                    setup.rules, setup.shardings.params, text_layout)
-              if late else embedding.Embedder(model, start.tokenizer, settings, setup.mesh,
-                                              setup.rules, setup.shardings.params))
+  if late:
+    embedder = colbert.TokenEmbedder(model, start.tokenizer, settings, setup.mesh,
+                                     setup.rules, setup.shardings.params, text_layout)
+  else:
+    embedder = (sparse.SparseEmbedder if t.name == sparse.NAME else embedding.Embedder)(
+        model, start.tokenizer, settings, setup.mesh, setup.rules, setup.shardings.params)
 
   def init_params():
     first = restart() if resuming else start

@@ -33,6 +33,7 @@ GPU's own batch); padding rows (weight 0) take no part.
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any, Callable, Sequence
 
 import flax.linen as nn
@@ -53,6 +54,8 @@ from bertjax.train.step import Objective
 NAME = SPARSE_TASK  # config.task.name
 POOLINGS = ("max", "sum")
 ACTIVATIONS = ("relu", "log1p_relu")
+QUERY_ENCODERS = ("splade", "static")
+QUERY_WEIGHTS = "query_weights"  # An inference-free model's query parameters.
 # Documents a dev evaluation scores at once: [CORPUS_CHUNK, V] float32 vectors (125 MB
 # at BERT's 30,522 pieces), searched exactly with a running top-k.
 CORPUS_CHUNK = 1024
@@ -91,21 +94,39 @@ class _Chunk(nn.Module):
     return (jnp.maximum(total, part) if self.pooling == "max" else total + part), None
 
 
+def static_vectors(input_ids: jax.Array, attention_mask: jax.Array, weights: jax.Array
+                   ) -> jax.Array:
+  """sentence-transformers' SparseStaticEmbedding: [N, T] ids and mask, [V] weights ->
+  [N, V] float32, weights[v] where a real token of the row is v (once however often),
+  else 0."""
+  N, V = input_ids.shape[0], weights.shape[0]
+  present = jnp.zeros((N, V), jnp.float32).at[jnp.arange(N)[:, None], input_ids].max(
+      attention_mask.astype(jnp.float32))
+  return present * weights.astype(jnp.float32)
+
+
 class SpladeModel(nn.Module):
   """The encoder of `config`'s family and its MLM head (parameters under 'encoder' and
   'mlm', as in its pretraining model), SPLADE-pooled: input_ids, attention_mask [N, T]
   -> [N, V] float32 non-negative weights (V the config's vocabulary size). With
   `chunk_size`, the head reads that many tokens at a time in a scan, each chunk
-  rematerialised in the backward pass (the module docstring)."""
+  rematerialised in the backward pass (the module docstring). With `query_encoder`
+  'static' (inference-free SPLADE), `queries` embeds a query by a weight per vocabulary
+  entry ('query_weights' [V], ones at first as sentence-transformers starts them) for
+  each token it holds (`static_vectors`); else `queries` is the document's SPLADE."""
 
   config: Any
   pooling: str = "max"
   activation: str = "relu"
   chunk_size: int = 0
+  query_encoder: str = "splade"
 
   def setup(self):
     family = family_of(self.config)
     self.encoder = family.encoder(self.config)
+    if self.query_encoder == "static":
+      self.query_weights = self.param(QUERY_WEIGHTS, nn.initializers.ones,
+                                      (self.config.vocab_size,), jnp.float32)
     if self.chunk_size:
       self.chunks = nn.scan(nn.remat(_Chunk), variable_broadcast="params",
                             split_rngs={"params": False}, in_axes=(0, nn.broadcast))(
@@ -130,11 +151,19 @@ class SpladeModel(nn.Module):
                            self.encoder)
     return total
 
+  def queries(self, input_ids, attention_mask, deterministic: bool = True) -> jax.Array:
+    """[N, V] vectors of queries: `static_vectors` of the query weights (their ids
+    without special tokens, as SparseStaticEmbedding tokenizes), or the SPLADE vector."""
+    if self.query_encoder == "static":
+      return static_vectors(input_ids, attention_mask, self.query_weights)
+    return self(input_ids, attention_mask, deterministic)
+
 
 def resolve(config):
   """`config` (a copy, changed in place) whose empty SPLADE settings (splade_pooling,
-  activation, prompts) are those of the `SparseEncoder` folder `config.init_from`
-  (`st.read_sparse`), else 'max' and 'relu'; lower-casing on where the folder's is."""
+  activation, prompts, query_encoder) are those of the `SparseEncoder` folder or sparse
+  workdir `config.init_from` (`st.read_sparse`; 'static' for an inference-free one),
+  else 'max', 'relu' and 'splade'; lower-casing on where the folder's is."""
   t = config.task
   if config.init_from and st.is_folder(config.init_from):
     settings, how, activation = st.read_sparse(config.init_from)
@@ -143,8 +172,14 @@ def resolve(config):
     t.query_prompt = t.query_prompt or embedding.prompt(settings, "query")
     t.document_prompt = t.document_prompt or embedding.prompt(settings, "document")
     t.do_lower_case = t.do_lower_case or settings.do_lower_case
+  if config.init_from and st.is_folder(config.init_from):
+    queries = st.read_static_queries(config.init_from)
+    t.query_weights_frozen = t.query_weights_frozen or bool(queries and queries.frozen)
+  if config.init_from and not t.query_encoder:
+    t.query_encoder = "static" if start_query_weights(config.init_from) is not None else ""
   t.splade_pooling = t.splade_pooling or "max"
   t.activation = t.activation or "relu"
+  t.query_encoder = t.query_encoder or "splade"
   t.pooling = t.pooling or "mean"  # Unused by a sparse model; its settings' field.
   return config
 
@@ -175,7 +210,7 @@ def objective(model: SpladeModel, task_cfg, sample: dict) -> Objective:
 
   def sums(params, batch, rng):
     queries, documents = contrastive.embed_columns(model, params, batch, rng,
-                                                   task_cfg.mini_batch_size)
+                                                   task_cfg.mini_batch_size, "queries")
     out = contrastive.loss_sums(queries, documents, batch, task_cfg)
     w = batch["example_weights"].astype(jnp.float32)
     B, C, V = documents.shape
@@ -231,6 +266,12 @@ def check_config(task_cfg) -> None:
   if task_cfg.chunk_size < 0:
     raise ConfigError(f"config.task.chunk_size={task_cfg.chunk_size}: use 0 (every token "
                       "at once) or a positive number of tokens.")
+  if task_cfg.query_encoder not in QUERY_ENCODERS:
+    raise ConfigError(f"config.task.query_encoder={task_cfg.query_encoder!r}: use one of "
+                      f"{QUERY_ENCODERS} ('static': inference-free SPLADE).")
+  if task_cfg.query_learning_rate < 0:
+    raise ConfigError(f"config.task.query_learning_rate={task_cfg.query_learning_rate}: "
+                      "use 0 (the run's learning rate) or a positive peak rate.")
   if task_cfg.activation not in ACTIVATIONS:
     raise ConfigError(f"config.task.activation={task_cfg.activation!r}: use one of "
                       f"{ACTIVATIONS}.")
@@ -244,6 +285,25 @@ def check_config(task_cfg) -> None:
     if task_cfg[f"{side}_regularizer_threshold"] < 0:
       raise ConfigError(f"config.task.{side}_regularizer_threshold must be 0 (every "
                         "vector) or a number of active dimensions.")
+
+
+def own_rates(task_cfg) -> dict[str, float]:
+  """The parameters of a run's task that train at a peak learning rate of their own
+  (`optimizer.create_optimizer`): an inference-free model's query weights at
+  task.query_learning_rate (0: the run's), as sentence-transformers'
+  learning_rate_mapping gives SparseStaticEmbedding its own."""
+  if (task_cfg.name != NAME or task_cfg.query_encoder != "static"
+      or not task_cfg.query_learning_rate or task_cfg.query_weights_frozen):
+    return {}
+  return {QUERY_WEIGHTS: float(task_cfg.query_learning_rate)}
+
+
+def fixed_params(task_cfg) -> tuple[str, ...]:
+  """The top-level parameters of a run's task that never train: an inference-free
+  model's query weights with task.query_weights_frozen (SparseStaticEmbedding's
+  frozen)."""
+  static = task_cfg.name == NAME and task_cfg.get("query_encoder") == "static"
+  return (QUERY_WEIGHTS,) if static and task_cfg.query_weights_frozen else ()
 
 
 class Sparsity:
@@ -277,6 +337,32 @@ class Sparsity:
     return out
 
 
+class SparseEmbedder(embedding.Embedder):
+  """Texts -> SPLADE vectors as `embedding.Embedder` makes them; an inference-free
+  model's queries tokenized without special tokens and embedded by `SpladeModel.queries`,
+  as sentence-transformers' SparseStaticEmbedding does."""
+
+  def method(self, kind: str) -> str | None:
+    return "queries" if kind == "query" else None
+
+  def tokenize(self, texts: Sequence[str], kind: str) -> list[list[int]]:
+    static = kind == "query" and self.model.query_encoder == "static"
+    return embedding.tokenize(self._text_tokenizer, texts, embedding.prompt(
+        self.settings, kind), self.settings.max_seq_length, specials=not static)
+
+
+def start_query_weights(path: str) -> Any:
+  """The query weights [V] of what `path` holds, an inference-free SPLADE model (a
+  'sparse' workdir of one, or a folder with SparseStaticEmbedding for its queries);
+  None for any other checkpoint."""
+  if workdir_lib.is_finetuned(path):
+    if workdir_lib.task_info(path)["name"] != NAME:
+      return None
+    return workdir_lib.open_finetuned(path).params.get(QUERY_WEIGHTS)
+  queries = st.read_static_queries(path) if st.is_folder(path) else None
+  return None if queries is None else queries.weights
+
+
 def is_sparse(path: str) -> bool:
   """Whether `path` holds a sparse model: a 'sparse' fine-tuning workdir or a
   sentence-transformers `SparseEncoder` folder."""
@@ -302,10 +388,14 @@ def load_encoder(path: str, max_seq_length: int = 0):
     raise ConfigError(f"{path} has no MLM head: it is no sparse model.")
   settings = dataclasses.replace(settings, max_seq_length=min(
       max_seq_length or settings.max_seq_length, pretrained.config.max_length))
-  model = SpladeModel(pretrained.config, how, activation, chunk)
-  return embedding.encoder_of(
-      pretrained.config, None, pretrained.tokenizer, settings, model,
-      {k: pretrained.params[k] for k in ("encoder", "mlm")})
+  params = {k: pretrained.params[k] for k in ("encoder", "mlm")}
+  query_weights = start_query_weights(path)
+  if query_weights is not None:
+    params[QUERY_WEIGHTS] = jnp.asarray(query_weights, jnp.float32)
+  model = SpladeModel(pretrained.config, how, activation, chunk,
+                      "splade" if query_weights is None else "static")
+  return embedding.encoder_of(pretrained.config, None, pretrained.tokenizer, settings,
+                              model, params, SparseEmbedder)
 
 
 def top_active(vectors: np.ndarray, max_active_dims: int) -> np.ndarray:
@@ -336,11 +426,20 @@ def export(directory: str, workdir: str) -> str:
   """A sentence-transformers `SparseEncoder` folder of the sparse model trained in
   `workdir`, in `directory`: its transformers *ForMaskedLM model (the encoder and MLM
   head, `convert.save_hf`) and the folder's files (`st.write_sparse`), so that
-  `SparseEncoder(directory).encode` gives the model's vectors. Returns the model_type."""
+  `SparseEncoder(directory).encode` gives the model's vectors; an inference-free model's
+  as sentence-transformers saves its Router (`st.write_inference_free`: the model in
+  the document route's folder). Returns the model_type."""
   encoder = load_encoder(workdir)
-  model = encoder.embedder.model
-  kind = convert.save_hf(directory, jax.device_get(encoder.params), encoder.config,
-                         encoder.tokenizer)
-  st.write_sparse(directory, encoder.settings, encoder.config.vocab_size, model.pooling,
-                  model.activation)
+  model, params = encoder.embedder.model, jax.device_get(encoder.params)
+  if model.query_encoder != "static":
+    kind = convert.save_hf(directory, params, encoder.config, encoder.tokenizer)
+    st.write_sparse(directory, encoder.settings, encoder.config.vocab_size, model.pooling,
+                    model.activation)
+    return kind
+  kind = convert.save_hf(os.path.join(directory, st.ROUTED_TRANSFORMER_DIR), params,
+                         encoder.config, encoder.tokenizer)
+  frozen = workdir_lib.load_config(workdir).task.get("query_weights_frozen", False)
+  st.write_inference_free(directory, encoder.settings, encoder.config.vocab_size,
+                          model.pooling, model.activation,
+                          st.StaticQueries(params[QUERY_WEIGHTS], frozen))
   return kind

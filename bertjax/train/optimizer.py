@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import flax
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
@@ -183,7 +184,9 @@ def decay_mask(params):
 
 
 def create_optimizer(train_cfg, frozen: Callable[[Any], Any] | None = None,
-                     stateless_frozen: bool = False) -> optax.GradientTransformation:
+                     stateless_frozen: bool = False,
+                     own_rates: dict[str, float] | None = None
+                     ) -> optax.GradientTransformation:
   """Global-norm clipping, then AdamW, LAMB or StableAdamW with the schedule and the
   decay mask, then zero updates where `frozen(params)` (a tree of bools) is True; all
   of it wrapped in `spikes.skip_spikes` with `skip_step_on_spikes`. Frozen parameters
@@ -193,11 +196,27 @@ def create_optimizer(train_cfg, frozen: Callable[[Any], Any] | None = None,
   `decouple_lr` the decay rate is weight_decay / peak learning rate, so lr_t * rate =
   (lr_t / peak) * weight_decay: optimi's and Composer's "fully decoupled" decay; with
   `learning_rate_restarts` the weight decay changes at each (`weight_decay_schedule`:
-  its step count is the optimizer's, as the learning rate's is)."""
-  schedule = learning_rate_schedule(train_cfg)
-  kwargs = dict(learning_rate=schedule, b1=train_cfg.b1, b2=train_cfg.b2, eps=train_cfg.eps,
-                weight_decay=weight_decay_schedule(train_cfg), mask=decay_mask)
-  opt = OPTIMIZERS[train_cfg.optimizer](**kwargs)
+  its step count is the optimizer's, as the learning rate's is). `own_rates` {top-level
+  parameter name: peak learning rate} gives those parameters the same optimizer and
+  schedule at their own peak (sentence-transformers' learning_rate_mapping: a parameter
+  group of its own), the clipping's norm still over every gradient."""
+  def adam(cfg):
+    return OPTIMIZERS[cfg.optimizer](
+        learning_rate=learning_rate_schedule(cfg), b1=cfg.b1, b2=cfg.b2, eps=cfg.eps,
+        weight_decay=weight_decay_schedule(cfg), mask=decay_mask)
+
+  opt = adam(train_cfg)
+  if own_rates:
+    groups = {"run": opt}
+    for name, rate in own_rates.items():
+      cfg = train_cfg.copy_and_resolve_references()
+      cfg.learning_rate = rate
+      groups[name] = adam(cfg)
+    # A label per (possibly boxed) parameter: a box's own leaves would hold its state.
+    opt = optax.partition(groups, lambda params: {
+        k: jax.tree.map(lambda _, k=k: k if k in own_rates else "run", v,
+                        is_leaf=lambda x: isinstance(x, nn.meta.AxisMetadata))
+        for k, v in params.items()})
   if train_cfg.max_grad_norm > 0:
     opt = optax.chain(optax.clip_by_global_norm(train_cfg.max_grad_norm), opt)
   if frozen is not None and stateless_frozen:

@@ -30,6 +30,18 @@ def get_config(arg=None):
   # pass: the gradient holds one chunk's [texts, chunk, vocabulary] logits, not every
   # token's (0: every token at once, as sentence-transformers trains).
   c.task.chunk_size = 0
+  # Inference-free SPLADE (sentence-transformers' Router.for_query_document): 'static'
+  # embeds a query by a trained weight per vocabulary entry for each token it holds
+  # (SparseStaticEmbedding, ones at first; no encoder at query time), documents by SPLADE;
+  # 'splade' both by SPLADE; '' the init_from model's ('static' for an inference-free
+  # one), else 'splade'. query_learning_rate: the query weights' peak learning rate (the
+  # schedule's shape; 0: config.train.learning_rate), query_weights_frozen: never
+  # trained. sentence-transformers' inference-free recipe (its v5 blog post, "Training
+  # and Finetuning Sparse Embedding Models"): lr 1e-3 for them, 2e-5 for the rest,
+  # query_regularizer_weight 0, document_regularizer_weight 3e-3.
+  c.task.query_encoder = ""
+  c.task.query_learning_rate = 1e-3
+  c.task.query_weights_frozen = False
   c.task.similarity = "dot"
   c.task.scale = 1.0  # mnrl: SparseMultipleNegativesRankingLoss's scale.
   c.task.normalize = False
