@@ -145,6 +145,11 @@ def get_config(arg=None):
   # p_i = n_i / sum_j n_j of eq. 11.7 counts each language's 'sentences' (the
   # textbook's n_i), or its 'tokens' or 'characters' (tokenizer text and batches alike).
   c.data.language_counts = "sentences"
+  # Sources by phase (mmBERT's cascading annealed language learning): ((fraction of
+  # steps, sources[, alpha]), ...), sources '' (all of the run's), 'en,de' (those,
+  # sampled with q ~ p^alpha, default language_alpha) or 'en:0.3,de:0.7' (weights); a
+  # source joins (or leaves) at its phase's first step. () the run's sources throughout.
+  c.data.source_phases = ()
   c.data.eval_fraction = 0.02  # Documents held out for evaluation.
   c.data.worker_count = 0  # grain worker processes (0: in the main process).
   # Raw text (or tokenized documents) above this many MB is not built in memory: the

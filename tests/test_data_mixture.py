@@ -1,7 +1,8 @@
 """Weighted mixtures of corpora (`bertjax.data.mixture`): the syntax and its one-line
 errors, an interleaving that holds its weights at every scale, a mixed stream that is
 exact on restore and on any process count, read the same from raw and prepared
-sources, and held out and evaluated per source (and per length phase)."""
+sources, and held out and evaluated per source (and per length phase); sources that
+join or leave by phase (`config.data.source_phases`), exact within every phase."""
 
 import json
 import os
@@ -13,6 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
+from bertjax import model as model_lib
 from bertjax.data import mixture, pipeline, prepare
 from bertjax.data.tokenizer import train_tokenizer
 from bertjax.errors import ConfigError
@@ -78,6 +80,101 @@ def test_interleave_holds_the_weights_at_every_scale(weights):
   for k in (10**9 + 7, 3 * 10**15):  # a restore deep into a long run: the same rule
     i, j = select[k]
     assert abs(j - k * w[i]) < len(w)
+
+
+def test_phased_interleave_reads_every_source_element_once_exact_in_each_phase():
+  """Sources joining and leaving at segment boundaries: each source's elements come in
+  order 0, 1, 2, ... across the whole stream (none read twice, none skipped), and within
+  each segment the counts hold its weights as `Interleave` does from its start."""
+  segments = [(0, (1.0, 0.0, 0.0)), (100, (0.5, 0.5, 0.0)), (250, (0.2, 0.3, 0.5)),
+              (400, (0.0, 0.4, 0.6))]
+  select = mixture.PhasedInterleave(segments)
+  picks = [select[k] for k in range(600)]
+  seen = [0, 0, 0]
+  for i, j in picks:
+    assert j == seen[i]
+    seen[i] += 1
+  ends = [e for e, _ in segments[1:]] + [600]
+  for (start, w), end in zip(segments, ends):
+    counts = np.zeros(3, int)
+    for n, (i, _) in enumerate(picks[start:end]):
+      counts[i] += 1
+      assert (np.abs(counts - (n + 1) * np.array(w)) < 3).all(), (start, n, counts)
+  far = 10**12
+  i, j = select[far]
+  assert i in (1, 2) and abs(j - (seen[i] + (far - 600) * segments[-1][1][i])) < 3
+  for bad, match in [([(5, (1.0, 1.0))], "start at element 0"),
+                     ([(0, (1.0, 1.0)), (0, (1.0, 0.0))], "ascend"),
+                     ([(0, (0.0, 0.0))], "no source with weight")]:
+    _one_line(ConfigError, lambda bad=bad: mixture.PhasedInterleave(bad), match)
+
+
+def test_source_phases_syntax_and_its_errors(corpora):
+  _, spec, tok = corpora
+  phases = pipeline.phases_lib.source_phases(_cfg(corpus=spec, source_phases=(
+      (0.4, "general"), (0.35, "domain:1,general:3"), (0.25, "", 0.5))), 20,
+      ["general", "domain"])
+  assert [(p.first_step, p.names, p.weights, p.alpha) for p in phases] == [
+      (0, ("general",), None, 0.3), (8, ("general", "domain"), (3.0, 1.0), 0.3),
+      (15, ("general", "domain"), None, 0.5)]
+  model = model_lib.config_from(tiny_config().model)
+  for bad, match in [
+      (((0.5, "general"), (0.4, "")), "fractions sum to 0.9"),
+      (((0.5, "general"), (0.5, "fr")), r"sources \['fr'\] are not the run's sources"),
+      (((0.5, "general,general"), (0.5, "")), "a source repeats"),
+      (((0.5, "general:1,domain"), (0.5, "")), "positive weight, or none"),
+      (((0.5, "general:1,domain:2", 0.3), (0.5, "")), "positive weight, or none"),
+      (((0.5, "general:-1"), (0.5, "")), "positive weight"),
+      (((1.5, "general"),), "write \\(fraction"),
+      (((1.0, "", 2.0),), "alpha in \\[0, 1\\]")]:
+    _one_line(ConfigError, lambda bad=bad: pipeline.check_config(
+        _cfg(corpus=spec, source_phases=bad), model, 20), match)
+  _one_line(ConfigError, lambda: pipeline.check_config(
+      _cfg(source_phases=((1.0, ""),)), model, 20), "needs several sources")
+
+
+def test_sources_join_by_phase_exact_on_restore_and_process_count(corpora):
+  """'domain' absent for the first 40% of the steps, then both 1 : 3, then by size at
+  alpha 0.5, across a length phase boundary: every row's source is the phased
+  interleaving of each length phase's stream, a restore inside any phase replays it, and
+  two processes read the same global batches."""
+  _, spec, tok = corpora
+  cfg = _cfg(corpus=spec, length_phases=((0.5, 16), (0.5, 32)), max_predictions_per_seq=5,
+             source_phases=((0.4, "general"), (0.3, "domain:1,general:3"), (0.3, "", 0.5)))
+  data = _build(cfg, tok, num_steps=10)
+  (_, first), (_, second), (_, third) = data.stats["source_phases"]
+  assert first == {"general": 1.0} and second == {"general": 0.75, "domain": 0.25}
+  assert set(third) == {"general", "domain"} and abs(sum(third.values()) - 1) < 1e-3
+  it = iter(data.train)
+  batches = [next(it) for _ in range(12)]
+  rows = [_source_of_rows(b, tok) for b in batches]
+  third_w = (third["general"], third["domain"])
+  # Length phase 0 (steps 0-4, 8 rows): general for 4 steps, then 3 : 1 from row 32;
+  # length phase 1 (steps 5-): 3 : 1 until step 7, then the third phase's weights.
+  streams = [mixture.PhasedInterleave([(0, (1.0, 0.0)), (32, (0.75, 0.25))]),
+             mixture.PhasedInterleave([(0, (0.75, 0.25)), (16, third_w)])]
+  want = [[streams[0][k][0] for k in range(8 * s, 8 * s + 8)] for s in range(5)] + [
+      [streams[1][k][0] for k in range(8 * s, 8 * s + 8)] for s in range(7)]
+  for step, (got, w) in enumerate(zip(rows, want)):
+    np.testing.assert_array_equal(got, w, err_msg=f"step {step}")
+  assert not any(rows[s].any() for s in range(4)) and all(rows[s].any() for s in (4, 7))
+  for restore_at in (2, 4, 6, 8):
+    it = iter(data.train)
+    for _ in range(restore_at):
+      next(it)
+    state = it.get_state()
+    halves = [iter(_build(cfg, tok, num_steps=10, batch_size=4, process_index=p,
+                          process_count=2).train) for p in (0, 1)]
+    again = iter(_build(cfg, tok, num_steps=10).train)
+    for x in [again, *halves]:
+      x.set_state(state)
+    for want_batch in batches[restore_at:restore_at + 2]:
+      got, parts = next(again), [next(h) for h in halves]
+      for k in want_batch:
+        np.testing.assert_array_equal(got[k], want_batch[k], err_msg=k)
+        np.testing.assert_array_equal(np.concatenate([p[k] for p in parts]), want_batch[k])
+  # Held out per source in every length phase, 'domain' too (it joins at step 4).
+  assert all(list(h.sources) == ["general", "domain"] for h in data.held_out)
 
 
 def _sentences(word, n, rng):
@@ -179,6 +276,14 @@ def test_prepared_mixture_reads_as_the_raw_one(corpora, tmp_path):
   ours, raw = _build(_cfg(corpus=prepared_spec), tok), _build(_cfg(corpus=spec), tok)
   assert ours.stats["prepared"] and not raw.stats["prepared"]
   a, b = iter(ours.train), iter(raw.train)
+  for _ in range(6):
+    x, y = next(a), next(b)
+    for k in x:
+      np.testing.assert_array_equal(x[k], y[k], err_msg=k)
+  # Sources joining by phase read the prepared sources as the raw ones too.
+  by_phase = dict(source_phases=((0.3, "domain"), (0.7, "")))
+  a = iter(_build(_cfg(corpus=prepared_spec, **by_phase), tok).train)
+  b = iter(_build(_cfg(corpus=spec, **by_phase), tok).train)
   for _ in range(6):
     x, y = next(a), next(b)
     for k in x:

@@ -16,6 +16,12 @@ function of k: source i's count among the first n elements is floor(n * w_i) or 
 K - 1 of it (K sources) for every n, so the mixture holds at every scale, with no coin
 per document to drift; it is grain's `DatasetSelectionMap`, so a restore, any process
 count, and the prepared and in-memory corpora give the same stream.
+
+`config.data.source_phases` changes the sources and their sampling at step boundaries
+(mmBERT's languages joining by phase, each phase at its own tau: `phases.source_phases`);
+`PhasedInterleave` is then the stream's selection: an `Interleave` per segment, each
+source's elements continuing where its previous segment left them, so the counts are
+exact within every phase and no row is read twice.
 """
 
 from __future__ import annotations
@@ -216,3 +222,59 @@ class Interleave(grain.transforms.DatasetSelectionMap):
       k -= after  # the index among the elements the later sources share
       remaining -= p
     return len(self._proportions) - 1, k
+
+
+def interleave_counts(proportions: Sequence[int], n: int) -> list[int]:
+  """How many of the first `n` elements of an interleaving of integer `proportions`
+  each source takes (`Interleave`'s rule: source 0 floor(n p_0 / P), the others the
+  same over the rest, one after the other)."""
+  out, remaining = [], sum(proportions)
+  for p in proportions[:-1]:
+    c = (n * p) // remaining
+    out.append(c)
+    n -= c
+    remaining -= p
+  return out + [n]
+
+
+class PhasedInterleave(grain.transforms.DatasetSelectionMap):
+  """Element k of a stream whose mixture changes: `segments` [(first element, [K]
+  weights, 0 for a source absent from that segment)], the first at element 0,
+  ascending. Within a segment, its present sources interleave as `Interleave` does
+  (one present source takes every element); source i's j-th element of a segment is
+  its element offset + j, offset its elements in the segments before. Stateless,
+  exact in integer arithmetic."""
+
+  def __init__(self, segments: Sequence[tuple[int, Sequence[float]]]):
+    starts = [int(e) for e, _ in segments]
+    if not starts or starts[0] != 0 or any(b <= a for a, b in zip(starts, starts[1:])):
+      raise ConfigError(f"segments must start at element 0 and ascend, got {starts}")
+    self._starts = starts
+    self._parts = []  # (present source indices, their Interleave or None)
+    for _, w in segments:
+      present = [i for i, x in enumerate(w) if x > 0]
+      if not present:
+        raise ConfigError(f"a segment of the mixture has no source with weight > 0: {w}")
+      self._parts.append((present, Interleave([w[i] for i in present])
+                          if len(present) > 1 else None))
+    K = len(segments[0][1])
+    self._offsets = [[0] * K]
+    for s in range(len(segments) - 1):
+      present, mix = self._parts[s]
+      n = starts[s + 1] - starts[s]
+      taken = interleave_counts(mix._proportions, n) if mix else [n]  # pylint: disable=protected-access
+      row = list(self._offsets[-1])
+      for i, c in zip(present, taken):
+        row[i] += c
+      self._offsets.append(row)
+
+  def __len__(self) -> int:
+    return 2**62
+
+  def __getitem__(self, k: int) -> tuple[int, int]:
+    k = int(k)
+    s = next(s for s in range(len(self._starts) - 1, -1, -1) if self._starts[s] <= k)
+    present, mix = self._parts[s]
+    i, j = mix[k - self._starts[s]] if mix else (0, k - self._starts[s])
+    source = present[i]
+    return source, self._offsets[s][source] + j

@@ -101,6 +101,71 @@ def masked_lm_prob_phases(data_cfg, num_steps: int | None) -> list[tuple[int, fl
 
 
 @dataclasses.dataclass(frozen=True)
+class SourcePhase:
+  """From `first_step` on, the run reads the sources `names` (in the run's order),
+  with the given `weights` (normalised) or, None, q_i ~ p_i^`alpha` of their sizes."""
+
+  first_step: int
+  names: tuple[str, ...]
+  weights: tuple[float, ...] | None
+  alpha: float
+
+
+def source_phases(data_cfg, num_steps: int | None, names: Sequence[str]
+                  ) -> list[SourcePhase]:
+  """`config.data.source_phases` over the run's sources `names` (`mixture.sources_of`)
+  -> their `SourcePhase`s, ascending (phase k starts at round(sum of the fractions
+  before it * num_steps), as the length phases split the steps). Each entry is
+  (fraction, sources[, alpha]): sources '' (every source), 'a,b' (those, sampled with
+  q ~ p^alpha of their sizes, alpha default config.data.language_alpha) or
+  'a:0.3,b:0.7' (those weights). No phases: [] (the sources of config.data throughout)."""
+  spec = tuple(data_cfg.get("source_phases", ()))
+  if not spec:
+    return []
+  if len(names) < 2:
+    raise ConfigError("config.data.source_phases needs several sources: name them in "
+                      "config.data.languages or as a mixture in config.data.corpus")
+  if num_steps is None or num_steps < len(spec):
+    raise ConfigError(f"config.data.source_phases has {len(spec)} phases and needs "
+                      f"config.train.num_steps >= {len(spec)} to split the steps")
+  number = lambda x: isinstance(x, (int, float)) and not isinstance(x, bool)
+  out, done = [], 0.0
+  for k, phase in enumerate(spec):
+    where = f"config.data.source_phases[{k}]={phase!r}"
+    if not (isinstance(phase, (tuple, list)) and len(phase) in (2, 3)
+            and number(phase[0]) and 0 < phase[0] <= 1 and isinstance(phase[1], str)
+            and (len(phase) == 2 or number(phase[2]) and 0 <= phase[2] <= 1)):
+      raise ConfigError(f"{where}: write (fraction of the steps in (0, 1], sources: '' "
+                        "(all), 'a,b' or 'a:0.3,b:0.7'[, alpha in [0, 1]])")
+    parts = [p.strip() for p in phase[1].split(",") if p.strip()]
+    chosen = [p.split(":", 1)[0].strip() for p in parts] or list(names)
+    unknown = [n for n in chosen if n not in names]
+    if unknown or len(set(chosen)) != len(chosen):
+      raise ConfigError(f"{where}: {'sources ' + str(unknown) + ' are not' if unknown else 'a source repeats in'} "
+                        f"the run's sources {list(names)}; name each at most once")
+    weighted = [":" in p for p in parts]
+    weights = None
+    if any(weighted):
+      try:
+        weights = tuple(float(p.split(":", 1)[1]) for p in parts)
+      except (ValueError, IndexError):  # a source without a weight, or not a number
+        weights = ()
+      if not all(weighted) or len(weights) != len(parts) or not all(
+          math.isfinite(w) and w > 0 for w in weights) or len(phase) == 3:
+        raise ConfigError(f"{where}: give every source of the phase a positive weight, "
+                          "or none (then alpha samples them by size), not both")
+    order = sorted(range(len(chosen)), key=lambda i: names.index(chosen[i]))
+    out.append(SourcePhase(boundary(done, num_steps), tuple(chosen[i] for i in order),
+                           None if weights is None else tuple(weights[i] for i in order),
+                           float(phase[2] if len(phase) == 3 else data_cfg.language_alpha)))
+    done += float(phase[0])
+  if abs(done - 1.0) > 1e-6:
+    raise ConfigError(f"config.data.source_phases fractions sum to {done}: they must sum "
+                      "to 1 (e.g. ((0.8, 'en,de', 0.7), (0.2, '', 0.3)))")
+  return out
+
+
+@dataclasses.dataclass(frozen=True)
 class BatchSchedule:
   """How the global batch is sized in each length phase (see the module docstring)."""
 

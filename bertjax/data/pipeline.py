@@ -183,6 +183,9 @@ class Phase:
   first_element: the global element of that stream its first batch starts at (the
     stages of one length phase, e.g. the batch-size warm-up's, take consecutive blocks).
   inputs: (name, value) constant per-row model inputs of its batches.
+  segments: (first element, [K] weights) of its stream where the sources' sampling
+    changes within it (`config.data.source_phases`: `mixture.PhasedInterleave`); ()
+    `weights` throughout.
   """
 
   steps: int | None
@@ -194,6 +197,7 @@ class Phase:
   stream: int | None = None
   first_element: int = 0
   inputs: tuple[tuple[str, float], ...] = ()
+  segments: tuple[tuple[int, tuple[float, ...]], ...] = ()
 
 
 # The last phase is cut at this many batches (grain concatenates finite datasets only).
@@ -222,6 +226,7 @@ def _phase_batches(phase: Phase, index: int, *, batch_size: int, seed: int, nsp:
   else:
     ds = grain.MapDataset.select_from_datasets(
         [grain.MapDataset.range(sys.maxsize).map(_Tag(i)) for i in range(k)],
+        mixture.PhasedInterleave(phase.segments) if phase.segments else
         mixture.Interleave(phase.weights))
   if phase.first_element:
     ds = ds[phase.first_element:]
@@ -346,7 +351,7 @@ def check_config(data_cfg, model, num_steps: int, trains_tokenizer: bool = True
   masked_lm_prob_phases(d, num_steps)
   within("data.language_alpha", d.language_alpha, 0, 1)
   one_of("data.language_counts", d.language_counts, multilingual.COUNTS)
-  mixture.sources_of(d)
+  phases_lib.source_phases(d, num_steps, [s.name for s in mixture.sources_of(d)])
   within("data.eval_fraction", d.eval_fraction, 0, 1, "()")
   if not (isinstance(d.text_field, str) and d.text_field):
     raise ConfigError(f"config.data.text_field={d.text_field!r} must name the JSON / "
@@ -382,6 +387,53 @@ def _mask_schedule(cfg: masking.MaskingConfig, length: int, first: int,
       out = [(0, at)]
     else:
       out.append((start - first, at))
+  return out
+
+
+def _source_weights(data_cfg, num_steps: int | None, sources, built, counts_unit: str
+                    ) -> list[tuple[int, tuple[float, ...]]]:
+  """[(first step, [K] sampling probabilities, 0 for a source the phase leaves out)] of
+  `config.data.source_phases` (`phases.source_phases`; [] without): a phase's weights
+  normalised, or q ~ p^alpha over its sources' sizes (`config.data.language_counts`)."""
+  names = [s.name for s in sources]
+  out = []
+  for phase in phases_lib.source_phases(data_cfg, num_steps, names):
+    chosen = [names.index(n) for n in phase.names]
+    if phase.weights is not None:
+      q = np.asarray(phase.weights, np.float64) / sum(phase.weights)
+    else:
+      sizes = [built[i].text[counts_unit] for i in chosen]
+      if not all(sizes):
+        raise DataError(f"config.data.language_counts={counts_unit!r} but a prepared "
+                        f"corpus has no {counts_unit} count ({sizes}): prepare it again")
+      q = (multilingual.sampling_probabilities(sizes, phase.alpha) if len(chosen) > 1
+           else np.ones(1))
+    w = np.zeros(len(names))
+    w[chosen] = q
+    out.append((phase.first_step, tuple(w.tolist())))
+  return out
+
+
+def _stream_segments(by_phase: Sequence[tuple[int, tuple[float, ...]]],
+                     stages: Sequence[phases_lib.Stage], n_phases: int
+                     ) -> list[tuple[tuple[int, tuple[float, ...]], ...]]:
+  """Each length phase's stream segments (`Phase.segments`): the source phase in force
+  at the length phase's first step from element 0, then each that starts inside it
+  from the first element of its first batch; () for every stream without
+  source phases."""
+  if not by_phase:
+    return [()] * n_phases
+  out = []
+  for k in range(n_phases):
+    mine = [s for s in stages if s.phase == k]
+    first = mine[0].first_step
+    segments = [(0, next(w for step, w in reversed(by_phase) if step <= first))]
+    for step, w in by_phase:
+      stage = next((s for s in mine if s.first_step <= step and (
+          s.steps is None or step < s.first_step + s.steps)), None)
+      if stage is not None and step > first:
+        segments.append((stage.first_element + (step - stage.first_step) * stage.rows, w))
+    out.append(tuple(segments))
   return out
 
 
@@ -454,6 +506,8 @@ def build_pretraining_data(data_cfg, tokenizer, *, batch_size: int, seed: int, n
       raise DataError(f"config.data.language_counts={counts_unit!r} but a prepared corpus "
                       f"has no {counts_unit} count ({sizes}): prepare it again")
     weights = tuple(mixture.weights(sources, sizes, data_cfg.language_alpha).tolist())
+  by_phase = _source_weights(data_cfg, num_steps, sources, built, counts_unit)
+  segments = _stream_segments(by_phase, stages, len(phases))
   inputs_of = lambda k: tuple(sorted(phase_inputs[k].items())) if phase_inputs else ()
   train_phases, masking_phases = [], []
   for stage in stages:
@@ -474,7 +528,7 @@ def build_pretraining_data(data_cfg, tokenizer, *, batch_size: int, seed: int, n
         stage.first_step, stage.steps, rates, mask_cfg.masked_lm_prob)
     train_phases.append(Phase(stage.steps, phase_sources, weights, masks[0][1],
                               tuple(masks[1:]), rows, stage.phase, stage.first_element,
-                              inputs_of(stage.phase)))
+                              inputs_of(stage.phase), segments[stage.phase]))
     for b, c in masks:  # (a stage of the batch-size warm-up changes no masking)
       if not masking_phases or masking_phases[-1][1:] != (
           length, c.masked_lm_prob, c.max_predictions_per_seq):
@@ -521,7 +575,11 @@ def build_pretraining_data(data_cfg, tokenizer, *, batch_size: int, seed: int, n
              if len(stages) > len(phases) or schedule.batches.by_tokens else {}),
           **({"source_weights": dict(zip([s.name for s in sources],
                                          np.round(weights, 4).tolist()))}
-             if weights else {}),
+             if weights and not by_phase else {}),
+          # (first step, {source: probability}) of each source phase.
+          **({"source_phases": [(step, {s.name: round(x, 4) for s, x in zip(sources, w)
+                                        if x > 0}) for step, w in by_phase]}
+             if by_phase else {}),
           # (first step, length, masking rate, P) of each masking-rate phase.
           **({"masking_phases": masking_phases}
              if data_cfg.masked_lm_prob_phases else {}),
