@@ -5,8 +5,10 @@ section is the checkpoint's (`config.init_from`), so it lists only what a run ch
 comes from the checkpoint (bertjax/train/continued.py); the heads trained are
 `config.objectives`' (('rtd',) continues a discriminator with its generator: config.generator,
 config.init_generator_from). `arg` picks the family's recipe: 'bert' (BERT, RoBERTa, XLM-R,
-ELECTRA, DeBERTa: MLM at 15% on packed rows) or 'modernbert' (MLM at 30%, packed rows, StableAdamW, as
-ModernBERT's authors pretrain). The numbers are a starting point (a short run at a learning rate below the
+ELECTRA, DeBERTa: MLM at 15% on packed rows), 'modernbert' (MLM at 30%, packed rows, StableAdamW, as
+ModernBERT's authors pretrain) or 'mmbert' (a published mmBERT, continued with its decay
+phase's settings: MLM at 5%, StableAdamW with betas (0.9, 0.95), eps 1e-8, weight decay
+8e-5, the learning rate falling as 1 - sqrt to 2% of its peak: configs/mmbert_base.py). The numbers are a starting point (a short run at a learning rate below the
 checkpoint's peak, decayed linearly), not a paper's recipe. docs/continued_pretraining.md
 runs it on the real MiniLM.
 
@@ -23,8 +25,8 @@ from configs import bert_base, modernbert_base
 
 def get_config(arg=None):
   family = arg or "bert"
-  if family not in ("bert", "modernbert"):
-    raise ValueError(f"configs/continued.py:{family}: use :bert or :modernbert.")
+  if family not in ("bert", "modernbert", "mmbert"):
+    raise ValueError(f"configs/continued.py:{family}: use :bert, :modernbert or :mmbert.")
   c = bert_base.get_config() if family == "bert" else modernbert_base.get_config()
   # MLM alone, on packed rows (as RoBERTa and ModernBERT continue): a checkpoint's NSP
   # head is kept in it but not trained; ('mlm', 'nsp') trains it (fresh where absent).
@@ -65,10 +67,18 @@ def get_config(arg=None):
   c.evals.eval.at_start = True  # The checkpoint's held-out MLM: the baseline.
   c.train.checkpoint_every = 500
   c.train.log_every = 50
-  if family == "modernbert":  # Its pretraining's masking, packing and optimizer.
+  if family != "bert":  # ModernBERT's pretraining's masking, packing and optimizer.
     c.data.masked_lm_prob_phases = ((1.0, 0.3),)  # 30% in training (15% held out).
     c.data.max_predictions_per_seq = 40  # round(0.3 * 126) = 38 fit.
     # The authors' dropout on Wo's output (Hugging Face's config has no such field, so
     # a checkpoint from there holds 0).
     c.model.attention_output_dropout = 0.1
+  if family == "mmbert":  # mmBERT's decay phase (configs/mmbert_base.py's sources).
+    c.data.masked_lm_prob_phases = ((1.0, 0.05),)  # 5% in training (15% held out).
+    c.data.max_predictions_per_seq = 20  # round(0.05 * 126) = 6 fit.
+    c.train.b2, c.train.eps, c.train.weight_decay = 0.95, 1e-8, 8e-5
+    c.train.schedule = "wsd"
+    c.train.decay_fraction = 0.95  # Every step after the warm-up's 100 of 2,000 ...
+    c.train.decay_shape = "1-sqrt"  # ... as the decay phase's one_minus_sqrt ...
+    c.train.final_lr_fraction = 0.02  # ... to 2% (alpha_f).
   return c

@@ -5,6 +5,7 @@ stream (same rows, same masks) and each shape compiles once; a run resumes bit f
 across a size change and a phase change; attention-output dropout; the full-size
 parameter counts equal Hugging Face's."""
 
+import dataclasses
 import os
 import shutil
 from unittest import mock
@@ -296,24 +297,32 @@ def test_attention_output_dropout_drops_the_output_only():
 
 
 @pytest.mark.slow
-def test_per_row_theta_is_the_configs_theta():
-  """`global_rope_theta` [B] per row computes what a config with that theta computes
-  (two rows at two thetas), and the length phases' checks are one line each."""
+@pytest.mark.parametrize("kind", ["global", "local"])
+def test_per_row_theta_is_the_configs_theta(kind):
+  """`global_rope_theta` (or `local_rope_theta`, mmBERT's) [B] per row computes what a
+  config with that theta computes (two rows at two thetas), and the length phases'
+  checks are one line each."""
   cfg = mb.ModernBertConfig(**SMALL, global_rope_theta=160_000.0)
   model = mb.FAMILY.pretraining(cfg)
   params = model.init_params(jax.random.key(0))
   ids = jnp.asarray(np.random.default_rng(0).integers(1, 64, (2, 20)), jnp.int32)
   mixed = jax.jit(lambda p: model.apply(
-      {"params": p}, ids, global_rope_theta=jnp.asarray([10_000.0, 160_000.0])))(params)
+      {"params": p}, ids, **{f"{kind}_rope_theta": jnp.asarray([10_000.0, 160_000.0])}))(
+          params)
   mixed = mixed["mlm_logits"]
   for row, theta in enumerate((10_000.0, 160_000.0)):
-    alone = mb.FAMILY.pretraining(mb.ModernBertConfig(**SMALL, global_rope_theta=theta))
+    alone = mb.FAMILY.pretraining(dataclasses.replace(cfg, **{f"{kind}_rope_theta": theta}))
     want = jax.jit(lambda p, a=alone, r=row: a.apply({"params": p}, ids[r:r + 1]))(params)
     want = want["mlm_logits"]
     np.testing.assert_allclose(mixed[row:row + 1], want, atol=2e-6)
   phased = mb.ModernBertConfig(**SMALL, global_rope_theta_phases=(10_000.0, 160_000.0))
   assert mb.phase_inputs(phased, [16, 32]) == [{"global_rope_theta": 10_000.0},
                                                {"global_rope_theta": 160_000.0}]
+  both = dataclasses.replace(phased, local_rope_theta=160_000.0,
+                             local_rope_theta_phases=(10_000.0, 160_000.0))
+  assert mb.phase_inputs(both, [16, 32]) == [
+      {"global_rope_theta": 10_000.0, "local_rope_theta": 10_000.0},
+      {"global_rope_theta": 160_000.0, "local_rope_theta": 160_000.0}]
   assert mb.phase_inputs(cfg, [16, 32]) == [{}, {}]
   for call, message in [
       (lambda: mb.phase_inputs(phased, [16, 32, 32]), "2 thetas for 3 length phases"),

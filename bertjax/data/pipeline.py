@@ -518,11 +518,14 @@ def build_pretraining_data(data_cfg, tokenizer, *, batch_size: int, seed: int, n
                         "processes; make every batch size a multiple of the process count")
     phase_sources = tuple(c.train[length] for c in built)
     for source, rows_k in zip(sources, phase_sources):
-      if len(rows_k) // process_count < rows:
+      # One corpus must fill a batch; a source of several may be smaller than its share
+      # (its rows then recur within a batch: a low-resource language up-sampled).
+      if len(rows_k) // process_count < (rows if len(sources) == 1 else 1):
         raise DataError(f"corpus {source.spec!r} gives {len(rows_k)} training examples of "
-                        f"length {length}, fewer than one batch of {rows} on each of "
-                        f"{process_count} processes: use a smaller batch or a bigger "
-                        "corpus")
+                        f"length {length}, fewer than " + (
+                            f"one batch of {rows}" if len(sources) == 1 else "one") +
+                        f" on each of {process_count} processes: use a smaller batch or a "
+                        "bigger corpus")
     masks = _mask_schedule(
         dataclasses.replace(mask_cfg, max_predictions_per_seq=stage.predictions), length,
         stage.first_step, stage.steps, rates, mask_cfg.masked_lm_prob)

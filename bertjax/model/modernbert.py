@@ -30,7 +30,8 @@ mmBERT), exact to Hugging Face's `transformers.ModernBertForMaskedLM` (v5.24).
   drops Wo's output only (their `attn_out_dropout_prob` 0.1; Hugging Face's
   `attention_dropout` drops the probabilities too, and with them the fast kernels);
   `global_rope_theta_phases` gives the global layers' theta in each pretraining length
-  phase (10k at 1,024 tokens, 160k from the 8,192-token context extension on). The
+  phase (10k at 1,024 tokens, 160k from the 8,192-token context extension on), and
+  `local_rope_theta_phases` the local layers' (mmBERT raises both). The
   phase's batches carry it per row as `global_rope_theta` [B] (`phase_inputs`), as they
   carry positions and document ids: the theta is a function of the step through the
   data position, restores with it, and evaluation, fine-tuning, inference and export,
@@ -96,6 +97,9 @@ class ModernBertConfig(FamilyConfig):
   # phase's batches as `global_rope_theta`; the last must be `global_rope_theta`.
   # (): global_rope_theta throughout.
   global_rope_theta_phases: tuple[float, ...] = ()
+  # The same for the local layers' theta, carried as `local_rope_theta` (mmBERT: 10k
+  # at 1,024, then 160k like the global ones); the last must be `local_rope_theta`.
+  local_rope_theta_phases: tuple[float, ...] = ()
   embedding_dropout: float = 0.0
   attention_dropout: float = 0.0  # attention probabilities and the Wo output
   # Dropout on the Wo output only (the authors' attn_out_dropout_prob, 0.1 in
@@ -125,13 +129,15 @@ class ModernBertConfig(FamilyConfig):
           f"attention_output_dropout={self.attention_output_dropout}: set one (the first "
           "drops probabilities and the Wo output, Hugging Face's; the second the output "
           "only, the authors' pretraining).")
-    phases = self.global_rope_theta_phases
-    if phases and not (all(isinstance(t, (int, float)) and t > 0 for t in phases)
-                       and phases[-1] == self.global_rope_theta):
-      raise ConfigError(
-          f"config.model.global_rope_theta_phases={phases}: positive thetas, one per "
-          f"length phase, the last equal to config.model.global_rope_theta="
-          f"{self.global_rope_theta} (what inference and export use).")
+    for kind in ("global", "local"):
+      phases, final = (getattr(self, f"{kind}_rope_theta_phases"),
+                       getattr(self, f"{kind}_rope_theta"))
+      if phases and not (all(isinstance(t, (int, float)) and t > 0 for t in phases)
+                         and phases[-1] == final):
+        raise ConfigError(
+            f"config.model.{kind}_rope_theta_phases={phases}: positive thetas, one per "
+            f"length phase, the last equal to config.model.{kind}_rope_theta={final} "
+            "(what inference and export use).")
     for name in ("norm_eps", "initializer_range", "global_rope_theta", "local_rope_theta"):
       if not getattr(self, name) > 0:
         raise ConfigError(f"config.model.{name}={getattr(self, name)} must be positive.")
@@ -184,20 +190,23 @@ def check_window(cfg: ModernBertConfig, length: int,
 def phase_inputs(cfg: ModernBertConfig, lengths: Sequence[int]) -> list[dict[str, float]]:
   """Pretraining's length phases (their row lengths, in order) -> each phase's constant
   per-row model inputs: {'global_rope_theta': theta} from `global_rope_theta_phases`
-  (the authors raise it from 10k to 160k with the 8,192-token context), else {}.
+  (the authors raise it from 10k to 160k with the 8,192-token context) and
+  {'local_rope_theta': theta} from `local_rope_theta_phases` (mmBERT's), else {}.
   One-line ConfigErrors: a local window longer than a phase's rows (`check_window`), a
   theta count that is not the phase count."""
   for k, length in enumerate(lengths):
     check_window(cfg, length, f"config.data.length_phases[{k}]'s length"
                  if len(lengths) > 1 else "config.data.max_seq_length")
-  thetas = cfg.global_rope_theta_phases
-  if not thetas:
-    return [{} for _ in lengths]
-  if len(thetas) != len(lengths):
-    raise ConfigError(f"config.model.global_rope_theta_phases={thetas} has {len(thetas)} "
-                      f"thetas for {len(lengths)} length phases (config.data."
-                      "length_phases): give one per phase, or () for one theta.")
-  return [{"global_rope_theta": float(t)} for t in thetas]
+  out = [{} for _ in lengths]
+  for kind in ("global", "local"):
+    thetas = getattr(cfg, f"{kind}_rope_theta_phases")
+    if thetas and len(thetas) != len(lengths):
+      raise ConfigError(f"config.model.{kind}_rope_theta_phases={thetas} has "
+                        f"{len(thetas)} thetas for {len(lengths)} length phases (config."
+                        "data.length_phases): give one per phase, or () for one theta.")
+    for inputs, t in zip(out, thetas):
+      inputs[f"{kind}_rope_theta"] = float(t)
+  return out
 
 
 # ---- Initialisers (Hugging Face's `ModernBertPreTrainedModel._init_weights`) ------
@@ -237,12 +246,13 @@ class Embeddings(nn.Module):
     self.drop = nn.Dropout(cfg.embedding_dropout)
 
   def __call__(self, input_ids, attention_mask, token_type_ids, position_ids,
-               segment_ids, deterministic: bool, global_rope_theta=None):
+               segment_ids, deterministic: bool, global_rope_theta=None,
+               local_rope_theta=None):
     """token_type_ids: ignored (ModernBERT has no segment embeddings); position_ids
     [B, T] rotary positions (default: 0..T-1, or restarting in each document of
-    `segment_ids`); global_rope_theta [B] float: the global layers' rotary theta per
-    row (a pretraining length phase's, `phase_inputs`; default the config's
-    `global_rope_theta`). -> ([B, T, E], (attention_mask, segment_ids, (global,
+    `segment_ids`); global_rope_theta, local_rope_theta [B] float: the global and
+    local layers' rotary theta per row (a pretraining length phase's, `phase_inputs`;
+    default the config's). -> ([B, T, E], (attention_mask, segment_ids, (global,
     local) rotary tables))."""
     del token_type_ids
     cfg = self.config
@@ -251,7 +261,9 @@ class Embeddings(nn.Module):
                       if segment_ids is None else stack.document_positions(segment_ids))
     tables = rotary.tables(position_ids, cfg.head_dim,
                            (cfg.global_rope_theta if global_rope_theta is None
-                            else global_rope_theta, cfg.local_rope_theta), cfg.dtype)
+                            else global_rope_theta,
+                            cfg.local_rope_theta if local_rope_theta is None
+                            else local_rope_theta), cfg.dtype)
     x = self.drop(self.norm(self.tok_embeddings(input_ids)), deterministic=deterministic)
     return constrain(x, (BATCH, LENGTH, EMBED)), (attention_mask, segment_ids, tables)
 
@@ -330,5 +342,5 @@ FAMILY = Family(
     # Wqkv 3E^2, Wo E^2, GeGLU's Wi 2EM and Wo EM.
     block_weights=lambda c: 4 * c.hidden_size ** 2 + 3 * c.hidden_size * c.intermediate_size,
     task_features=task_features, output_layer=classifier,
-    unscanned_layers=1, inputs=("global_rope_theta",),
+    unscanned_layers=1, inputs=("global_rope_theta", "local_rope_theta"),
     final_norm=lambda cfg: layer_norm(cfg, "final_norm"), phase_inputs=phase_inputs)

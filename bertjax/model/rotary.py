@@ -59,7 +59,8 @@ def tables(position_ids: jax.Array, head_dim: int, thetas: tuple[Any, Any], dtyp
            factor: float = 1.0) -> tuple[tuple[jax.Array, jax.Array], ...]:
   """The (global, local) tables of `thetas` (one computed when both are the same)."""
   first = table(position_ids, head_dim, thetas[0], dtype, factor)
-  if thetas[1] is thetas[0] or (isinstance(thetas[0], float) and thetas[1] == thetas[0]):
+  if thetas[1] is thetas[0] or (isinstance(thetas[0], float) and isinstance(thetas[1], float)
+                                and thetas[1] == thetas[0]):
     return first, first
   return first, table(position_ids, head_dim, thetas[1], dtype, factor)
 

@@ -69,7 +69,7 @@ from bertjax.model.config import GENERATOR_SIZES
 # field naming a dropout and the family's own heads): the config's value when given.
 TRAINING_FIELDS = ("dtype", "param_dtype", "attention_impl", "scan_layers", "remat_policy",
                    "initializer_range", "initializer_cutoff_factor", "pooler", "sbo_max_positions",
-                   "global_rope_theta_phases")
+                   "global_rope_theta_phases", "local_rope_theta_phases")
 GENERATOR = "generator"  # the network config.init_generator_from starts (objectives/rtd.py)
 
 
