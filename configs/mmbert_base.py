@@ -71,8 +71,8 @@ corpus, which is no longer mmBERT.
   python -m bertjax.main --config=configs/mmbert_base.py:/data/mmbert --workdir=gs://b/mmbert \
       --config.data.tokenizer.path=/models/mmBERT-base
 (`:/data/mmbert`: a folder with a corpus folder per language code, e.g. /data/mmbert/deu:
-the run's sources are every folder there, `languages`; without it, the first two
-phases' 110 sources under /data/mmbert, and the decay reads those.)
+the run's sources are every folder there, `languages`; without it, or for a folder not
+there, the first two phases' 110 sources under it, and the decay reads those.)
 """
 
 import os
@@ -100,12 +100,12 @@ STEPS = PRETRAIN + EXT + DECAY
 DATA = "/data/mmbert"  # Where the sources are without a config argument: DATA/<code>.
 
 
-def languages(root: str | None) -> str:
+def languages(root: str) -> str:
   """`config.data.languages` of a folder holding a corpus per language code: every
-  folder or file there, named by its name without extension; without one, the first
-  two phases' sources at DATA/<code>."""
-  if root is None:
-    return ",".join(f"{n}={DATA}/{n}" for n in PRETRAIN_LANGUAGES + EXT_LANGUAGES)
+  folder or file there, named by its name without extension; a folder not (yet) there:
+  the first two phases' sources, root/<code>."""
+  if not os.path.isdir(root):
+    return ",".join(f"{n}={root}/{n}" for n in PRETRAIN_LANGUAGES + EXT_LANGUAGES)
   names = sorted(os.listdir(root))
   return ",".join(f"{os.path.splitext(n)[0]}={os.path.join(root, n)}" for n in names)
 
@@ -139,7 +139,7 @@ def get_config(arg=None):
   c.data.masked_lm_prob_phases = tuple(zip(fractions, (0.3, 0.15, 0.05)))
   c.data.max_predictions_per_seq = 1232  # 15% of 8,192 (x2 at 30%; 154 x 2 at 1,024).
   c.data.corpus = ""
-  c.data.languages = languages(arg)
+  c.data.languages = languages(arg or DATA)
   c.data.language_counts = "tokens"
   c.data.source_phases = source_phases(fractions, PRETRAIN_LANGUAGES, EXT_LANGUAGES)
   c.data.tokenizer.vocab_size = 256_000

@@ -24,6 +24,7 @@ from tests.test_tokenizer_template import assert_same_inputs
 
 transformers = pytest.importorskip("transformers")
 
+DOC = "docs/multilingual.md"
 LATE = ("yor", "fao")  # Sources only the decay phase reads (the authors' decay-all).
 # (module, the lr warm-up's tokens, the batch warm-up's, the lr after phase 1, its
 # weight decay, the decay's final fraction and shape): the authors' yamls.
@@ -162,12 +163,6 @@ def test_a_gemma_style_tokenizer_gives_autotokenizers_ids(tmp_path):
   assert ours.decode(ours.build_inputs(ids)[0]) == text
 
 
-def _tiny(**train):
-  c = mmbert_tiny.get_config()
-  c.train.update(train)
-  return c
-
-
 def test_tiny_recipe_passes_its_checks():
   c = mmbert_tiny.get_config()
   schedule = pretrain.check_config(c)
@@ -180,15 +175,21 @@ def test_tiny_recipe_passes_its_checks():
 
 @pytest.mark.slow
 def test_tiny_recipe_trains_each_language_held_out_from_the_start(tmp_path):
-  """The tiny recipe cut to 40 steps (phases of 24, 8 and 8; no batch warm-up): the data
-  says which sources each phase samples, every evaluation scores every language (the
-  late ones before they join too), and the per-language losses of the last languages
+  """docs/multilingual.md's command, cut to 40 steps (phases of 24, 8 and 8; no batch
+  warm-up): the log says which sources each phase samples, every evaluation scores
+  every language (the late ones before they join too), and the last languages' losses
   fall once they are trained on."""
-  c = _tiny(num_steps=40, batch_warmup_tokens=0, warmup_steps=4, eval_every=8,
-            log_every=8, checkpoint_every=40)
-  c.compilation_cache_dir = ""
+  import subprocess  # pylint: disable=g-import-not-at-top
+  from tests.test_readme import REPO, documented  # pylint: disable=g-import-not-at-top
   workdir = str(tmp_path / "run")
-  pretrain.run(c, workdir)
+  done = subprocess.run(documented(
+      DOC, "configs/mmbert_tiny.py", f"--workdir={workdir}", "--config.train.num_steps=40",
+      "--config.train.batch_warmup_tokens=0", "--config.train.warmup_steps=4",
+      "--config.train.eval_every=8", "--config.train.log_every=8",
+      "--config.train.checkpoint_every=40", "--config.compilation_cache_dir="),
+                        cwd=REPO, capture_output=True, text=True, check=False)
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert "'source_phases': [(0, {'deu'" in done.stderr
   rows = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
   evals = {r["step"]: r for r in rows if r.get("split") == "eval"}
   assert sorted(evals) == [8, 16, 24, 32, 40]

@@ -249,7 +249,7 @@ def check_static(cmd: str) -> list[str]:
         os.path.join(REPO, value)):
       problems.append(f"no such path {value}")
   config_file = next((w.split("=", 1)[-1] for w in words if re.match(
-      r"(--config=)?configs/.*\.py(:\w+)?$", w)), None)
+      r"(--config=)?configs/.*\.py(:\S+)?$", w)), None)  # :ARG, e.g. a folder
   config = _config(config_file) if config_file else None
   for w in words:
     m = re.match(r"--config\.([\w.]+)=", w)
