@@ -4,9 +4,11 @@ the streaming, parallel, resumable preparation into ArrayRecord."""
 import gzip
 import json
 import os
+import re
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from bertjax.data import prepare_tokens as prepare, sources, tfds_builder
 from bertjax.data.tokenizer import train_tokenizer
@@ -35,6 +37,47 @@ def test_text_jsonl_gzip_glob_and_directory(tmp_path):
   assert len(_docs(str(tmp_path), text_field="body")) == 4
   with pytest.raises(DataError, match="no string field 'text'"):
     _docs(str(tmp_path / "b.jsonl.gz"))
+
+
+# The sentence split as it was done a line at a time (before `sources.document_text`):
+# the reference the whole-document split is held to.
+_REFERENCE_END = re.compile(r"(?<=[.!?])(?<!\be\.g\.)(?<!\bi\.e\.)(?<!\betc\.)"
+                            r"([\"'”’)\]]?)\s+(?=[A-Z0-9\"“‘(\[])")
+
+
+def _reference_line_units(line, line_breaks):
+  text = " ".join(line.split())
+  if not text:
+    return []
+  if line_breaks == "apart":
+    return [text]
+  parts = _REFERENCE_END.split(text)
+  sentences = [parts[0]]
+  for i in range(1, len(parts), 2):
+    sentences[-1] += parts[i]
+    sentences.append(parts[i + 1])
+  return sentences
+
+
+# Lines of what the split looks at: marks, closing and opening quotes, the
+# abbreviations it keeps whole, every kind of whitespace, letters of both cases, digits.
+_LINE = st.lists(st.sampled_from(
+    [".", "!", "?", "e.g.", "i.e.", "etc.", "xe.g.", '"', "'", "”", "’", ")", "]", "“",
+     "‘", "(", "[", " ", "  ", "\t", "\xa0", "\u3000", "\x0b", "\x85", "\u2028", "A",
+     "Z", "0", "a", "e", "g", "é", "É", "中"]), max_size=16).map("".join)
+
+
+@settings(max_examples=400, deadline=None, derandomize=True, database=None)
+@given(st.lists(_LINE, max_size=6), st.sampled_from(sources.LINE_BREAKS))
+def test_document_text_gives_each_lines_units(lines, line_breaks):
+  """`document_text` (a document's lines collapsed and split at once) gives the units
+  that splitting each line alone gave, `line_units` and `split_sentences` alike."""
+  expected = [u for line in lines for u in _reference_line_units(line, line_breaks)]
+  text = sources.document_text(lines, line_breaks)
+  assert (text.split("\n") if text else []) == expected
+  assert [u for line in lines for u in sources.line_units(line, line_breaks)] == expected
+  if line_breaks == "space":
+    assert [u for line in lines for u in sources.split_sentences(line)] == expected
 
 
 def test_bad_corpora(tmp_path):

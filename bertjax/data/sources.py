@@ -46,7 +46,7 @@ import io
 import json
 import os
 import re
-from typing import Iterator
+from typing import Iterable, Iterator
 
 from etils import epath
 
@@ -62,9 +62,12 @@ MAX_DOCUMENT_CHARS = 1 << 24
 _BINARY_SAMPLE = 1 << 16
 _MAX_REPLACED_FRACTION = 0.3
 # A sentence ends at . ! or ? (optionally closed by a quote or bracket) followed by
-# whitespace and an upper-case letter, digit, quote or bracket.
-_SENTENCE_END = re.compile(r"(?<=[.!?])(?<!\be\.g\.)(?<!\bi\.e\.)(?<!\betc\.)"
-                           r"([\"'”’)\]]?)\s+(?=[A-Z0-9\"“‘(\[])")
+# whitespace and an upper-case letter, digit, quote or bracket. The groups are the mark
+# and the closing quote, which stay with their sentence: the match begins at the mark,
+# so the regex engine skips to the next [.!?] instead of trying every position. A
+# newline is not matched: in `document_text` it ends a unit already.
+_SENTENCE_END = re.compile(r"([.!?])(?<!\be\.g\.)(?<!\bi\.e\.)(?<!\betc\.)"
+                           r"([\"'”’)\]]?)[^\S\n]+(?=[A-Z0-9\"“‘(\[])")
 # Lone UTF-16 surrogates: a Python str may hold them (JSON "\ud800" escapes) but they
 # are not Unicode text and the tokenizer libraries refuse them.
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -99,28 +102,25 @@ def repair_unicode(text: str) -> str:
 def line_units(line: str, line_breaks: str = "space") -> list[str]:
   """The units of one line of text: its sentences ('space'), or the line itself with
   its whitespace collapsed ('apart'); none for a blank line."""
-  if line_breaks == "apart":
-    text = " ".join(line.split())
-    return [text] if text else []
-  return split_sentences(line)
+  text = document_text([line], line_breaks)
+  return text.split("\n") if text else []
 
 
 def split_sentences(text: str) -> list[str]:
   """Splits a paragraph into sentences with a simple punctuation regex."""
   text = " ".join(text.split())
-  if not text:
-    return []
-  parts = _SENTENCE_END.split(text)
-  if len(parts) == 1:
-    return parts
-  # split() keeps the captured closing quote: glue it back onto its sentence. Every
-  # piece is non-empty and unpadded: the text has single spaces and none at its ends, a
-  # split point follows [.!?] and its whitespace precedes a letter, digit or opening mark.
-  sentences = [parts[0]]
-  for i in range(1, len(parts), 2):
-    sentences[-1] += parts[i]
-    sentences.append(parts[i + 1])
-  return sentences
+  return _SENTENCE_END.sub(r"\1\2\n", text).split("\n") if text else []
+
+
+def document_text(lines: Iterable[str], line_breaks: str = "space") -> str:
+  """The units of `lines` (`line_units` of each, in order) joined by newlines, '' when
+  every line is blank: str methods over the whole document instead of a Python step a
+  line or a unit. A unit holds no whitespace but single spaces, so splitting the text
+  at its newlines gives the units back. The sentences are split in the lines joined
+  as in each line alone: the regex matches no newline, and its lookbehinds see the
+  newline before a line as they see the start of one (no word character)."""
+  text = "\n".join(filter(None, map(" ".join, map(str.split, lines))))
+  return text if line_breaks == "apart" else _SENTENCE_END.sub(r"\1\2\n", text)
 
 
 def resolve_paths(spec: str) -> list[str]:
@@ -197,8 +197,16 @@ def iter_documents(spec: str, text_field: str = "text", data_dir: str | None = N
                    line_breaks: str = "space") -> Iterator[list[str]]:
   """Yields documents (lists of units: sentences, or lines with `line_breaks='apart'`,
   `line_units`) of `spec` in a deterministic order."""
+  for text in iter_document_texts(spec, text_field, data_dir, line_breaks):
+    yield text.split("\n")
+
+
+def iter_document_texts(spec: str, text_field: str = "text", data_dir: str | None = None,
+                        line_breaks: str = "space") -> Iterator[str]:
+  """`iter_documents`' documents, each as its units joined by newlines
+  (`document_text`): one str a document, for stage 1 of prepare."""
   if spec == EMBEDDED:
-    yield from _embedded_documents(line_breaks)
+    yield from map("\n".join, _embedded_documents(line_breaks))
     return
   if spec.startswith(TFDS_PREFIX):
     yield from _tfds_documents(spec[len(TFDS_PREFIX):], text_field, data_dir, line_breaks)
@@ -210,10 +218,8 @@ def iter_documents(spec: str, text_field: str = "text", data_dir: str | None = N
     elif kind == "text":
       yield from _text_documents(path, line_breaks)
     else:
-      for text in formats.texts(path, kind, text_field):
-        sentences = _paragraph_sentences(text, line_breaks)
-        if sentences:
-          yield sentences
+      yield from filter(None, (_paragraph_text(text, line_breaks)
+                               for text in formats.texts(path, kind, text_field)))
 
 
 def load_documents(spec: str, text_field: str = "text", limit_chars: int | None = None,
@@ -290,27 +296,30 @@ def _open_lines(path: str, max_chars: int | None = None) -> Iterator[str]:
                       "remove it") from None
 
 
-def _paragraph_sentences(text: str, line_breaks: str) -> list[str]:
+def _paragraph_text(text: str, line_breaks: str) -> str:
+  """`document_text` of a record's text, its lines as `str.splitlines` has them."""
   text = repair_unicode(text)  # JSON may escape lone surrogates ("\ud800")
-  return [s for line in text.splitlines() for s in line_units(line, line_breaks)]
+  return document_text(text.splitlines(), line_breaks)
 
 
-def _text_documents(path: str, line_breaks: str) -> Iterator[list[str]]:
-  current: list[str] = []
+def _text_documents(path: str, line_breaks: str) -> Iterator[str]:
+  """The `document_text` of each run of non-blank lines of a text file (a document
+  closing, too, once its lines hold MAX_DOCUMENT_CHARS)."""
+  lines: list[str] = []
   characters = 0
   for line in _open_lines(path, MAX_LINE_CHARS):
-    if line.strip():
-      current.extend(line_units(line, line_breaks))
+    blank = line.isspace()
+    if not blank:
+      lines.append(line)
       characters += len(line)
-    if current and (not line.strip() or characters >= MAX_DOCUMENT_CHARS):
-      yield current
-      current, characters = [], 0
-  if current:
-    yield current
+    if lines and (blank or characters >= MAX_DOCUMENT_CHARS):
+      yield document_text(lines, line_breaks)
+      lines, characters = [], 0
+  if lines:
+    yield document_text(lines, line_breaks)
 
 
-def _jsonl_documents(path: str, text_field: str, line_breaks: str
-                     ) -> Iterator[list[str]]:
+def _jsonl_documents(path: str, text_field: str, line_breaks: str) -> Iterator[str]:
   for number, line in enumerate(_open_lines(path), 1):
     if not line.strip():
       continue
@@ -323,13 +332,13 @@ def _jsonl_documents(path: str, text_field: str, line_breaks: str
     if not isinstance(record, dict) or not isinstance(record.get(text_field), str):
       raise DataError(f"{path}:{number} has no string field {text_field!r}: set "
                       "--text_field (config.data.text_field) to the text's key")
-    sentences = _paragraph_sentences(record[text_field], line_breaks)
-    if sentences:
-      yield sentences
+    text = _paragraph_text(record[text_field], line_breaks)
+    if text:
+      yield text
 
 
 def _tfds_documents(name: str, text_field: str, data_dir: str | None, line_breaks: str
-                    ) -> Iterator[list[str]]:
+                    ) -> Iterator[str]:
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
 
   name, _, split = name.partition(":")
@@ -343,9 +352,9 @@ def _tfds_documents(name: str, text_field: str, data_dir: str | None, line_break
   for i in range(len(source)):
     value = source[i][text_field]
     text = value.decode("utf-8", errors="replace") if isinstance(value, bytes) else value
-    sentences = _paragraph_sentences(text, line_breaks)
-    if sentences:
-      yield sentences
+    text = _paragraph_text(text, line_breaks)
+    if text:
+      yield text
 
 
 def text_bytes(spec: str, text_field: str = "text") -> int | None:
