@@ -5,6 +5,7 @@ import gzip
 import json
 import os
 import re
+import shutil
 
 import numpy as np
 import pytest
@@ -178,10 +179,15 @@ def test_a_document_without_blank_lines_is_cut_to_bounded_pieces(tmp_path, monke
 
 def test_prepare_keeps_its_tokenizer_and_counts_characters(corpus_dir, tmp_path):
   spec, out = str(corpus_dir / "part0.txt"), str(tmp_path / "tokens")
-  summary = prepare.prepare(spec, str(corpus_dir / "tok"), out, workers=1,
-                            progress=False)
-  assert summary["characters"] == sum(len(s) for d in sources.iter_documents(spec)
-                                      for s in d)
+  (tmp_path / "sentences.txt").write_text(TEXT * 3)  # lines of several sentences
+  for corpus, line_breaks in [(spec, "space"), (str(tmp_path / "sentences.txt"), "space"),
+                              (str(tmp_path / "sentences.txt"), "apart")]:
+    summary = prepare.prepare(corpus, str(corpus_dir / "tok"), out, workers=1,
+                              progress=False, line_breaks=line_breaks)
+    documents = sources.iter_documents(corpus, line_breaks=line_breaks)
+    assert summary["characters"] == sum(len(s) for d in documents for s in d)
+    shutil.rmtree(out)
+  prepare.prepare(spec, str(corpus_dir / "tok"), out, workers=1, progress=False)
   assert os.path.isdir(os.path.join(out, "tokenizer"))
   other = train_tokenizer(["completely different words here"] * 10, kind="wordpiece",
                           vocab_size=40)

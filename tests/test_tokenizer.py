@@ -180,6 +180,14 @@ def test_tokenize_units_gives_tokenize_batch_ids(wordpiece_dir, spm_path):
     assert ids.tolist() == [i for e in expected for i in e], name
 
 
+@pytest.mark.parametrize("line_breaks", ["space", "apart"])
+def test_document_unit_texts_are_unit_texts(line_breaks):
+  """A document given as its units joined by newlines has `unit_texts`' texts."""
+  for units in [["One."], ["One.", "Two too.", "x"], ["a b", "c d e"]]:
+    assert (tokenizer_lib.document_unit_texts("\n".join(units), line_breaks)
+            == tokenizer_lib.unit_texts(units, line_breaks))
+
+
 def test_wordpiece_dir_reads_do_lower_case(wordpiece_dir, tmp_path):
   import shutil
   shutil.copy(os.path.join(wordpiece_dir, "vocab.txt"), tmp_path / "vocab.txt")

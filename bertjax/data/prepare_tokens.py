@@ -2,19 +2,20 @@
 shards (one record a document), and the reading of such a directory
 (`TokenizedDocuments`, `read_documents`, `summary`).
 
-Stage 1 streams documents from `sources.iter_documents` in chunks of `--chunk_documents`
-(or `CHUNK_CHARACTERS` of text); worker processes tokenize a chunk each and write
-`part-NNNNN.array_record` (see `encode_document`) plus `part-NNNNN.json` (its counts)
-atomically, and a copy of the tokenizer goes to `tokenizer/`. A rerun skips chunks
-whose shard exists, so an interrupted preparation continues where it stopped; memory
-stays bounded by the chunks in flight. The summary (documents, sentences, tokens,
-characters, seconds) is printed and written to `summary.json`. Stage 2 is
-`bertjax.data.prepare_examples` (or `prepare_beam`).
+Stage 1 streams documents from `sources.iter_document_texts` (one str a document) in
+chunks of `--chunk_documents` (or `CHUNK_CHARACTERS` of text); worker processes
+tokenize a chunk each and write `part-NNNNN.array_record` (see `encode_document`)
+plus `part-NNNNN.json` (its counts) atomically, and a copy of the tokenizer goes to
+`tokenizer/`. A rerun skips chunks whose shard exists, so an interrupted preparation
+continues where it stopped; memory stays bounded by the chunks in flight. The summary
+(documents, sentences, tokens, characters, seconds) is printed and written to
+`summary.json`. Stage 2 is `bertjax.data.prepare_examples` (or `prepare_beam`).
 """
 
 from __future__ import annotations
 
 import collections
+import itertools
 import json
 import multiprocessing
 import os
@@ -161,16 +162,20 @@ def _init_worker(tokenizer_path: str, line_breaks: str) -> None:
   _worker_line_breaks = line_breaks
 
 
-def _write_shard(args: tuple[str, list[list[str]]]) -> dict[str, int]:
-  """Tokenizes one chunk of documents into `path` (atomically); returns its counts."""
+def _write_shard(args: tuple[str, list[str]]) -> dict[str, int]:
+  """Tokenizes one chunk of documents (each its units joined by newlines) into `path`
+  (atomically); returns its counts."""
   from array_record.python import array_record_module  # pylint: disable=g-import-not-at-top
-  path, documents = args
-  units = [tok_lib.unit_texts(d, _worker_line_breaks) for d in documents]
+  path, texts = args
+  units = [tok_lib.document_unit_texts(t, _worker_line_breaks) for t in texts]
+  per_document = np.fromiter(map(len, units), np.int64, len(units))
   ids, lengths = _worker_tokenizer.tokenize_units(units)
-  records, kept = encode_documents(ids, lengths, np.fromiter(map(len, units), np.int64,
-                                                             len(units)),
-                                   _worker_word_starts)
-  characters = np.fromiter((len(s) for d in documents for s in d), np.int64, len(kept))
+  records, kept = encode_documents(ids, lengths, per_document, _worker_word_starts)
+  characters = np.fromiter(map(len, itertools.chain.from_iterable(units)), np.int64,
+                           len(kept))
+  if _worker_line_breaks == "space":  # less the space before each but a document's first
+    characters -= 1
+    characters[np.cumsum(per_document) - per_document] += 1
   counts = {"documents": len(records), "sentences": int(kept.sum()),
             "tokens": int(lengths.sum()), "characters": int(characters[kept].sum())}
   tmp = path + ".tmp"
@@ -185,12 +190,13 @@ def _write_shard(args: tuple[str, list[list[str]]]) -> dict[str, int]:
 
 
 def _chunks(spec: str, size: int, text_field: str, line_breaks: str
-            ) -> Iterator[list[list[str]]]:
-  """Lists of `size` documents (fewer once they hold CHUNK_CHARACTERS of text)."""
+            ) -> Iterator[list[str]]:
+  """Lists of `size` documents, each its units joined by newlines
+  (`sources.iter_document_texts`), fewer once their units hold CHUNK_CHARACTERS."""
   chunk, characters = [], 0
-  for doc in sources.iter_documents(spec, text_field, line_breaks=line_breaks):
-    chunk.append(doc)
-    characters += sum(map(len, doc))
+  for text in sources.iter_document_texts(spec, text_field, line_breaks=line_breaks):
+    chunk.append(text)
+    characters += len(text) - text.count("\n")
     if len(chunk) == size or characters >= CHUNK_CHARACTERS:
       yield chunk
       chunk, characters = [], 0

@@ -275,6 +275,12 @@ def unit_texts(document: Sequence[str], line_breaks: str = "space") -> list[str]
   return list(document) if line_breaks == "apart" else running_text(document)
 
 
+def document_unit_texts(text: str, line_breaks: str = "space") -> list[str]:
+  """`unit_texts` of a document given as its units joined by newlines
+  (`sources.iter_document_texts`), in str methods: no Python step a unit."""
+  return (text if line_breaks == "apart" else text.replace("\n", "\n ")).split("\n")
+
+
 def is_remote(path) -> bool:
   """A path of a remote file system (gs://, s3://...) rather than a local one."""
   return "://" in os.fspath(path)
