@@ -154,7 +154,7 @@ def test_tokenize_units_gives_tokenize_batch_ids(wordpiece_dir, spm_path):
   gives `tokenize_batch`'s ids of the units in order, empty units and special tokens
   included: WordPiece and byte-level BPE (the word cache), a byte-level BPE with a prefix
   space (each document one pre-tokenized input), SentencePiece in XLM-R's and DeBERTa's
-  layouts (one library call, the special tokens' units apart)."""
+  layouts, lower-cased too (one library call, the special tokens' units apart)."""
   bpe = tokenizer_lib.train_tokenizer(CORPUS, "byte_level_bpe", vocab_size=400)
   kinds = {
       "wordpiece": tokenizer_lib.load_tokenizer(os.path.join(wordpiece_dir, "vocab.txt")),
@@ -163,12 +163,15 @@ def test_tokenize_units_gives_tokenize_batch_ids(wordpiece_dir, spm_path):
           bpe.library, pre_tokenizer=tokenizer_lib.pre_tokenizers.ByteLevel(
               add_prefix_space=True))),
       "sentencepiece": tokenizer_lib.load_tokenizer(spm_path),
+      "sentencepiece_lower": tokenizer_lib.lowercasing(
+          tokenizer_lib.load_tokenizer(spm_path)),
       "sentencepiece_bert": tokenizer_lib.train_tokenizer(CORPUS, "sentencepiece_bert",
                                                           vocab_size=200),
   }
   texts = _texts()
   documents = [texts[i:i + n] for i, n in zip(range(0, len(texts), 7), [3, 0, 7, 1, 5] * 99)]
   documents.append(["", "a", ""])
+  documents.append(["a <b> c", "x<", "<mask", "[MASK", "<S>x</s>", "[CLS][MASK]", "<"])
   units = [u for d in documents for u in d]
   for name, tok in kinds.items():
     if name == "pretokenized":

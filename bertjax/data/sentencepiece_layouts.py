@@ -53,8 +53,9 @@ class SentencePieceBackend:
       self.specials = dict(self.FAIRSEQ, **{"<mask>": self.mask_id})
       self.split_re = re.compile(r"(\s*<mask>|<s>|</s>|<pad>|<unk>)")
     self.special_tokens = {v: k for k, v in self.specials.items()}
-    # A text without any of these characters holds no special token.
-    self._marks = "[" if self.bert else "<"
+    # Where a text holds a special token (`split_re` matches it there, or just after
+    # XLM-R's <mask> swallows the whitespace before it).
+    self._special_re = re.compile("|".join(map(re.escape, self.specials)))
 
   def _to_ids(self, spm_ids: list[int]) -> list[int]:
     if self.bert:
@@ -69,32 +70,35 @@ class SentencePieceBackend:
   def encode_units(self, documents: Sequence[Sequence[str]]
                    ) -> tuple[np.ndarray, np.ndarray]:
     """`encode_batch` of every unit of `documents`, flat: (ids int32 [N], lengths int64
-    [units]). Units holding no special token's first character (no '<' in XLM-R's
-    layout, no '[' in DeBERTa's) are encoded in one library call, their ids mapped in
-    numpy; the others as `encode_batch` encodes them."""
-    texts = [t for d in documents for t in d]
-    marks = self._marks
-    special = [i for i, t in enumerate(texts) if any(m in t for m in marks)]
-    plain = texts
-    if special:
-      chosen = set(special)
-      plain = [t for i, t in enumerate(texts) if i not in chosen]
+    [units]). The units holding a special token are found by one regex search over
+    their text joined by newlines (a special token holds none) and encoded as
+    `encode_batch` encodes them; the others, all of them as a rule, in one library
+    call, their ids mapped in numpy."""
+    texts = list(itertools.chain.from_iterable(documents))
+    ends = np.cumsum(np.fromiter(map(len, texts), np.int64, len(texts)) + 1)
+    found = [m.start() for m in self._special_re.finditer("\n".join(texts))]
+    special = np.zeros(len(texts), bool)
+    special[np.searchsorted(ends, found, side="right")] = True
+    plain = list(itertools.compress(texts, ~special)) if found else texts
     if self.lowercase:
       plain = list(map(normalizers.Lowercase().normalize_str, plain))
-    encoded = self.sp.encode(plain) if plain else []
-    lengths = np.fromiter(map(len, encoded), np.int64, len(encoded))
-    ids = np.fromiter(itertools.chain.from_iterable(encoded), np.int32, int(lengths.sum()))
+    ids, lengths = flatten(self.sp.encode(plain) if plain else [])
     if not self.bert:  # fairseq's mapping, as `_to_ids`
       unk = ids == self.sp.unk_id()
       ids += 1
       ids[unk] = self.FAIRSEQ["<unk>"]
-    if not special:
+    if not found:
       return ids, lengths
-    lists = np.split(ids, np.cumsum(lengths)[:-1]) if len(lengths) else []
-    it = iter(lists)
-    others = iter(self.encode_batch([texts[i] for i in special]))
-    chosen = set(special)
-    return flatten([next(others) if i in chosen else next(it) for i in range(len(texts))])
+    special_ids, special_lengths = flatten(
+        self.encode_batch(list(itertools.compress(texts, special))))
+    all_lengths = np.empty(len(texts), np.int64)
+    all_lengths[~special] = lengths
+    all_lengths[special] = special_lengths
+    of_special = np.repeat(special, all_lengths)
+    all_ids = np.empty(len(of_special), np.int32)
+    all_ids[~of_special] = ids
+    all_ids[of_special] = special_ids
+    return all_ids, all_lengths
 
   def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
     parts = [self.split_re.split(t) for t in texts]
