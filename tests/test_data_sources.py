@@ -72,13 +72,11 @@ _LINE = st.lists(st.sampled_from(
 @given(st.lists(_LINE, max_size=6), st.sampled_from(sources.LINE_BREAKS))
 def test_document_text_gives_each_lines_units(lines, line_breaks):
   """`document_text` (a document's lines collapsed and split at once) gives the units
-  that splitting each line alone gave, `line_units` and `split_sentences` alike."""
+  that splitting each line alone gave, as `line_units` does."""
   expected = [u for line in lines for u in _reference_line_units(line, line_breaks)]
   text = sources.document_text(lines, line_breaks)
   assert (text.split("\n") if text else []) == expected
   assert [u for line in lines for u in sources.line_units(line, line_breaks)] == expected
-  if line_breaks == "space":
-    assert [u for line in lines for u in sources.split_sentences(line)] == expected
 
 
 def test_bad_corpora(tmp_path):

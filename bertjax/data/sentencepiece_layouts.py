@@ -53,8 +53,8 @@ class SentencePieceBackend:
       self.specials = dict(self.FAIRSEQ, **{"<mask>": self.mask_id})
       self.split_re = re.compile(r"(\s*<mask>|<s>|</s>|<pad>|<unk>)")
     self.special_tokens = {v: k for k, v in self.specials.items()}
-    # Where a text holds a special token (`split_re` matches it there, or just after
-    # XLM-R's <mask> swallows the whitespace before it).
+    # The special tokens' names: a text holds one exactly where `split_re` matches in
+    # it (XLM-R's taking the whitespace before <mask> too).
     self._special_re = re.compile("|".join(map(re.escape, self.specials)))
 
   def _to_ids(self, spm_ids: list[int]) -> list[int]:

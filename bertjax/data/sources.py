@@ -1,7 +1,8 @@
 """Streaming corpus sources: documents one at a time, memory independent of corpus size.
 
 `iter_documents(spec)` yields documents, each a non-empty list of sentences
-(`load_documents(spec)`: all of them, at once, for a small corpus):
+(`load_documents(spec)`: all of them, at once, for a small corpus;
+`iter_document_texts(spec)`: each as one str, its sentences joined by newlines):
 
 * `'embedded'`: English prose that ships with every Python installation, no download:
   the reference-manual topics of `pydoc_data.topics` (the text behind `help('if')`),
@@ -29,10 +30,10 @@
 A weighted mixture of such specs (`config.data.corpus='general:0.3=...,domain:0.7=...'`)
 is `bertjax.data.mixture`'s: each of its sources is one spec here.
 
-Paragraph lines are split into sentences with `split_sentences`, or with
-`line_breaks='apart'` (config.data.line_breaks) each line is one unit, unsplit, to be
-tokenized apart from the line before it (`tokenizer.unit_texts`). Bad input
-raises `DataError` before any document of that file is yielded (binary file, a
+Paragraph lines are split into sentences with a punctuation regex (`document_text`),
+or with `line_breaks='apart'` (config.data.line_breaks) each line is one unit,
+unsplit, to be tokenized apart from the line before it (`tokenizer.unit_texts`). Bad
+input raises `DataError` before any document of that file is yielded (binary file, a
 Parquet / Arrow file without the text column) or is repaired (invalid UTF-8 bytes and
 lone surrogates of JSON escapes become U+FFFD; a text line longer than
 `MAX_LINE_CHARS` is cut into pieces, a JSON line is read whole), so a long preparation
@@ -104,12 +105,6 @@ def line_units(line: str, line_breaks: str = "space") -> list[str]:
   its whitespace collapsed ('apart'); none for a blank line."""
   text = document_text([line], line_breaks)
   return text.split("\n") if text else []
-
-
-def split_sentences(text: str) -> list[str]:
-  """Splits a paragraph into sentences with a simple punctuation regex."""
-  text = " ".join(text.split())
-  return _SENTENCE_END.sub(r"\1\2\n", text).split("\n") if text else []
 
 
 def document_text(lines: Iterable[str], line_breaks: str = "space") -> str:

@@ -257,13 +257,14 @@ def check_same_vocabulary(given: Tokenizer, used: Tokenizer, given_name: str,
 
 def running_text(document: Sequence[str]) -> list[str]:
   """A document's sentences as its running text holds them: each after the first with
-  the space before it that `sources.split_sentences` took away. What every tokenizer
-  of a document's sentences must be given (`builders.tokenize_documents`, `prepare`,
-  tokenizer training): a byte-level BPE (RoBERTa's, ModernBERT's) makes another token
-  of a word after a space ('ĠThe') than of a text's first word ('The'), so sentences
-  tokenized without it would each start as no text does at inference (a paragraph given
-  to fill_mask, fine-tuning, Hugging Face's tokenizer of the same text); WordPiece and
-  SentencePiece ignore the space (the same ids)."""
+  the space before it that the sentence split (`sources.document_text`) took away.
+  What every tokenizer of a document's sentences must be given
+  (`builders.tokenize_documents`, `prepare`, tokenizer training): a byte-level BPE
+  (RoBERTa's, ModernBERT's) makes another token of a word after a space ('ĠThe') than
+  of a text's first word ('The'), so sentences tokenized without it would each start as
+  no text does at inference (a paragraph given to fill_mask, fine-tuning, Hugging
+  Face's tokenizer of the same text); WordPiece and SentencePiece ignore the space (the
+  same ids)."""
   return [s if i == 0 else " " + s for i, s in enumerate(document)]
 
 
