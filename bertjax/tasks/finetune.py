@@ -118,24 +118,12 @@ def load_start(config: ml_collections.ConfigDict) -> Start:
 
 
 def _kept_params(config, pretrained) -> dict:
-  """`Start.kept_params` of `pretrained`: the MLM head's when `config` trains a sparse
-  model (a ConfigError line when it has none; an inference-free one's query weights
-  where init_from has them), the projection of a ColBERT model's
-  init_from (`colbert.start_projection`); {} otherwise."""
+  """`Start.kept_params` of `pretrained`: a sparse model's (`sparse.kept_params`), the
+  projection of a ColBERT model's init_from (`colbert.start_projection`); {} otherwise."""
   if config.task.name == colbert.NAME:
     projection = colbert.start_projection(config.init_from)
     return {} if projection is None else {"projection": projection}
-  if config.task.name != sparse.NAME:
-    return {}
-  if "mlm" not in pretrained.params:
-    raise ConfigError(
-        f"config.init_from={config.init_from} has no MLM head (its heads: "
-        f"{[h for h in pretrained.params if h != 'encoder'] or 'none'}): a sparse model pools "
-        "the MLM head's logits; start from a checkpoint with one (of ELECTRA, the generator).")
-  query_weights = (sparse.start_query_weights(config.init_from)
-                   if config.task.query_encoder == "static" else None)
-  return {"mlm": pretrained.params["mlm"], **(
-      {} if query_weights is None else {sparse.QUERY_WEIGHTS: query_weights})}
+  return sparse.kept_params(config, pretrained) if config.task.name == sparse.NAME else {}
 
 
 def _refuse_other_tokenizer(config, tokenizer: tok_lib.Tokenizer, source: str) -> None:

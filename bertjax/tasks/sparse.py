@@ -287,13 +287,16 @@ def check_config(task_cfg) -> None:
                         "vector) or a number of active dimensions.")
 
 
+def _static(task_cfg) -> bool:
+  return task_cfg.name == NAME and task_cfg.get("query_encoder") == "static"
+
+
 def own_rates(task_cfg) -> dict[str, float]:
   """The parameters of a run's task that train at a peak learning rate of their own
   (`optimizer.create_optimizer`): an inference-free model's query weights at
   task.query_learning_rate (0: the run's), as sentence-transformers'
   learning_rate_mapping gives SparseStaticEmbedding its own."""
-  if (task_cfg.name != NAME or task_cfg.query_encoder != "static"
-      or not task_cfg.query_learning_rate or task_cfg.query_weights_frozen):
+  if not _static(task_cfg) or not task_cfg.query_learning_rate or task_cfg.query_weights_frozen:
     return {}
   return {QUERY_WEIGHTS: float(task_cfg.query_learning_rate)}
 
@@ -302,8 +305,22 @@ def fixed_params(task_cfg) -> tuple[str, ...]:
   """The top-level parameters of a run's task that never train: an inference-free
   model's query weights with task.query_weights_frozen (SparseStaticEmbedding's
   frozen)."""
-  static = task_cfg.name == NAME and task_cfg.get("query_encoder") == "static"
-  return (QUERY_WEIGHTS,) if static and task_cfg.query_weights_frozen else ()
+  return (QUERY_WEIGHTS,) if _static(task_cfg) and task_cfg.query_weights_frozen else ()
+
+
+def kept_params(config, pretrained) -> dict:
+  """What a sparse run keeps of `pretrained` beside its encoder (`Start.kept_params`):
+  its MLM head (a ConfigError line when it has none) and, for an inference-free run,
+  config.init_from's query weights where it has them."""
+  if "mlm" not in pretrained.params:
+    raise ConfigError(
+        f"config.init_from={config.init_from} has no MLM head (its heads: "
+        f"{[h for h in pretrained.params if h != 'encoder'] or 'none'}): a sparse model pools "
+        "the MLM head's logits; start from a checkpoint with one (of ELECTRA, the generator).")
+  query_weights = (start_query_weights(config.init_from)
+                   if config.task.query_encoder == "static" else None)
+  return {"mlm": pretrained.params["mlm"], **(
+      {} if query_weights is None else {QUERY_WEIGHTS: query_weights})}
 
 
 class Sparsity:
